@@ -1,0 +1,1 @@
+"""Execution layer: Ray Tune trainable, Optuna search, scheduling, restore and MLflow tracking."""
