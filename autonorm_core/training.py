@@ -1,0 +1,788 @@
+"""The training loop: AdamW/SGD, warm-up + cosine, clipping, label smoothing, AutoNorm-S gate freezing.
+
+``fit(model, splits, TrainConfig(...), seed=0)`` trains a model built by :mod:`autonorm_core.models` on
+:class:`autonorm_core.data.Splits` and returns a :class:`FitResult` holding one metrics dict per epoch.
+It uses torch alone, so the same call runs in a notebook, a test and a Ray Tune trial (which passes
+``callbacks`` to report and ``checkpoint_fn`` / ``resume_state`` to survive restarts).
+
+Design notes (why it looks like this):
+
+- Reproducible without global seeding. Shuffling draws from a ``torch.Generator`` owned by the fit; each
+  module that owns a generator (AutoNorm's Gumbel noise, RandomSelector) is seeded through its
+  ``manual_seed``. Layers that still draw from torch's default generator (dropout, stochastic depth) run
+  inside ``torch.random.fork_rng``, seeded from ``seed``, so the caller's global RNG is left as found.
+- Whole-state checkpoints. ``checkpoint_fn(epoch, state)`` receives CPU copies of the model, optimizer,
+  schedule position, freeze decision, history and every RNG; ``fit(..., resume_state=state)`` continues
+  bit-for-bit, so a resumed run's history equals an uninterrupted one (timing keys aside).
+- The learning-rate schedule is a pure function of the update index (:func:`lr_at_step`): it needs no
+  state of its own and survives rebuilding the optimizer when the selector is frozen.
+- Gate statistics come from the noise-free ``gate_probs`` on the validation split in eval mode
+  (PROTOCOL.md §1), never from the noisy training samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from autonorm_core.optim import param_groups
+
+__all__ = [
+    "FREEZE_RULES",
+    "STATE_FORMAT",
+    "TIMING_KEYS",
+    "Callback",
+    "FitResult",
+    "GateFreeze",
+    "StopTraining",
+    "TrainConfig",
+    "fit",
+    "load_state",
+    "lr_at_step",
+    "save_state",
+    "should_freeze",
+]
+
+FreezeRule = Literal["freeze_if_high", "freeze_if_low", "always"]
+FREEZE_RULES: tuple[str, ...] = ("freeze_if_high", "freeze_if_low", "always")
+_OPTIMIZERS = ("adamw", "sgd")
+_SCHEDULES = ("cosine", "constant")
+_LR_SCALINGS = ("constant", "linear", "sqrt")
+_BUDGETS = ("epochs", "updates")
+
+#: History keys measured with a wall clock: they differ between otherwise identical runs.
+TIMING_KEYS: tuple[str, ...] = ("examples_per_s",)
+#: Version of the ``state`` dict given to ``checkpoint_fn``; a resume from another version is refused.
+STATE_FORMAT = 1
+
+
+def _choice(name: str, value: str, valid: Sequence[str]) -> None:
+    if value not in valid:
+        raise ValueError(f"{name}={value!r} is not valid; choose one of {', '.join(map(repr, valid))}")
+
+
+@dataclass(frozen=True)
+class GateFreeze:
+    """AutoNorm-S: decide once, at the end of epoch ``t_freeze``, whether to freeze every gate selector.
+
+    The decision uses the mean over AutoNorm layers of the validation gate entropy H of that epoch.
+
+    Attributes:
+        t_freeze: 1-based epoch at whose end the rule is applied (PROTOCOL default 10). Never reached
+            when the run is shorter: the selector then trains throughout.
+        eps_h: entropy threshold in nats (0 .. ln 2 for two candidates).
+        rule: ``freeze_if_high`` freezes when H >= eps_h -- the paper's literal "has not fallen below
+            eps_h", kept as the default although it reads backwards; ``freeze_if_low`` freezes when
+            H < eps_h (the gate has already decided); ``always`` freezes regardless of H.
+        sample_after_freeze: keep drawing Gumbel noise after freezing. Off by default: a frozen gate
+            uses the deterministic softmax weights.
+    """
+
+    t_freeze: int = 10
+    eps_h: float = 0.1
+    rule: FreezeRule = "freeze_if_high"
+    sample_after_freeze: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.t_freeze, bool) or not isinstance(self.t_freeze, int) or self.t_freeze < 1:
+            raise ValueError(f"t_freeze must be an int >= 1, got {self.t_freeze!r}")
+        if not math.isfinite(self.eps_h) or self.eps_h < 0:
+            raise ValueError(f"eps_h must be a finite float >= 0, got {self.eps_h!r}")
+        _choice("rule", self.rule, FREEZE_RULES)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GateFreeze:
+        """Builds a GateFreeze from a plain mapping; unknown keys raise ``ValueError``."""
+        return cls(**_known_keys(cls, d))
+
+
+def should_freeze(rule: str, entropy: float, eps_h: float) -> bool:
+    """Applies a freeze rule to the mean gate entropy (see :class:`GateFreeze`)."""
+    _choice("rule", rule, FREEZE_RULES)
+    if rule == "always":
+        return True
+    if rule == "freeze_if_high":
+        return entropy >= eps_h
+    return entropy < eps_h
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything the loop needs besides the model, the data and the seed. Flat, like Lingua's OptimArgs.
+
+    Attributes:
+        epochs: passes over the training split (``budget="epochs"``).
+        batch_size: examples per update; the last incomplete batch of each epoch is dropped so that
+            every update sees exactly ``batch_size`` examples (BatchNorm arms need > 1 per batch, and the
+            batch-size study compares update sizes).
+        lr: base learning rate at ``reference_batch_size``; see ``lr_scaling``.
+        optimizer: ``adamw`` or ``sgd`` (plain SGD for the affine-divergence study).
+        momentum: SGD momentum (0 = vanilla gradient descent, as the divergence derivation assumes).
+        weight_decay: applied to >= 2-D parameters only; 0-/1-D ones (alpha, gamma, beta, biases) never decay.
+        schedule: ``cosine`` (to 0 at the last update) or ``constant``, both after the linear warm-up.
+        warmup_fraction: share of all updates spent ramping linearly up to the learning rate.
+        grad_clip: maximum global gradient norm; ``None`` turns clipping off.
+        label_smoothing: classification only (tagging and regression ignore it).
+        freeze: the AutoNorm-S rule; ``None`` keeps the selector trainable throughout.
+        lr_scaling: ``constant`` (lr as given), ``linear`` (lr * B / ref) or ``sqrt`` (lr * sqrt(B / ref)),
+            B = batch_size, ref = reference_batch_size -- the learning-rate policy of the batch-size study.
+        reference_batch_size: the batch size at which ``lr`` was tuned.
+        budget: ``epochs`` trains ``epochs`` epochs; ``updates`` trains exactly ``max_updates`` updates,
+            as many epochs as that takes (the last one possibly partial).
+        max_updates: the update count for ``budget="updates"``.
+        eval_batch_size: batch size of evaluation passes (memory only; results do not depend on it
+            beyond float rounding).
+        tau_final: when set, every AutoNorm's Gumbel temperature anneals linearly per update from its
+            initial value to this one; ``None`` keeps tau fixed (PROTOCOL default).
+    """
+
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 1e-3
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    momentum: float = 0.0
+    weight_decay: float = 1e-4
+    schedule: Literal["cosine", "constant"] = "cosine"
+    warmup_fraction: float = 0.05
+    grad_clip: float | None = 1.0
+    label_smoothing: float = 0.1
+    freeze: GateFreeze | None = None
+    lr_scaling: Literal["constant", "linear", "sqrt"] = "constant"
+    reference_batch_size: int = 64
+    budget: Literal["epochs", "updates"] = "epochs"
+    max_updates: int | None = None
+    eval_batch_size: int = 512
+    tau_final: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "reference_batch_size", "eval_batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        _choice("optimizer", self.optimizer, _OPTIMIZERS)
+        _choice("schedule", self.schedule, _SCHEDULES)
+        _choice("lr_scaling", self.lr_scaling, _LR_SCALINGS)
+        _choice("budget", self.budget, _BUDGETS)
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite float > 0, got {self.lr!r}")
+        if not (0.0 <= self.momentum < 1.0):
+            raise ValueError(f"momentum must lie in [0, 1), got {self.momentum!r}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a finite float >= 0, got {self.weight_decay!r}")
+        if not (0.0 <= self.warmup_fraction < 1.0):
+            raise ValueError(f"warmup_fraction must lie in [0, 1), got {self.warmup_fraction!r}")
+        if self.grad_clip is not None and not (math.isfinite(self.grad_clip) and self.grad_clip > 0):
+            raise ValueError(f"grad_clip must be None or a finite float > 0, got {self.grad_clip!r}")
+        if not (0.0 <= self.label_smoothing < 1.0):
+            raise ValueError(f"label_smoothing must lie in [0, 1), got {self.label_smoothing!r}")
+        if self.budget == "updates":
+            if (
+                isinstance(self.max_updates, bool)
+                or not isinstance(self.max_updates, int)
+                or self.max_updates < 1
+            ):
+                raise ValueError(f"budget='updates' needs max_updates, an int >= 1, got {self.max_updates!r}")
+        elif self.max_updates is not None:
+            raise ValueError("max_updates is only used with budget='updates'; set budget or drop max_updates")
+        if self.tau_final is not None and not (math.isfinite(self.tau_final) and self.tau_final > 0):
+            raise ValueError(f"tau_final must be None or a finite float > 0, got {self.tau_final!r}")
+        if self.freeze is not None and not isinstance(self.freeze, GateFreeze):
+            raise ValueError(f"freeze must be a GateFreeze or None, got {type(self.freeze).__name__}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:
+        """Builds a config from plain data (YAML, a trial config); unknown keys raise ``ValueError``.
+
+        ``freeze`` may be ``None``, a :class:`GateFreeze` or a mapping of its fields.
+        """
+        kwargs = _known_keys(cls, d)
+        freeze = kwargs.get("freeze")
+        if isinstance(freeze, Mapping):
+            kwargs["freeze"] = GateFreeze.from_dict(freeze)
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-able form; ``TrainConfig.from_dict(cfg.to_dict()) == cfg``."""
+        return asdict(self)
+
+    @property
+    def effective_lr(self) -> float:
+        """The peak learning rate after ``lr_scaling``."""
+        ratio = self.batch_size / self.reference_batch_size
+        if self.lr_scaling == "linear":
+            return self.lr * ratio
+        if self.lr_scaling == "sqrt":
+            return self.lr * math.sqrt(ratio)
+        return self.lr
+
+    def steps_per_epoch(self, num_train: int) -> int:
+        """Full batches per epoch; raises ``ValueError`` when the split is smaller than one batch."""
+        steps = num_train // self.batch_size
+        if steps < 1:
+            raise ValueError(
+                f"the training split has {num_train} examples, fewer than batch_size={self.batch_size}"
+            )
+        return steps
+
+    def total_updates(self, num_train: int) -> int:
+        """Optimizer updates of the whole fit."""
+        if self.budget == "updates":
+            assert self.max_updates is not None  # validated in __post_init__
+            return self.max_updates
+        return self.epochs * self.steps_per_epoch(num_train)
+
+    def num_epochs(self, num_train: int) -> int:
+        """Epochs of the whole fit (with ``budget="updates"`` the last one may be partial)."""
+        return math.ceil(self.total_updates(num_train) / self.steps_per_epoch(num_train))
+
+    def warmup_updates(self, num_train: int) -> int:
+        """Updates of the linear warm-up."""
+        return round(self.warmup_fraction * self.total_updates(num_train))
+
+
+def _known_keys(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(d, Mapping):
+        raise ValueError(f"{cls.__name__} needs a mapping, got {type(d).__name__}")
+    names = [f.name for f in fields(cls)]
+    unknown = sorted(set(d) - set(names))
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} key(s) {unknown}; valid keys: {', '.join(names)}")
+    return dict(d)
+
+
+def lr_at_step(
+    step: int, *, total: int, warmup: int, peak: float, schedule: Literal["cosine", "constant"] = "cosine"
+) -> float:
+    """Learning rate of the 0-based update ``step``: linear warm-up to ``peak``, then cosine to 0 or flat.
+
+    The first warm-up update already uses ``peak / warmup`` (never 0, which would waste an update).
+    """
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    if schedule == "constant":
+        return peak
+    decay_steps = max(1, total - warmup)
+    progress = min(1.0, (step - warmup) / decay_steps)
+    return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# ------------------------------------------------------------------------------------- callbacks
+
+
+@runtime_checkable
+class Callback(Protocol):
+    """Anything with ``on_epoch_end``; called once per epoch after its metrics (and checkpoint) exist.
+
+    Raising :class:`StopTraining` ends the fit cleanly with ``status="stopped"`` (early stopping, a
+    scheduler's decision); any other exception propagates.
+    """
+
+    def on_epoch_end(self, epoch: int, model: nn.Module, metrics: dict[str, float]) -> object: ...
+
+
+class StopTraining(Exception):
+    """Raised by a callback to end the fit after the current epoch (``FitResult.status == "stopped"``)."""
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` returns.
+
+    Attributes:
+        status: ``completed``; ``diverged`` when a loss became NaN/inf (history up to the last whole
+            epoch kept); ``stopped`` when a callback raised :class:`StopTraining`.
+        history: one metrics dict per epoch (JSON-able floats).
+        updates: optimizer updates performed.
+        freeze_epoch: epoch at whose end the selector was frozen, else ``None``.
+        freeze_entropy: mean gate entropy on which the freeze rule decided, else ``None``.
+        message: why the fit ended early, empty otherwise.
+    """
+
+    status: Literal["completed", "diverged", "stopped"]
+    history: list[dict[str, float]]
+    updates: int = 0
+    freeze_epoch: int | None = None
+    freeze_entropy: float | None = None
+    message: str = ""
+
+    @property
+    def final(self) -> dict[str, float]:
+        """The last epoch's metrics (empty when no epoch finished)."""
+        return self.history[-1] if self.history else {}
+
+
+# -------------------------------------------------------------------------------- module plumbing
+
+
+def _gate_modules(model: nn.Module) -> list[Any]:
+    """AutoNorm-like layers: anything with ``gate_probs(x)`` and ``freeze()`` (duck-typed, so variants and
+    subclasses qualify without this module importing them)."""
+    return [
+        m
+        for m in model.modules()
+        if callable(getattr(m, "gate_probs", None)) and callable(getattr(m, "freeze", None))
+    ]
+
+
+def _seeded_modules(model: nn.Module) -> list[tuple[str, Any]]:
+    """Modules owning a generator (AutoNorm's Gumbel noise, RandomSelector), keyed by module name."""
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if all(callable(getattr(m, a, None)) for a in ("manual_seed", "rng_state", "set_rng_state"))
+    ]
+
+
+def _candidate_names(module: Any) -> list[str]:
+    names = getattr(module, "candidates", ())
+    if isinstance(names, Mapping):
+        names = list(names.keys())
+    return [n for n in names if isinstance(n, str)]
+
+
+def _freeze_selector(module: Any, *, sample: bool) -> None:
+    module.freeze()
+    # The fit's GateFreeze decides whether noise continues after freezing, whatever the layer was
+    # constructed with.
+    if hasattr(module, "sample_after_freeze"):
+        module.sample_after_freeze = sample
+
+
+def _derive_seed(seed: int, *stream: int) -> int:
+    """Independent 63-bit seeds for each RNG stream of a fit, from one user seed."""
+    ss = np.random.SeedSequence([int(seed) & 0xFFFFFFFFFFFFFFFF, *stream])
+    return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def _to_cpu_copy(obj: Any) -> Any:
+    """Deep copy with every tensor detached onto the CPU (state dicts alias live parameters)."""
+    if isinstance(obj, Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu_copy(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_cpu_copy(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def _build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
+    groups = param_groups(model, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum)
+    return torch.optim.AdamW(groups, lr=lr)
+
+
+def _rebuild_optimizer(
+    old: torch.optim.Optimizer, model: nn.Module, cfg: TrainConfig, lr: float
+) -> torch.optim.Optimizer:
+    """A fresh optimizer over the now-trainable parameters, keeping their moment estimates."""
+    new = _build_optimizer(model, cfg, lr)
+    for group in new.param_groups:
+        for p in group["params"]:
+            if p in old.state:
+                new.state[p] = old.state[p]
+    return new
+
+
+def _optimized_params(opt: torch.optim.Optimizer) -> list[Tensor]:
+    return [p for group in opt.param_groups for p in group["params"]]
+
+
+# ----------------------------------------------------------------------------------- evaluation
+
+
+def _task_loss(
+    out: Tensor, y: Tensor, task: str, *, label_smoothing: float, reduction: str = "mean"
+) -> tuple[Tensor, int]:
+    """Loss and the number of examples/tokens it covers (tagging ignores -100 positions)."""
+    if task == "regression":
+        pred = out.reshape(y.shape).float()
+        loss = F.mse_loss(pred, y.float(), reduction="sum")
+        count = y.numel()
+    elif task == "tagging":
+        flat_y = y.reshape(-1)
+        loss = F.cross_entropy(
+            out.reshape(flat_y.numel(), -1).float(), flat_y, ignore_index=-100, reduction="sum"
+        )
+        count = int((flat_y != -100).sum().item())
+    else:
+        loss = F.cross_entropy(out.float(), y, label_smoothing=label_smoothing, reduction="sum")
+        count = y.shape[0]
+    if reduction == "mean":
+        loss = loss / max(count, 1)
+    return loss, count
+
+
+def _correct(out: Tensor, y: Tensor, task: str) -> int:
+    if task == "tagging":
+        flat_y = y.reshape(-1)
+        pred = out.reshape(flat_y.numel(), -1).argmax(-1)
+        mask = flat_y != -100
+        return int((pred[mask] == flat_y[mask]).sum().item())
+    return int((out.argmax(-1) == y).sum().item())
+
+
+@torch.no_grad()
+def _evaluate(
+    model: nn.Module,
+    data: tuple[Tensor, Tensor],
+    task: str,
+    *,
+    batch_size: int,
+    gates: Sequence[Any] = (),
+) -> dict[str, Any]:
+    """Loss and accuracy/RMSE on one split in eval mode; with ``gates``, noise-free gate statistics.
+
+    The gate statistics hook each AutoNorm's input and call its ``gate_probs`` (deterministic softmax),
+    so they are what the gate would choose, not what a noisy training sample drew.
+    """
+    x_all, y_all = data
+    total_loss = 0.0
+    total_count = 0
+    correct = 0
+    ent_sum = [0.0] * len(gates)
+    prob_sum: list[Tensor | None] = [None] * len(gates)
+    n_gate = [0] * len(gates)
+
+    def make_hook(i: int) -> Callable[..., None]:
+        def hook(module: Any, args: tuple[Any, ...]) -> None:
+            probs = module.gate_probs(args[0]).float()  # (B, K)
+            p = probs.clamp_min(1e-12)
+            ent_sum[i] += float(-(probs * p.log()).sum(-1).sum().item())
+            s = probs.sum(0).detach().cpu().double()
+            prob_sum[i] = s if prob_sum[i] is None else prob_sum[i] + s  # type: ignore[operator]
+            n_gate[i] += probs.shape[0]
+
+        return hook
+
+    handles = [g.register_forward_pre_hook(make_hook(i)) for i, g in enumerate(gates)]
+    try:
+        for start in range(0, x_all.shape[0], batch_size):
+            x = x_all[start : start + batch_size]
+            y = y_all[start : start + batch_size]
+            out = model(x)
+            loss, count = _task_loss(out, y, task, label_smoothing=0.0, reduction="sum")
+            total_loss += float(loss.item())
+            total_count += count
+            if task != "regression":
+                correct += _correct(out, y, task)
+    finally:
+        for h in handles:
+            h.remove()
+    denom = max(total_count, 1)
+    result: dict[str, Any] = {"loss": total_loss / denom}
+    if task == "regression":
+        result["rmse"] = math.sqrt(total_loss / denom)
+    else:
+        result["accuracy"] = correct / denom
+    result["gate_entropy"] = [e / max(n, 1) for e, n in zip(ent_sum, n_gate)]
+    result["gate_mean_probs"] = [
+        (s / max(n, 1)).tolist() if s is not None else [] for s, n in zip(prob_sum, n_gate)
+    ]
+    return result
+
+
+# ------------------------------------------------------------------------------------- the loop
+
+
+@contextlib.contextmanager
+def _forked_global_rng(device: torch.device) -> Iterator[None]:
+    """Forks torch's default generator(s) so seeding them inside does not leak to the caller."""
+    devices = (
+        [device.index if device.index is not None else torch.cuda.current_device()]
+        if device.type == "cuda"
+        else []
+    )
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
+def _seed_global(seed: int, device: torch.device) -> None:
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)
+
+
+def _global_rng_state(device: torch.device) -> dict[str, Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_global_rng_state(state: Mapping[str, Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _splits_parts(splits: Any, device: torch.device) -> tuple[str, dict[str, tuple[Tensor, Tensor]]]:
+    task = getattr(splits, "task", "classification")
+    _choice("task", task, ("classification", "tagging", "regression"))
+    parts = {}
+    for name in ("train", "val", "test"):
+        x, y = getattr(splits, name)
+        parts[name] = (x.to(device), y.to(device))
+    return task, parts
+
+
+def fit(
+    model: nn.Module,
+    splits: Any,
+    cfg: TrainConfig,
+    *,
+    seed: int,
+    callbacks: Sequence[Callback] = (),
+    device: str | torch.device = "cpu",
+    resume_state: Mapping[str, Any] | None = None,
+    checkpoint_fn: Callable[[int, dict[str, Any]], object] | None = None,
+) -> FitResult:
+    """Trains ``model`` on ``splits.train`` and records per-epoch metrics on val and test.
+
+    Model selection belongs to the caller and must use the ``val_*`` keys; ``test_*`` are recorded for
+    the final report only.
+
+    Args:
+        model: any ``nn.Module`` mapping a batch of inputs to logits (classification: (B, C); tagging:
+            (B, T, C); regression: (B,) or (B, 1)). It is moved to ``device`` and trained in place.
+        splits: an :class:`autonorm_core.data.Splits` (``train``/``val``/``test`` (inputs, targets)
+            pairs and ``task``).
+        cfg: the training configuration.
+        seed: drives shuffling, every module-owned generator and the forked default generator; the
+            same seed on the same device and model init gives the same history.
+        callbacks: objects with ``on_epoch_end(epoch, model, metrics)``, called in order after the
+            epoch's metrics exist and after ``checkpoint_fn``.
+        device: where the model and the (small) data sets live.
+        resume_state: a ``state`` previously passed to ``checkpoint_fn`` (or :func:`load_state`); the
+            fit continues after that state's epoch. It must come from the same config and seed.
+        checkpoint_fn: called at the end of every epoch with ``(epoch, state)``, ``state`` being a
+            ``torch.save``-able dict of CPU copies (model, optimizer, schedule, freeze decision,
+            history, RNGs).
+
+    Returns:
+        A :class:`FitResult`. A NaN/inf loss ends the fit with ``status="diverged"`` instead of raising.
+
+    Metric keys per epoch: ``epoch``, ``train_loss``, ``val_loss``, ``val_accuracy`` | ``val_rmse``,
+    ``test_loss``, ``test_accuracy`` | ``test_rmse``, ``lr`` (of the epoch's last update), ``updates``,
+    ``examples_per_s`` (training throughput), ``selector_frozen`` (1.0 once frozen; the freeze epoch's
+    row already shows the decision) and, when the model has AutoNorm layers, ``gate_entropy`` (mean over
+    layers), ``gate_entropy/layer_<i>`` and ``dyt_weight/layer_<i>`` (mean validation probability of
+    the ``dyt`` candidate), layers numbered in module order; with ``tau_final``, also ``tau``.
+    """
+    dev = torch.device(device)
+    task, parts = _splits_parts(splits, dev)
+    model.to(dev)
+    num_train = parts["train"][0].shape[0]
+    steps_per_epoch = cfg.steps_per_epoch(num_train)
+    total = cfg.total_updates(num_train)
+    n_epochs = cfg.num_epochs(num_train)
+    warmup = cfg.warmup_updates(num_train)
+    peak = cfg.effective_lr
+    label_smoothing = cfg.label_smoothing if task == "classification" else 0.0
+
+    gates = _gate_modules(model)
+    seeded = _seeded_modules(model)
+    dyt_index = [(_candidate_names(m).index("dyt") if "dyt" in _candidate_names(m) else None) for m in gates]
+
+    with _forked_global_rng(dev):
+        shuffle_gen = torch.Generator()
+        if resume_state is None:
+            shuffle_gen.manual_seed(_derive_seed(seed, 0))
+            _seed_global(_derive_seed(seed, 1), dev)
+            for i, (_, m) in enumerate(seeded):
+                m.manual_seed(_derive_seed(seed, 2, i))
+            tau0 = [float(getattr(m, "tau", 1.0)) for m in gates]
+            history: list[dict[str, float]] = []
+            start_epoch = 1
+            step = 0
+            frozen = False
+            freeze_epoch: int | None = None
+            freeze_entropy: float | None = None
+            optimizer = _build_optimizer(model, cfg, peak)
+        else:
+            st = resume_state
+            if st.get("format") != STATE_FORMAT:
+                raise ValueError(f"resume_state has format {st.get('format')!r}, expected {STATE_FORMAT}")
+            if st["config"] != cfg.to_dict() or st["seed"] != seed:
+                raise ValueError("resume_state was written by a fit with another config or seed")
+            model.load_state_dict(st["model"])
+            frozen = bool(st["freeze"]["frozen"])
+            freeze_epoch = st["freeze"]["epoch"]
+            freeze_entropy = st["freeze"]["entropy"]
+            if frozen:
+                sample = cfg.freeze.sample_after_freeze if cfg.freeze is not None else False
+                for m in gates:
+                    _freeze_selector(m, sample=sample)
+            optimizer = _build_optimizer(model, cfg, peak)
+            optimizer.load_state_dict(st["optimizer"])
+            step = int(st["scheduler"]["step"])
+            tau0 = list(st["tau0"])
+            history = copy.deepcopy(list(st["history"]))
+            start_epoch = int(st["epoch"]) + 1
+            shuffle_gen.set_state(st["rng"]["shuffle"])
+            _set_global_rng_state(st["rng"]["global"], dev)
+            module_states = st["rng"]["modules"]
+            for name, m in seeded:
+                m.set_rng_state(module_states[name])
+
+        status: Literal["completed", "diverged", "stopped"] = "completed"
+        message = ""
+        x_train, y_train = parts["train"]
+        for epoch in range(start_epoch, n_epochs + 1):
+            model.train()
+            perm = torch.randperm(num_train, generator=shuffle_gen).to(dev)
+            epoch_steps = min(steps_per_epoch, total - step)
+            loss_sum = 0.0
+            count_sum = 0
+            lr = peak
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            t0 = time.perf_counter()
+            for b in range(epoch_steps):
+                idx = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
+                x, y = x_train[idx], y_train[idx]
+                lr = lr_at_step(step, total=total, warmup=warmup, peak=peak, schedule=cfg.schedule)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                if cfg.tau_final is not None:
+                    frac = step / max(1, total - 1)
+                    for m, t0_m in zip(gates, tau0):
+                        m.tau = t0_m + (cfg.tau_final - t0_m) * frac
+                out = model(x)
+                loss, count = _task_loss(out, y, task, label_smoothing=label_smoothing)
+                loss_value = float(loss.item())
+                if not math.isfinite(loss_value):
+                    status = "diverged"
+                    message = f"non-finite training loss {loss_value} at epoch {epoch}, update {step}"
+                    break
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(_optimized_params(optimizer), cfg.grad_clip)
+                optimizer.step()
+                step += 1
+                loss_sum += loss_value * count
+                count_sum += count
+            if status == "diverged":
+                break
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            train_time = time.perf_counter() - t0
+
+            model.eval()
+            val = _evaluate(model, parts["val"], task, batch_size=cfg.eval_batch_size, gates=gates)
+            test = _evaluate(model, parts["test"], task, batch_size=cfg.eval_batch_size)
+            if not (math.isfinite(val["loss"]) and math.isfinite(loss_sum)):
+                status = "diverged"
+                message = f"non-finite validation loss {val['loss']} after epoch {epoch}"
+                break
+
+            metrics: dict[str, float] = {
+                "epoch": float(epoch),
+                "train_loss": loss_sum / max(count_sum, 1),
+                "val_loss": val["loss"],
+                "test_loss": test["loss"],
+            }
+            key = "rmse" if task == "regression" else "accuracy"
+            metrics[f"val_{key}"] = val[key]
+            metrics[f"test_{key}"] = test[key]
+            if gates:
+                entropies = val["gate_entropy"]
+                metrics["gate_entropy"] = float(sum(entropies) / len(entropies))
+                for i, h in enumerate(entropies):
+                    metrics[f"gate_entropy/layer_{i}"] = float(h)
+                for i, (probs, k) in enumerate(zip(val["gate_mean_probs"], dyt_index)):
+                    if k is not None and probs:
+                        metrics[f"dyt_weight/layer_{i}"] = float(probs[k])
+                if cfg.tau_final is not None:
+                    metrics["tau"] = float(getattr(gates[0], "tau", float("nan")))
+
+            # AutoNorm-S: one decision, at the end of epoch t_freeze, on this epoch's mean entropy.
+            if cfg.freeze is not None and gates and not frozen and epoch == cfg.freeze.t_freeze:
+                freeze_entropy = metrics["gate_entropy"]
+                if should_freeze(cfg.freeze.rule, freeze_entropy, cfg.freeze.eps_h):
+                    for m in gates:
+                        _freeze_selector(m, sample=cfg.freeze.sample_after_freeze)
+                    # Dropping the selector from the optimizer keeps AdamW's decoupled weight decay
+                    # from moving it; the backbone keeps its moment estimates.
+                    optimizer = _rebuild_optimizer(optimizer, model, cfg, lr)
+                    frozen = True
+                    freeze_epoch = epoch
+
+            metrics["selector_frozen"] = 1.0 if frozen else 0.0
+            metrics["lr"] = float(lr)
+            metrics["updates"] = float(step)
+            metrics["examples_per_s"] = epoch_steps * cfg.batch_size / max(train_time, 1e-9)
+            history.append(metrics)
+
+            if checkpoint_fn is not None:
+                state = {
+                    "format": STATE_FORMAT,
+                    "epoch": epoch,
+                    "seed": seed,
+                    "config": cfg.to_dict(),
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": {"step": step, "total": total, "warmup": warmup, "peak": peak},
+                    "freeze": {"frozen": frozen, "epoch": freeze_epoch, "entropy": freeze_entropy},
+                    "tau0": tau0,
+                    "history": history,
+                    "rng": {
+                        "shuffle": shuffle_gen.get_state(),
+                        "global": _global_rng_state(dev),
+                        "modules": {name: m.rng_state() for name, m in seeded},
+                    },
+                }
+                checkpoint_fn(epoch, _to_cpu_copy(state))
+            try:
+                for cb in callbacks:
+                    cb.on_epoch_end(epoch, model, dict(metrics))
+            except StopTraining as stop:
+                status = "stopped"
+                message = str(stop) or f"stopped by a callback after epoch {epoch}"
+                break
+
+    return FitResult(
+        status=status,
+        history=history,
+        updates=step,
+        freeze_epoch=freeze_epoch,
+        freeze_entropy=freeze_entropy,
+        message=message,
+    )
+
+
+def save_state(path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
+    """Writes a fit state atomically (temporary file + rename), so a crash never leaves half a file."""
+    target = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(target))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".state-", suffix=".pt")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(dict(state), fh)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Reads a state written by :func:`save_state` (tensors and plain data only: ``weights_only``)."""
+    state: dict[str, Any] = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+    return state

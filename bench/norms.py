@@ -1,0 +1,203 @@
+"""Forward+backward cost of every norm as a ratio to ``nn.LayerNorm`` measured in the same run.
+
+Usage::
+
+    python bench/norms.py                 # both shapes, eager + torch.compile, writes bench/results/norms.json
+    python bench/norms.py --no-compile --repeats 5  # quick look
+
+What is timed: one training step's worth of norm work, ``y = norm(x)`` followed by
+``torch.autograd.grad(y, [x, *params], dy, allow_unused=True)`` (gradients returned, not accumulated, as inside a model),
+in training mode. Every case is timed round-robin in the same loop and each ratio is a median over
+rounds. On CPU the clock is the thread's CPU time with one intra-op thread (``--threads``), so other
+processes competing for the cores do not enter the numbers; on CUDA it is wall time after a sync.
+
+Ratios written to the JSON (``{"<name>": ratio}``, floats only):
+
+* ``<norm>``: eager norm / eager ``nn.LayerNorm``; ``<norm>_compiled``: compiled norm / eager
+  ``nn.LayerNorm`` (the fused kernel stays the reference; ``layernorm_compiled`` shows how compiling
+  the baseline itself fares).
+* ``autonorm_over_branches``: AutoNorm / (LayerNorm + DyT), each in the same mode (eager, or all
+  compiled for ``_compiled``). Goal ≤ 1.3: the selector and the mixing cost little beyond the branches.
+* ``frozen_hard_over_branch``: frozen AutoNorm whose gate picks LayerNorm for every sample / LayerNorm,
+  same mode. Goal ≤ 1.1: the fast path really skips the other branch.
+  ``frozen_hard_dyt_over_branch`` is the same with DyT selected.
+* Keys without a shape suffix are the maximum over the shapes (the conservative value for the goals);
+  ``<key>@BxTxD`` holds each shape's value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autonorm_core.norms import AutoNorm, create_norm  # noqa: E402
+
+SHAPES = ((64, 65, 128), (32, 197, 384))
+GOALS = {"autonorm_over_branches": 1.3, "frozen_hard_over_branch": 1.1}
+
+
+def _frozen_autonorm(dim: int, branch: str) -> nn.Module:
+    """Frozen AutoNorm whose gate gives ``branch`` weight ≈ 1 − 1e-8 for every sample."""
+    m = AutoNorm(dim, seed=0)
+    k = m.candidates.index(branch)
+    with torch.no_grad():
+        m.selector.fc2.weight.zero_()
+        m.selector.fc2.bias.fill_(-9.0)
+        m.selector.fc2.bias[k] = 9.0
+    m.freeze()
+    return m
+
+
+def _cases(dim: int) -> dict[str, Callable[[], nn.Module]]:
+    return {
+        "layernorm": lambda: nn.LayerNorm(dim),
+        "rmsnorm": lambda: create_norm("rmsnorm", dim),
+        "dyt": lambda: create_norm("dyt", dim),
+        "dyt_naive": lambda: create_norm("dyt", dim, fused=False),
+        "adanorm": lambda: create_norm("adanorm", dim),
+        "film": lambda: create_norm("film", dim),
+        "random_selector": lambda: create_norm("random_selector", dim, seed=0),
+        "autonorm": lambda: create_norm("autonorm", dim, seed=0, selector_init="default"),
+        "autonorm_frozen_hard": lambda: _frozen_autonorm(dim, "layernorm"),
+        "autonorm_frozen_hard_dyt": lambda: _frozen_autonorm(dim, "dyt"),
+    }
+
+
+def _step_fn(module: nn.Module, x: Tensor, dy: Tensor) -> Callable[[], None]:
+    params = [p for p in module.parameters() if p.requires_grad]
+
+    def step() -> None:
+        y = module(x)
+        torch.autograd.grad(y, [x, *params], dy, allow_unused=True)
+
+    return step
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_cases(
+    steps: dict[str, Callable[[], None]], *, repeats: int, inner: int, device: torch.device
+) -> dict[str, float]:
+    """Median seconds per step of each case, timed round-robin."""
+    # On CPU (one intra-op thread, autograd runs on the calling thread) the thread's CPU time is the
+    # cost itself, unaffected by other processes taking the cores; on CUDA, wall time after a sync.
+    clock = time.perf_counter if device.type == "cuda" else time.thread_time
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for step in steps.values():  # warm-up (allocator, lazy generators, compiled code)
+        for _ in range(3):
+            step()
+    names = list(steps)
+    for r in range(repeats):
+        order = names if r % 2 == 0 else names[::-1]  # cancel drift within a round
+        for name in order:
+            _sync(device)
+            t0 = clock()
+            for _ in range(inner):
+                steps[name]()
+            _sync(device)
+            samples[name].append((clock() - t0) / inner)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def _derived(t: dict[str, float], base: float, suffix: str) -> dict[str, float]:
+    out = {f"{name}{suffix}": sec / base for name, sec in t.items()}
+    out[f"autonorm_over_branches{suffix}"] = t["autonorm"] / (t["layernorm"] + t["dyt"])
+    out[f"frozen_hard_over_branch{suffix}"] = t["autonorm_frozen_hard"] / t["layernorm"]
+    out[f"frozen_hard_dyt_over_branch{suffix}"] = t["autonorm_frozen_hard_dyt"] / t["dyt"]
+    return out
+
+
+def run(
+    *, shapes: tuple[tuple[int, int, int], ...], repeats: int, inner: int, compile_: bool, device: torch.device
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    per_shape: dict[str, dict[str, float]] = {}
+    for b, t, d in shapes:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(b, t, d, generator=gen).to(device).requires_grad_(True)
+        dy = torch.randn(b, t, d, generator=gen).to(device)
+        cases = _cases(d)
+        eager = {name: _step_fn(make().to(device).train(), x, dy) for name, make in cases.items()}
+        times = _time_cases(eager, repeats=repeats, inner=inner, device=device)
+        ratios = _derived(times, times["layernorm"], "")
+        ratios["layernorm_ms"] = times["layernorm"] * 1e3
+        if compile_:
+            compiled = {
+                name: _step_fn(torch.compile(make().to(device).train(), dynamic=False), x, dy)
+                for name, make in cases.items()
+            }
+            ctimes = _time_cases(compiled, repeats=repeats, inner=inner, device=device)
+            cratios = _derived(ctimes, times["layernorm"], "_compiled")
+            # Composite ratios stay within one mode: recompute them against compiled branches.
+            ratios.update(cratios)
+        per_shape[f"{b}x{t}x{d}"] = ratios
+    keys = next(iter(per_shape.values())).keys()
+    flat = {k: max(r[k] for r in per_shape.values()) for k in keys if not k.endswith("_ms")}
+    for shape, r in per_shape.items():
+        flat.update({f"{k}@{shape}": v for k, v in r.items()})
+    return flat, per_shape
+
+
+def _print_table(per_shape: dict[str, dict[str, float]], compiled: bool) -> None:
+    shapes = list(per_shape)
+    first = per_shape[shapes[0]]
+    rows = [k for k in first if not k.endswith("_compiled") and not k.endswith("_ms")]
+    header = f"{'case':<30}" + "".join(
+        f"{s + ' eager':>22}" + (f"{s + ' compiled':>24}" if compiled else "") for s in shapes
+    )
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        line = f"{row:<30}"
+        for s in shapes:
+            line += f"{per_shape[s][row]:>22.2f}"
+            if compiled:
+                line += f"{per_shape[s][row + '_compiled']:>24.2f}"
+        goal = GOALS.get(row)
+        print(line + (f"   goal <= {goal}" if goal else ""))
+    for s in shapes:
+        print(f"eager nn.LayerNorm fwd+bwd at {s}: {per_shape[s]['layernorm_ms']:.3f} ms")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=21, help="timing rounds (median taken)")
+    parser.add_argument("--inner", type=int, default=3, help="steps per timing sample")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (ignored on CUDA)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile half")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "norms.json")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    flat, per_shape = run(
+        shapes=SHAPES, repeats=args.repeats, inner=args.inner, compile_=not args.no_compile, device=device
+    )
+    print(
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, device={device}, "
+        f"threads={torch.get_num_threads()}, repeats={args.repeats}x{args.inner}; ratios to eager "
+        "nn.LayerNorm (composites within one mode)"
+    )
+    _print_table(per_shape, compiled=not args.no_compile)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(flat, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,541 @@
+"""``autonorm-study``: validate, run, resume, submit, inspect and report studies.
+
+    autonorm-study validate SPEC [--preset NAME] [--set KEY=VALUE ...] [--print]
+    autonorm-study run      SPEC [--preset NAME] [--set KEY=VALUE ...]
+    autonorm-study resume   SPEC|STUDY_DIR [...]
+    autonorm-study submit   SPEC [--address URL] [--wait] [...]     # a Ray job on a cluster
+    autonorm-study status   SPEC|STUDY_DIR | --job ID [--address URL]
+    autonorm-study report   SPEC|STUDY_DIR [--out DIR]
+
+Exit status: 0 success, 1 a failed job or an unreachable service, 2 an invalid spec (every error
+printed with its field path and YAML line, never a traceback).
+
+``submit`` uploads the working directory (minus ``.venv``, ``.git``, ``runs``, ``mlruns``, ``*.db``, ...)
+as a Ray job whose entry point is ``python -m studies.cli run SPEC ...``. MLflow settings
+(``MLFLOW_*``) and S3 keys (``AWS_*``) are passed in the job's ``env_vars`` so the driver and its
+workers reach the same tracking server and bucket. ``RAY_AUTH_TOKEN`` (or the file named by
+``RAY_AUTH_TOKEN_PATH``) authenticates this client: Ray ≥ 2.59 clusters enable token auth, and Ray's
+job client only attaches the token by itself when ``RAY_AUTH_MODE=token`` is also set in the client's
+environment, so we send the ``Authorization`` header explicitly. The token is not put into the
+job's environment (the cluster already has it) and no value of a carried variable is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from studies._entry import (
+    EXIT_SPEC_ERROR,
+    TrialRecord,
+    _config_value,
+    add_layer_options,
+    best_trial,
+    describe_result,
+    experiment_location,
+    overrides_from_args,
+    print_spec_error,
+    read_study_spec,
+    read_trials,
+    run_plan,
+)
+from studies.spec import SpecError, SpecIssue, StudySpec, _git_commit, load_spec
+from workers.plan import StudyPlan
+from workers.runner import expected_trials
+
+__all__ = ["DEFAULT_EXCLUDES", "carried_env", "job_entrypoint", "main", "ray_auth_headers"]
+
+DEFAULT_EXCLUDES = (
+    ".venv",
+    "venv",
+    ".git",
+    "runs",
+    "mlruns",
+    "mlartifacts",
+    "*.db",
+    "*.db-journal",
+    "__pycache__",
+    "*.pyc",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    "*.egg-info",
+    "bench/results",
+    "data",
+)
+_CARRIED_PREFIXES = ("MLFLOW_",)
+_CARRIED_NAMES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+)
+_TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def _load_target(target: str, args: argparse.Namespace) -> StudySpec:
+    """A spec file (with preset/overrides), or a study directory holding ``study_spec.yaml``."""
+    path = Path(target)
+    if path.is_dir():
+        if args.preset:
+            raise SpecError(
+                [SpecIssue("", "--preset applies to spec files, not to a study directory", None, target)]
+            )
+        spec: StudySpec = read_study_spec(path, overrides=overrides_from_args(args))
+        return spec
+    spec = load_spec(path, overrides_from_args(args), preset=args.preset)
+    return spec
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+# --------------------------------------------------------------------------------------------------
+# validate / run / resume
+# --------------------------------------------------------------------------------------------------
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    spec = _load_target(args.spec, args)
+    plan = spec.to_plan()
+    if args.print:
+        print(spec.to_yaml(), end="")
+    print(
+        f"ok: {spec.name}: {len(plan.space) or len(plan.grid)} searched parameters, sampler "
+        f"{plan.sampler.type}, scheduler {plan.scheduler.type}, {expected_trials(plan)} trials "
+        f"({plan.max_concurrent} at a time), metric {plan.metric} ({plan.mode}), storage {plan.storage.path}"
+    )
+    return 0
+
+
+def _run(spec: StudySpec) -> int:
+    plan = spec.to_plan()
+    result = run_plan(plan, spec_text=spec.to_yaml())
+    _print_json(describe_result(result, plan))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    return _run(_load_target(args.spec, args))
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    spec = _load_target(args.target, args)
+    plan = spec.to_plan()
+    from ray.tune import Tuner
+
+    fs, path, uri = experiment_location(plan)
+    if not Tuner.can_restore(path, storage_filesystem=fs):
+        print(
+            f"nothing to resume: no Tune experiment state at {uri} (use `autonorm-study run`)",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"resuming study {plan.name!r} from {uri}", flush=True)
+    return _run(spec)
+
+
+# --------------------------------------------------------------------------------------------------
+# submit
+# --------------------------------------------------------------------------------------------------
+
+
+def ray_auth_headers(environ: Mapping[str, str]) -> dict[str, str]:
+    """``Authorization`` header from ``RAY_AUTH_TOKEN`` or the file ``RAY_AUTH_TOKEN_PATH`` names.
+
+    Empty when neither is set (Ray then falls back to its own lookup, which only happens when
+    ``RAY_AUTH_MODE=token``).
+    """
+    token = environ.get("RAY_AUTH_TOKEN", "").strip()
+    if not token and environ.get("RAY_AUTH_TOKEN_PATH"):
+        try:
+            token = Path(environ["RAY_AUTH_TOKEN_PATH"]).expanduser().read_text().strip()
+        except OSError as e:
+            raise SystemExit(f"cannot read RAY_AUTH_TOKEN_PATH: {e.strerror}") from None
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def carried_env(environ: Mapping[str, str], extra: Sequence[str] = ()) -> dict[str, str]:
+    """The environment a submitted study needs: MLflow settings, S3 keys, the git commit, ``--env``.
+
+    ``RAY_AUTH_TOKEN`` is never carried: it authenticates the client, and a job's ``env_vars`` are
+    readable through the job API.
+    """
+    env = {k: v for k, v in environ.items() if k.startswith(_CARRIED_PREFIXES) or k in _CARRIED_NAMES}
+    for item in extra:
+        name, sep, value = item.partition("=")
+        if sep:
+            env[name] = value
+        elif name in environ:
+            env[name] = environ[name]
+        else:
+            raise SystemExit(f"--env {name}: not set in this environment")
+    env.pop("RAY_AUTH_TOKEN", None)
+    env["AUTONORM_GIT_COMMIT"] = _git_commit(environ)
+    return env
+
+
+def job_entrypoint(
+    spec_rel: str,
+    *,
+    preset: str | None,
+    overrides: Sequence[str],
+    script: str | None = None,
+    python: str = "python",
+) -> str:
+    """The shell command the Ray job runs inside the uploaded working directory."""
+    parts = [python, script, "--spec", spec_rel] if script else [python, "-m", "studies.cli", "run", spec_rel]
+    if preset:
+        parts += ["--preset", preset]
+    for ov in overrides:
+        parts += ["--set", ov]
+    return shlex.join(parts)
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    spec = _load_target(args.spec, args)  # validate locally first: a bad spec never reaches the cluster
+    working_dir = Path(args.working_dir).resolve()
+    spec_path = Path(args.spec).resolve()
+    try:
+        spec_rel = spec_path.relative_to(working_dir).as_posix()
+    except ValueError:
+        raise SpecError(
+            [
+                SpecIssue(
+                    "",
+                    f"the spec must lie inside the uploaded working directory {working_dir}",
+                    None,
+                    args.spec,
+                )
+            ]
+        ) from None
+    overrides = overrides_from_args(args)
+    plan = spec.to_plan()
+    if plan.storage.path != spec.storage_path:
+        # A relative storage_path would land in the job's temporary copy of the working dir.
+        overrides.append(f"storage_path={json.dumps(plan.storage.path)}")
+    excludes = [*DEFAULT_EXCLUDES, *args.exclude]
+    try:
+        inside = Path(plan.storage.path).relative_to(working_dir).as_posix()
+        excludes.append(inside)
+    except ValueError:
+        pass
+    env = carried_env(os.environ, args.env)
+    entrypoint = job_entrypoint(
+        spec_rel, preset=args.preset, overrides=overrides, script=args.script, python=args.python
+    )
+    runtime_env = {"working_dir": str(working_dir), "excludes": excludes, "env_vars": env}
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        client = JobSubmissionClient(args.address, headers=ray_auth_headers(os.environ))
+        job_id = client.submit_job(
+            entrypoint=entrypoint,
+            runtime_env=runtime_env,
+            submission_id=args.job_id,
+            metadata={"autonorm.study": spec.name, "autonorm.spec_hash": spec.hash()},
+        )
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        print(f"submit failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(f"submitted job {job_id} for study {spec.name!r}")
+    print(f"  entrypoint: {entrypoint}")
+    print(f"  carried env: {', '.join(sorted(env))} (values not shown)")
+    print(f"  results: {plan.storage.path}/{plan.name}")
+    if not args.wait:
+        print(
+            f"  follow: autonorm-study status --job {job_id}"
+            + (f" --address {args.address}" if args.address else "")
+        )
+        return 0
+    return _follow(client, job_id, timeout=args.timeout)
+
+
+def _follow(client: Any, job_id: str, *, timeout: float | None) -> int:
+    """Stream the job's logs until it ends; 0 only when it SUCCEEDED."""
+    start = time.monotonic()
+    shown = 0
+    status = "PENDING"
+    while True:
+        status = str(client.get_job_status(job_id)).rsplit(".", 1)[-1]
+        logs = client.get_job_logs(job_id)
+        if len(logs) > shown:
+            sys.stdout.write(logs[shown:])
+            sys.stdout.flush()
+            shown = len(logs)
+        if status in _TERMINAL:
+            break
+        if timeout is not None and time.monotonic() - start > timeout:
+            print(f"job {job_id} still {status} after {timeout:.0f} s; not waiting longer", file=sys.stderr)
+            return 1
+        time.sleep(2.0)
+    print(f"job {job_id}: {status}")
+    return 0 if status == "SUCCEEDED" else 1
+
+
+# --------------------------------------------------------------------------------------------------
+# status / report
+# --------------------------------------------------------------------------------------------------
+
+
+def _trial_row(t: TrialRecord, plan: StudyPlan) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "trial": t.trial_id,
+        "status": t.status,
+        "epoch": t.last_result.get("epoch", t.last_result.get("training_iteration")),
+        plan.metric: t.last_result.get(plan.metric),
+    }
+    for p in plan.space:
+        row[p.name] = _config_value(t.config, p.name)
+    for name, _ in plan.grid:
+        row[name] = _config_value(t.config, name)
+    return row
+
+
+def study_status(plan: StudyPlan) -> dict[str, Any]:
+    """Progress of a study from its storage directory (works while it runs and after)."""
+    trials = read_trials(plan)
+    _, _, uri = experiment_location(plan)
+    best = best_trial(trials, plan.metric, plan.mode)
+    return {
+        "study": plan.name,
+        "directory": uri,
+        "expected_trials": expected_trials(plan),
+        "trials": len(trials),
+        "by_status": dict(Counter(t.status for t in trials)),
+        "best_trial": best.trial_id if best else None,
+        f"best_{plan.metric}": best.last_result.get(plan.metric) if best else None,
+        "rows": [_trial_row(t, plan) for t in trials],
+    }
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    if args.job:
+        from ray.job_submission import JobSubmissionClient
+
+        try:
+            client = JobSubmissionClient(args.address, headers=ray_auth_headers(os.environ))
+            info = client.get_job_info(args.job)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            print(f"status failed: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        _print_json(
+            {
+                "job": args.job,
+                "status": str(info.status).rsplit(".", 1)[-1],
+                "message": info.message,
+                "entrypoint": info.entrypoint,
+                "metadata": info.metadata,
+            }
+        )
+        return 0
+    if not args.target:
+        print("status needs a spec, a study directory or --job ID", file=sys.stderr)
+        return EXIT_SPEC_ERROR
+    plan = _load_target(args.target, args).to_plan()
+    status = study_status(plan)
+    if args.json:
+        _print_json(status)
+        return 0
+    counts = ", ".join(f"{k}: {v}" for k, v in sorted(status["by_status"].items())) or "none yet"
+    print(f"study {plan.name} at {status['directory']}")
+    print(f"trials: {status['trials']} of {status['expected_trials']} ({counts})")
+    if status["best_trial"]:
+        print(f"best: {status['best_trial']} {plan.metric}={status[f'best_{plan.metric}']}")
+    for row in status["rows"]:
+        print("  " + "  ".join(f"{k}={_short(v)}" for k, v in row.items()))
+    return 0
+
+
+def _short(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _edge_flags(trials: Sequence[TrialRecord], best: TrialRecord | None, plan: StudyPlan) -> list[str]:
+    """Numeric parameters whose best value sits in the outer 5 % of the range (tuning playbook)."""
+    if best is None:
+        return []
+    flags = []
+    for p in plan.space:
+        if p.type == "categorical" or p.low is None or p.high is None:
+            continue
+        v = _config_value(best.config, p.name)
+        if not isinstance(v, int | float):
+            continue
+        lo, hi, x = (math.log(p.low), math.log(p.high), math.log(v)) if p.log else (p.low, p.high, float(v))
+        pos = (x - lo) / (hi - lo)
+        if pos <= 0.05 or pos >= 0.95:
+            side = "low" if pos <= 0.05 else "high"
+            flags.append(
+                f"{p.name}={_short(v)} is at the {side} edge of [{p.low}, {p.high}]: widen the range"
+            )
+    return flags
+
+
+def write_study_report(plan: StudyPlan, out_dir: Path) -> Path:
+    """``report.md`` (+ gate-entropy plot when trials report it) regenerated from the study directory."""
+    trials = read_trials(plan)
+    best = best_trial(trials, plan.metric, plan.mode)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    counts = Counter(t.status for t in trials)
+    failed = sum(1 for t in trials if t.status == "ERROR")
+    diverged = sum(
+        1
+        for t in trials
+        if isinstance(t.last_result.get("train_loss"), float)
+        and not math.isfinite(t.last_result["train_loss"])
+    )
+    lines = [
+        f"# Study `{plan.name}`",
+        "",
+        f"- trials: {len(trials)} of {expected_trials(plan)} planned ({', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'none'})",
+        f"- failed: {failed}, diverged (non-finite train loss): {diverged}",
+        f"- metric: `{plan.metric}` ({plan.mode}), sampler `{plan.sampler.type}` (seed {plan.sampler.seed}), scheduler `{plan.scheduler.type}`",
+        "",
+    ]
+    if best is not None:
+        lines += [
+            f"## Best trial `{best.trial_id}`: {plan.metric} = {_short(best.last_result[plan.metric])}",
+            "",
+        ]
+        searched = [(p.name, _config_value(best.config, p.name)) for p in plan.space]
+        lines += [f"- `{name}` = {_short(v)}" for name, v in searched if v is not None]  # None: inactive
+        flags = _edge_flags(trials, best, plan)
+        if flags:
+            lines += ["", "Best point on a search-space edge:", *[f"- {f}" for f in flags]]
+        lines.append("")
+    rows = [_trial_row(t, plan) for t in trials]
+    sign = -1.0 if plan.mode == "max" else 1.0
+    rows.sort(key=lambda r: sign * r[plan.metric] if isinstance(r[plan.metric], int | float) else math.inf)
+    if rows:
+        keys = list(rows[0])
+        lines += ["## Trials", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        lines += ["| " + " | ".join(_short(r.get(k)) for k in keys) + " |" for r in rows]
+        lines.append("")
+    histories = {t.trial_id: t.history for t in trials if t.history}
+    if histories:
+        from studies.report import plot_gate_entropy
+
+        try:
+            png = plot_gate_entropy(histories, out_dir / "gate_entropy_per_layer.png")
+            lines += ["## Gate entropy per layer", "", f"![gate entropy]({png.name})", ""]
+        except ValueError:
+            pass  # no gate-entropy metrics in this study (e.g. no AutoNorm layer)
+    report = out_dir / "report.md"
+    report.write_text("\n".join(lines), encoding="utf-8")
+    return report
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    plan = _load_target(args.target, args).to_plan()
+    if args.out:
+        out = Path(args.out)
+    else:
+        fs, path, uri = experiment_location(plan)
+        if fs is not None:
+            print(f"the study lives at {uri}; give --out DIR for the report", file=sys.stderr)
+            return 1
+        out = Path(path) / "report"
+    report = write_study_report(plan, out)
+    print(f"report written to {report}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Parser
+# --------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autonorm-study",
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="check a spec; print every error with its field path and line")
+    p.add_argument("spec", help="spec YAML (or a study directory)")
+    add_layer_options(p)
+    p.add_argument("--print", action="store_true", help="print the resolved spec")
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("run", help="run a study here (restores it when it was interrupted)")
+    p.add_argument("spec")
+    add_layer_options(p)
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("resume", help="continue an interrupted study (fails when there is nothing to resume)")
+    p.add_argument("target", help="spec YAML or the study directory (<storage_path>/<name>)")
+    add_layer_options(p)
+    p.set_defaults(func=_cmd_resume)
+
+    p = sub.add_parser("submit", help="run a study as a Ray job on a cluster")
+    p.add_argument("spec")
+    add_layer_options(p)
+    p.add_argument("--address", default=None, help="Ray dashboard address (default: $RAY_ADDRESS)")
+    p.add_argument("--working-dir", default=".", help="directory uploaded as the job's working dir")
+    p.add_argument("--exclude", action="append", default=[], help="extra upload exclude pattern (repeatable)")
+    p.add_argument(
+        "--env", action="append", default=[], metavar="NAME[=VALUE]", help="extra env var for the job"
+    )
+    p.add_argument("--script", default=None, help="study entry script instead of `python -m studies.cli run`")
+    p.add_argument(
+        "--python",
+        default="python",
+        help="interpreter on the cluster (default: `python` on the job's PATH; a local cluster started from "
+        "a virtualenv without activating it needs that venv's python here)",
+    )
+    p.add_argument("--job-id", default=None, help="submission id (default: chosen by Ray)")
+    p.add_argument(
+        "--wait", action="store_true", help="stream logs until the job ends; exit 1 unless it succeeded"
+    )
+    p.add_argument("--timeout", type=float, default=None, help="with --wait: give up after this many seconds")
+    p.set_defaults(func=_cmd_submit)
+
+    p = sub.add_parser("status", help="a study's progress (from its storage) or a Ray job's state")
+    p.add_argument("target", nargs="?", help="spec YAML or study directory")
+    add_layer_options(p)
+    p.add_argument("--job", default=None, help="a submitted job's id")
+    p.add_argument("--address", default=None, help="Ray dashboard address (with --job)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("report", help="regenerate a study's report from its directory")
+    p.add_argument("target", help="spec YAML or study directory")
+    add_layer_options(p)
+    p.add_argument("--out", default=None, help="output directory (default: <study dir>/report)")
+    p.set_defaults(func=_cmd_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except SpecError as e:
+        print_spec_error(e)
+        return EXIT_SPEC_ERROR
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

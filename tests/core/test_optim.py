@@ -1,0 +1,73 @@
+"""Weight-decay grouping: frozen parameters out, 0-/1-D parameters undecayed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from autonorm_core.norms import AutoNorm, DyT
+from autonorm_core.optim import param_groups
+
+
+def _model() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(4, 6), DyT(6), AutoNorm(6), nn.Conv1d(6, 6, 1), nn.LayerNorm(6))
+
+
+def _ids(params: list[nn.Parameter]) -> set[int]:
+    return {id(p) for p in params}
+
+
+def test_every_trainable_parameter_once_split_by_dimension() -> None:
+    model = _model()
+    groups = param_groups(model, weight_decay=0.1)
+    assert [g["name"] for g in groups] == ["decay", "no_decay"]
+    decay, no_decay = groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim >= 2 for p in decay["params"])
+    assert all(p.ndim <= 1 for p in no_decay["params"])
+    everything = decay["params"] + no_decay["params"]
+    assert len(everything) == len(_ids(everything)) == len(list(model.parameters()))
+    dyt = model[1]
+    assert isinstance(dyt, DyT)
+    assert _ids([dyt.alpha, dyt.weight, dyt.bias]) <= _ids(no_decay["params"])
+
+
+def test_frozen_parameters_are_left_out() -> None:
+    model = _model()
+    norm = model[2]
+    assert isinstance(norm, AutoNorm)
+    norm.freeze()
+    groups = param_groups(model, weight_decay=0.1)
+    kept = _ids([p for g in groups for p in g["params"]])
+    assert not kept & _ids(list(norm.selector.parameters()))
+    assert _ids(list(norm.branches.parameters())) <= kept
+    assert len(kept) == sum(1 for p in model.parameters() if p.requires_grad)
+
+
+def test_tied_parameters_appear_once_and_empty_groups_are_dropped() -> None:
+    emb = nn.Embedding(10, 4)
+    head = nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    groups = param_groups(nn.ModuleList([emb, head]), weight_decay=0.01)
+    assert [g["name"] for g in groups] == ["decay"]
+    assert len(groups[0]["params"]) == 1
+    assert [g["name"] for g in param_groups(nn.LayerNorm(3), weight_decay=0.01)] == ["no_decay"]
+
+
+def test_groups_feed_adamw_and_decay_only_matrices() -> None:
+    torch.manual_seed(0)
+    model = _model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.AdamW(param_groups(model, weight_decay=0.5), lr=0.1)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)  # zero gradients: only weight decay can move anything
+    opt.step()
+    for name, p in model.named_parameters():
+        moved = not torch.equal(p, before[name])
+        assert moved == (p.ndim >= 2 and bool(before[name].abs().sum() > 0)), name
+
+
+def test_negative_weight_decay_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        param_groups(nn.Linear(2, 2), weight_decay=-1.0)

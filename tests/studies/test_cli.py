@@ -1,0 +1,415 @@
+"""``autonorm-study`` and the study entry points: exit codes, error output, submit wiring."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import pytest
+
+from studies import _entry, cli
+from studies.spec import load_spec
+from tests.studies.broken_cases import load_cases
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "studies" / "specs" / "autonorm_search.yaml"
+CASES = {c.id: c for c in load_cases()}
+# A spread of failure kinds for the real-process check (the corpus runs in-process in test_spec.py).
+SUBPROCESS_SAMPLE = [
+    "malformed_yaml",
+    "duplicate_nested_key",
+    "top_level_list",
+    "python_object_tag",
+    "negative_lr",
+    "eps_h_above_ln2",
+    "negative_gpu",
+    "unknown_norm_field",
+    "search_beta_without_condition",
+    "override_bad_tau",
+]
+
+
+def _run(
+    args: list[str], *, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(
+        args, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+@pytest.mark.parametrize("case_id", SUBPROCESS_SAMPLE)
+def test_validate_broken_spec_exits_2_without_traceback(case_id: str) -> None:
+    case = CASES[case_id]
+    proc = _run([sys.executable, "-m", "studies.cli", "validate", *case.cli_args()])
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    path = case.expect_path
+    assert f"{path}: " in proc.stderr
+    assert case.expect_message in proc.stderr
+    if case.expect_line is not None:
+        assert f":{case.expect_line}: {path}" in proc.stderr
+
+
+def test_validate_ok_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["validate", str(SHIPPED), "--preset", "smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "ok: autonorm_search" in out and "4 trials (2 at a time)" in out
+
+
+def test_validate_print_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        cli.main(["validate", str(SHIPPED), "--preset", "smoke", "--set", "training.lr=0.002", "--print"])
+        == 0
+    )
+    text = capsys.readouterr().out
+    resolved = tmp_path / "resolved.yaml"
+    resolved.write_text(text.rsplit("ok: ", 1)[0])
+    spec = load_spec(resolved)
+    assert spec.training.lr == 0.002
+    assert spec == load_spec(SHIPPED, ["training.lr=0.002"], preset="smoke")
+
+
+@pytest.mark.parametrize("command", ["validate", "run", "resume", "submit", "status", "report"])
+def test_every_subcommand_reports_spec_errors_with_exit_2(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodel: {type: vit_lite}\ndata: {type: digits}\nretries: -2\n")
+    assert cli.main([command, str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml:4: retries: Input should be greater than or equal to 0 (got -2)" in err
+
+
+def test_entry_script_runs_from_another_cwd_and_fails_cleanly(tmp_path: Path) -> None:
+    script = ROOT / "studies" / "autonorm_search.py"
+    env = {"PYTHONPATH": ""}  # the script must find the repo itself (a Ray job's working dir)
+    ok = _run([sys.executable, str(script), "--preset", "smoke", "--dry-run"], cwd=tmp_path, env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert "name: autonorm_search" in ok.stdout and f"storage {tmp_path}/runs" in ok.stdout
+    bad = _run(
+        [sys.executable, str(script), "--preset", "smoke", "--set", "training.lr=-1"], cwd=tmp_path, env=env
+    )
+    assert bad.returncode == 2
+    assert "training.lr" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_study_main_plans_from_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    captured: dict[str, Any] = {}
+
+    def fake_run_plan(plan: Any, *, spec_text: str, quiet: bool = False) -> Any:
+        captured["plan"], captured["text"] = plan, spec_text
+        best = SimpleNamespace(
+            trial_id="t1", params={"training.lr": 0.001}, config={"seed": 0}, metrics={"val_accuracy": 0.9}
+        )
+        return SimpleNamespace(
+            trials=[SimpleNamespace(status="completed")] * 4,
+            best=lambda metric, mode: best,
+            parent_run_id="run123",
+            tracking_uri="http://127.0.0.1:5999",
+            experiment_path=str(tmp_path / "runs" / "autonorm_search"),
+            restored=False,
+        )
+
+    hooks: list[Any] = []
+    monkeypatch.setattr(_entry, "run_plan", fake_run_plan)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    code = _entry.study_main(
+        ["--preset", "smoke", "--storage-path", str(tmp_path / "runs"), "--set", "search.num_samples=5"],
+        prog="t",
+        description="t",
+        default_spec=SHIPPED,
+        after=lambda spec, plan, result: hooks.append((spec.name, plan.name, result.parent_run_id)),
+    )
+    assert code == 0
+    plan = captured["plan"]
+    assert plan.tracking.uri == "http://127.0.0.1:5999"  # the environment wins over the sqlite default
+    assert plan.storage.path == str(tmp_path / "runs")
+    assert plan.num_samples == 5
+    assert load_spec_text(tmp_path, captured["text"]).search.num_samples == 5
+    out = capsys.readouterr().out
+    assert '"best_metric": 0.9' in out and '"parent_run_id": "run123"' in out and '"completed": 4' in out
+    assert hooks == [("autonorm_search", "autonorm_search", "run123")]
+
+
+def load_spec_text(tmp_path: Path, text: str) -> Any:
+    path = tmp_path / "resolved.yaml"
+    path.write_text(text)
+    return load_spec(path)
+
+
+def test_resume_refuses_a_study_that_never_started(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["resume", str(SHIPPED), "--preset", "smoke", "--storage-path", str(tmp_path)])
+    assert code == 1
+    assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_study_directory_is_a_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = load_spec(SHIPPED, [f"storage_path={tmp_path}"], preset="smoke")
+    written = _entry.write_study_spec(spec.to_plan(), spec.to_yaml())
+    study_dir = tmp_path / "autonorm_search"
+    assert written == f"{study_dir}/{_entry.SPEC_FILE}"
+    assert cli.main(["validate", str(study_dir)]) == 0
+    assert cli.main(["status", str(study_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "trials: 0 of 4 (none yet)" in out
+    assert cli.main(["validate", str(tmp_path)]) == 2  # a directory without study_spec.yaml
+    assert "not a study directory" in capsys.readouterr().err
+
+
+# ---- submit -------------------------------------------------------------------------------------------
+
+
+def test_job_entrypoint_quotes_overrides() -> None:
+    cmd = _entry_cmd = cli.job_entrypoint(
+        "studies/specs/autonorm_search.yaml", preset="smoke", overrides=["model.norm={type: layernorm}"]
+    )
+    assert shlex.split(_entry_cmd) == [
+        "python",
+        "-m",
+        "studies.cli",
+        "run",
+        "studies/specs/autonorm_search.yaml",
+        "--preset",
+        "smoke",
+        "--set",
+        "model.norm={type: layernorm}",
+    ]
+    script = cli.job_entrypoint("s.yaml", preset=None, overrides=[], script="studies/autonorm_search.py")
+    assert shlex.split(script) == ["python", "studies/autonorm_search.py", "--spec", "s.yaml"]
+    assert cmd != script
+
+
+def test_carried_env_takes_mlflow_and_s3_but_not_the_ray_token() -> None:
+    environ = {
+        "MLFLOW_TRACKING_URI": "http://mlflow:5000",
+        "MLFLOW_S3_ENDPOINT_URL": "http://s3:8333",
+        "AWS_ACCESS_KEY_ID": "key",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "RAY_AUTH_TOKEN": "token",
+        "HOME": "/root",
+        "EXTRA": "x",
+        "AUTONORM_GIT_COMMIT": "deadbeef",
+    }
+    env = cli.carried_env(environ, ["EXTRA", "OTHER=1"])
+    assert env == {
+        "MLFLOW_TRACKING_URI": "http://mlflow:5000",
+        "MLFLOW_S3_ENDPOINT_URL": "http://s3:8333",
+        "AWS_ACCESS_KEY_ID": "key",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "EXTRA": "x",
+        "OTHER": "1",
+        "AUTONORM_GIT_COMMIT": "deadbeef",
+    }
+
+
+def test_ray_auth_headers_from_env_or_file(tmp_path: Path) -> None:
+    assert cli.ray_auth_headers({}) == {}
+    assert cli.ray_auth_headers({"RAY_AUTH_TOKEN": " abc \n"}) == {"Authorization": "Bearer abc"}
+    token_file = tmp_path / "token"
+    token_file.write_text("fromfile\n")
+    assert cli.ray_auth_headers({"RAY_AUTH_TOKEN_PATH": str(token_file)}) == {
+        "Authorization": "Bearer fromfile"
+    }
+
+
+def test_ray_job_client_does_not_send_the_token_by_itself() -> None:
+    # Why submit sets the header: with RAY_AUTH_TOKEN but without RAY_AUTH_MODE=token, Ray 2.60's
+    # job client attaches nothing. Pinned so that we notice when Ray changes this.
+    code = (
+        "from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled as g;"
+        "print(g({}))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    env["RAY_AUTH_TOKEN"] = "abc"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "{}"
+
+
+class _FakeJobClient:
+    instances: ClassVar[list[_FakeJobClient]] = []
+
+    def __init__(self, address: str | None = None, headers: dict[str, str] | None = None) -> None:
+        self.address, self.headers = address, headers
+        self.submitted: dict[str, Any] = {}
+        _FakeJobClient.instances.append(self)
+
+    def submit_job(self, **kwargs: Any) -> str:
+        self.submitted = kwargs
+        return "raysubmit_123"
+
+    def get_job_status(self, job_id: str) -> str:
+        return "SUCCEEDED"
+
+    def get_job_logs(self, job_id: str) -> str:
+        return "study done\n"
+
+
+def test_submit_wires_working_dir_env_and_auth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ray.job_submission
+
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", _FakeJobClient)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "sekrit-token")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://user:pw@mlflow:5000")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "sekrit-aws")
+    code = cli.main(
+        [
+            "submit",
+            "studies/specs/autonorm_search.yaml",
+            "--preset",
+            "smoke",
+            "--address",
+            "http://127.0.0.1:8265",
+            "--wait",
+        ]
+    )
+    assert code == 0
+    client = _FakeJobClient.instances[-1]
+    assert client.address == "http://127.0.0.1:8265"
+    assert client.headers == {"Authorization": "Bearer sekrit-token"}
+    job = client.submitted
+    runtime_env = job["runtime_env"]
+    assert runtime_env["working_dir"] == str(ROOT)
+    for pattern in (".venv", ".git", "runs", "mlruns", "*.db"):
+        assert pattern in runtime_env["excludes"]
+    env_vars = runtime_env["env_vars"]
+    assert env_vars["MLFLOW_TRACKING_URI"] == "http://user:pw@mlflow:5000"
+    assert env_vars["AWS_SECRET_ACCESS_KEY"] == "sekrit-aws"
+    assert "RAY_AUTH_TOKEN" not in env_vars
+    args = shlex.split(job["entrypoint"])
+    assert args[:5] == ["python", "-m", "studies.cli", "run", "studies/specs/autonorm_search.yaml"]
+    assert f"storage_path={ROOT / 'runs'}" in [
+        a.replace('"', "") for a in args
+    ]  # absolute, not the job's tmp copy
+    assert job["metadata"]["autonorm.study"] == "autonorm_search"
+    out = capsys.readouterr().out
+    assert "raysubmit_123" in out and "SUCCEEDED" in out
+    for secret in ("sekrit-token", "sekrit-aws", "user:pw"):
+        assert secret not in out
+
+
+def test_submit_rejects_a_spec_outside_the_working_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outside = tmp_path / "spec.yaml"
+    outside.write_text(SHIPPED.read_text())
+    code = cli.main(["submit", str(outside), "--working-dir", str(ROOT / "studies")])
+    assert code == 2
+    assert "inside the uploaded working directory" in capsys.readouterr().err
+
+
+# ---- status / report / the gate-entropy hook against a real (tiny) Ray Tune study ---------------------
+
+
+def tiny_trial(config: dict[str, Any], session: Any) -> None:
+    """Cheap stand-in for training: accuracy peaks at lr = 1e-3, gate entropy falls per layer."""
+    import math
+
+    epochs = int(config["training"]["epochs"])
+    lr = float(config["training"]["lr"])
+    for epoch in range(1, epochs + 1):
+        quality = 1.0 - abs(math.log10(lr) + 3.0) / 3.0
+        metrics = {
+            "epoch": epoch,
+            "val_accuracy": quality * epoch / epochs,
+            "train_loss": 1.0 / epoch,
+            "gate_entropy/0": math.log(2) / epoch,
+            "gate_entropy/1": math.log(2) / (2 * epoch),
+            "gate_entropy_mean": 0.75 * math.log(2) / epoch,
+        }
+        session.report(metrics, state={"epoch": epoch}, status="completed" if epoch == epochs else "running")
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import shutil
+    import tempfile
+
+    import ray
+
+    from workers import run_study
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    storage = tmp_path_factory.mktemp("study")
+    temp_dir = tempfile.mkdtemp(prefix="rt_h4t_", dir="/tmp")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _temp_dir=temp_dir,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+        log_to_driver=False,
+    )
+    try:
+        spec = load_spec(
+            SHIPPED,
+            [f"storage_path={storage}", "search.num_samples=3", "training.epochs=3"],
+            preset="smoke",
+        )
+        plan = spec.to_plan(environ={})
+        _entry.write_study_spec(plan, spec.to_yaml())
+        result = run_study(plan, trainable=tiny_trial, progress=False)
+        yield spec, plan, result, storage / plan.name
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_status_reads_the_study_directory(tiny_study: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    _, plan, result, study_dir = tiny_study
+    assert cli.main(["status", str(study_dir), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["trials"] == status["expected_trials"] == 3
+    assert status["by_status"] == {"TERMINATED": 3}
+    best = result.best(plan.metric, plan.mode)
+    assert status["best_trial"] == best.trial_id
+    assert status["best_val_accuracy"] == pytest.approx(best.metrics["val_accuracy"])
+    assert {row["training.lr"] for row in status["rows"]} == {t.params["training.lr"] for t in result.trials}
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_report_regenerates_from_the_directory(tiny_study: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    _, plan, result, study_dir = tiny_study
+    assert cli.main(["report", str(study_dir)]) == 0
+    report = (study_dir / "report" / "report.md").read_text()
+    best = result.best(plan.metric, plan.mode)
+    assert f"## Best trial `{best.trial_id}`" in report
+    table = [line for line in report.splitlines() if line.startswith("| ") and "status" not in line]
+    assert len(table) == 3
+    assert best.trial_id in table[0]  # sorted best first
+    assert (study_dir / "report" / "gate_entropy_per_layer.png").stat().st_size > 1000
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_gate_entropy_plot_is_logged_on_the_parent_run(tiny_study: Any) -> None:
+    from mlflow import MlflowClient
+
+    from studies import autonorm_search
+
+    spec, plan, result, _ = tiny_study
+    autonorm_search.log_gate_entropy_plot(spec, plan, result)
+    names = [
+        a.path
+        for a in MlflowClient(tracking_uri=result.tracking_uri).list_artifacts(result.parent_run_id, "plots")
+    ]
+    assert names == ["plots/gate_entropy_per_layer.png"]

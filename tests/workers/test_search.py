@@ -1,0 +1,225 @@
+"""Search-space compilation, samplers and the PRUNED completion hook (no Ray cluster needed)."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule
+
+from workers.plan import ParamDef, SamplerConfig, SchedulerConfig, StudyPlan
+from workers.search import (
+    DefineByRunSpace,
+    PruningAwareOptunaSearch,
+    classify_completion,
+    create_sampler,
+    create_scheduler,
+    create_searcher,
+    grid_param_space,
+    optuna_study_name,
+)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+SPACE = (
+    ParamDef("training.lr", "float", low=1e-4, high=1e-1, log=True),
+    ParamDef("model.linear.type", "categorical", choices=("none", "prenorm_l2", "corrected")),
+    ParamDef("model.linear.beta", "float", low=0.1, high=4.0, when=(("model.linear.type", "corrected"),)),
+    ParamDef("training.freeze.t_freeze", "int", low=1, high=5),
+    ParamDef(
+        "training.freeze.eps_h",
+        "float",
+        low=0.0,
+        high=math.log(2),
+        when=(("model.linear.type", ["none", "prenorm_l2"]),),
+    ),
+)
+
+
+def _plan(**kwargs: object) -> StudyPlan:
+    defaults: dict[str, object] = {"name": "s", "base_config": {"training": {"epochs": 3}}, "space": SPACE}
+    defaults.update(kwargs)
+    return StudyPlan(**defaults)  # type: ignore[arg-type]
+
+
+def _sample(space: DefineByRunSpace, *, seed: int, n: int) -> list[dict[str, object]]:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    study.optimize(lambda t: space(t) or 0.0, n_trials=n)
+    return [t.params for t in study.trials]
+
+
+def test_conditional_parameter_only_sampled_when_condition_holds() -> None:
+    samples = _sample(DefineByRunSpace(SPACE), seed=0, n=40)
+    kinds = {s["model.linear.type"] for s in samples}
+    assert kinds == {"none", "prenorm_l2", "corrected"}  # every branch exercised
+    for s in samples:
+        assert ("model.linear.beta" in s) == (s["model.linear.type"] == "corrected")
+        # list-valued condition = "any of"
+        assert ("training.freeze.eps_h" in s) == (s["model.linear.type"] in ("none", "prenorm_l2"))
+        assert 1e-4 <= s["training.lr"] <= 1e-1  # type: ignore[operator]
+        assert isinstance(s["training.freeze.t_freeze"], int)
+
+
+def test_log_scale_is_log_uniform() -> None:
+    samples = _sample(DefineByRunSpace(SPACE[:1]), seed=1, n=200)
+    below_1e_3 = sum(s["training.lr"] < 1e-3 for s in samples)  # type: ignore[operator]
+    # log-uniform over 3 decades puts ~1/3 below 1e-3; uniform would put ~1 %.
+    assert 40 < below_1e_3 < 100
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "cmaes"])
+def test_searcher_is_reproducible_for_a_seed(sampler: str) -> None:
+    def suggestions(seed: int) -> list[dict[str, object]]:
+        plan = _plan(sampler=SamplerConfig(type=sampler, seed=seed, n_startup_trials=2))  # type: ignore[arg-type]
+        searcher = create_searcher(plan, study_key="k" * 16)
+        out = []
+        for i in range(6):
+            config = searcher.suggest(f"t{i}")
+            out.append(config)
+            searcher.on_trial_complete(f"t{i}", {"status": "completed", "val_accuracy": 0.1 * i})
+        return out
+
+    first, again, other = suggestions(3), suggestions(3), suggestions(4)
+    assert first == again
+    assert first != other
+
+
+def test_searcher_uses_plan_metric_mode_and_unique_study_name() -> None:
+    plan = _plan(metric="val_loss", mode="min")
+    searcher = create_searcher(plan, study_key="abcdef0123456789")
+    assert searcher.metric == "val_loss"
+    assert searcher.mode == "min"
+    assert searcher._ot_study.direction == optuna.study.StudyDirection.MINIMIZE
+    assert searcher._ot_study.study_name == optuna_study_name("s", "abcdef0123456789")
+    assert optuna_study_name("s", "abcdef0123456789") != optuna_study_name("s", "0123456789abcdef")
+
+
+def test_completion_hook_tells_optuna_pruned_complete_and_fail() -> None:
+    """Pins the override of OptunaSearch's private completion bookkeeping."""
+    searcher = create_searcher(_plan(), study_key="0" * 16)
+    for trial_id in ("stopped", "finished", "errored", "diverged", "nan"):
+        searcher.suggest(trial_id)
+        searcher.on_trial_result(
+            trial_id, {"val_accuracy": 0.5, "training_iteration": 1, "status": "running", "epoch": 1}
+        )
+    searcher.on_trial_complete("stopped", {"val_accuracy": 0.5, "status": "running", "training_iteration": 1})
+    searcher.on_trial_complete(
+        "finished", {"val_accuracy": 0.9, "status": "completed", "training_iteration": 3}
+    )
+    searcher.on_trial_complete("errored", None, error=True)
+    searcher.on_trial_complete(
+        "diverged", {"val_accuracy": 0.7, "status": "diverged", "training_iteration": 2}
+    )
+    searcher.on_trial_complete("nan", {"val_accuracy": float("nan"), "status": "completed"})
+    # A second completion for the same trial is ignored, not told twice.
+    searcher.on_trial_complete("finished", {"val_accuracy": 0.1, "status": "completed"})
+    states = {t.number: (t.state, t.value) for t in searcher._ot_study.trials}
+    state = optuna.trial.TrialState
+    assert states[0][0] == state.PRUNED
+    assert states[1] == (state.COMPLETE, 0.9)
+    assert states[2][0] == state.FAIL
+    assert states[3][0] == state.FAIL  # diverged: its pre-divergence metric must not count
+    assert states[4][0] == state.FAIL
+
+
+def test_non_finite_intermediate_values_do_not_reach_optuna() -> None:
+    searcher = create_searcher(_plan(), study_key="0" * 16)
+    searcher.suggest("t")
+    searcher.on_trial_result("t", {"val_accuracy": float("inf"), "training_iteration": 1})
+    searcher.on_trial_result("t", {"val_accuracy": 0.4, "training_iteration": 2})
+    assert searcher._ot_trials["t"].storage.get_trial(
+        searcher._ot_trials["t"]._trial_id
+    ).intermediate_values == {2: 0.4}
+
+
+@pytest.mark.parametrize(
+    ("result", "error", "expected"),
+    [
+        (None, True, ("fail", None)),
+        (None, False, ("pruned", None)),
+        ({"status": "running", "m": 1.0}, False, ("pruned", None)),
+        ({"m": 1.0}, False, ("pruned", None)),
+        ({"status": "completed", "m": 1.0}, False, ("complete", 1.0)),
+        ({"status": "completed", "m": float("inf")}, False, ("fail", None)),
+        ({"status": "diverged", "m": 0.7}, False, ("fail", None)),
+    ],
+)
+def test_classify_completion(
+    result: dict[str, object] | None, error: bool, expected: tuple[str, object]
+) -> None:
+    assert classify_completion(result, error=error, metric="m") == expected
+
+
+@pytest.mark.parametrize(
+    ("space", "match"),
+    [
+        ((), "at least one"),
+        ((ParamDef("a", "int", low=1, high=2), ParamDef("a", "int", low=1, high=2)), "twice"),
+        (
+            (ParamDef("b", "float", low=0, high=1, when=(("a", 1),)), ParamDef("a", "int", low=1, high=2)),
+            "before",
+        ),
+        ((ParamDef("a", "float", low=0.0, high=1.0, log=True),), "low > 0"),
+        ((ParamDef("a", "float", low=2.0, high=1.0),), "low 2.0 > high"),
+        ((ParamDef("a", "categorical"),), "choices"),
+        ((ParamDef("a", "int"),), "low and high"),
+        ((ParamDef("a", "bool"),), "valid: int, float, categorical"),  # type: ignore[arg-type]
+    ],
+)
+def test_invalid_spaces_are_rejected(space: tuple[ParamDef, ...], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        DefineByRunSpace(space)
+
+
+def test_define_by_run_space_pickles() -> None:
+    import pickle
+
+    space = pickle.loads(pickle.dumps(DefineByRunSpace(SPACE)))
+    assert [p.name for p in space.space] == [p.name for p in SPACE]
+
+
+def test_samplers_and_their_errors() -> None:
+    assert isinstance(create_sampler(SamplerConfig(type="tpe")), optuna.samplers.TPESampler)
+    assert isinstance(create_sampler(SamplerConfig(type="random")), optuna.samplers.RandomSampler)
+    assert isinstance(create_sampler(SamplerConfig(type="cmaes")), optuna.samplers.CmaEsSampler)
+    with pytest.raises(ValueError, match="valid: tpe, random, cmaes"):
+        create_sampler(SamplerConfig(type="grid"))
+    with pytest.raises(ValueError, match="valid: tpe, random, cmaes"):
+        create_sampler(SamplerConfig(type="bayes"))  # type: ignore[arg-type]
+
+
+def test_schedulers() -> None:
+    fifo = create_scheduler(SchedulerConfig(type="fifo"), metric="m", mode="max", max_t=5)
+    asha = create_scheduler(SchedulerConfig(type="asha", grace_period=2), metric="m", mode="max", max_t=9)
+    median = create_scheduler(SchedulerConfig(type="median"), metric="m", mode="min", max_t=5)
+    assert isinstance(fifo, FIFOScheduler)
+    assert isinstance(asha, ASHAScheduler)
+    assert asha.metric == "m" and asha._time_attr == "training_iteration"
+    assert isinstance(median, MedianStoppingRule) and median._mode == "min"
+    with pytest.raises(ValueError, match="valid: fifo, asha, median"):
+        create_scheduler(SchedulerConfig(type="hyperband"), metric="m", mode="max", max_t=5)  # type: ignore[arg-type]
+
+
+def test_grid_param_space() -> None:
+    plan = _plan(space=(), grid=(("seed", (0, 1)), ("model.norm.type", ("layernorm", "dyt"))))
+    space = grid_param_space(plan)
+    assert space == {
+        "seed": tune.grid_search([0, 1]),
+        "model.norm.type": tune.grid_search(["layernorm", "dyt"]),
+    }
+    with pytest.raises(ValueError, match="empty"):
+        grid_param_space(_plan(space=()))
+    with pytest.raises(ValueError, match="no values"):
+        grid_param_space(_plan(space=(), grid=(("seed", ()),)))
+
+
+def test_pruning_aware_searcher_is_an_optuna_search() -> None:
+    from ray.tune.search.optuna import OptunaSearch
+
+    assert issubclass(PruningAwareOptunaSearch, OptunaSearch)
+    # The override relies on these private attributes of Ray's OptunaSearch existing.
+    searcher = create_searcher(_plan(), study_key="0" * 16)
+    for name in ("_ot_trials", "_ot_study", "_completed_trials"):
+        assert hasattr(searcher, name), name

@@ -1,0 +1,289 @@
+"""The driver-side MLflow callback against a real sqlite tracking store, with stand-in Tune trials."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlflow import MlflowClient
+
+from workers.tracking import (
+    TAG_ROLE,
+    TAG_TRIAL_ID,
+    TAG_TRIAL_STATUS,
+    MlflowTrackingCallback,
+    RetryPolicy,
+    default_tracking_uri,
+    ensure_sqlite_schema,
+    flatten_params,
+    study_key,
+)
+
+WHITELIST = ("epoch", "train_loss", "val_", "gate_entropy")
+
+
+class FakeTrial:
+    """The parts of ``ray.tune.experiment.Trial`` the callback reads."""
+
+    def __init__(self, trial_id: str, config: dict[str, Any]) -> None:
+        self.trial_id = trial_id
+        self.config = config
+        self.status = "RUNNING"
+        self.last_result: dict[str, Any] = {}
+
+    def __str__(self) -> str:
+        return f"trial_{self.trial_id}"
+
+
+def _result(epoch: int, status: str = "running") -> dict[str, Any]:
+    return {
+        "epoch": epoch,
+        "val_accuracy": 0.1 * epoch,
+        "train_loss": 1.0 / epoch,
+        "gate_entropy/layer_0": 0.5,
+        "training_iteration": epoch,  # Ray bookkeeping: must not reach MLflow
+        "time_this_iter_s": 0.2,
+        "status": status,
+        "node_id": "n1",
+        "done": False,
+    }
+
+
+@pytest.fixture
+def tmp_path(tracking_dir: Path) -> Path:
+    """Every test here logs into a directory with a ready MLflow database."""
+    return tracking_dir
+
+
+def _callback(tmp_path: Path, **kwargs: Any) -> MlflowTrackingCallback:
+    defaults: dict[str, Any] = {
+        "tracking_uri": default_tracking_uri(tmp_path),
+        "experiment_name": "exp",
+        "key": study_key(str(tmp_path / "study")),
+        "base_config": {"training": {"epochs": 3, "lr": 1e-3}, "seed": 0},
+        "metric_whitelist": WHITELIST,
+        "artifact_location": f"file://{tmp_path}/artifacts",
+        "parent_tags": {"autonorm.spec_hash": "abc123"},
+        "parent_params": {"sampler": "tpe"},
+        "artifacts": {"spec.yaml": "name: exp\n"},
+        "expected_trials": 2,
+        "retry": RetryPolicy(attempts=2, delay_s=0.01, final_attempts=2),
+    }
+    defaults.update(kwargs)
+    return MlflowTrackingCallback(**defaults)
+
+
+def _feed(cb: MlflowTrackingCallback, trial: FakeTrial, epochs: range, *, final: int | None = None) -> None:
+    for epoch in epochs:
+        result = _result(epoch, "completed" if epoch == final else "running")
+        trial.last_result = result
+        cb.on_trial_result(iteration=epoch, trials=[trial], trial=trial, result=result)
+
+
+def _runs(client: MlflowClient, role: str) -> list[Any]:
+    exp = client.get_experiment_by_name("exp")
+    assert exp is not None
+    return [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get(TAG_ROLE) == role]
+
+
+def test_parent_children_metrics_params_and_whitelist(tmp_path: Path) -> None:
+    cb = _callback(tmp_path)
+    parent_id = cb.prepare(fresh=True)
+    cb.setup(total_num_samples=2)
+    a = FakeTrial("a0001", {"training.lr": 0.01, "seed": 3})
+    b = FakeTrial("b0002", {"training.lr": 0.02, "seed": 4})
+    _feed(cb, a, range(1, 4), final=3)
+    _feed(cb, b, range(1, 3))
+    a.status = "TERMINATED"
+    cb.on_trial_complete(iteration=3, trials=[a, b], trial=a)
+    b.status = "TERMINATED"  # stopped by a scheduler after epoch 2: last status "running"
+    cb.on_trial_complete(iteration=4, trials=[a, b], trial=b)
+    cb.close(status="FINISHED", trials=[a, b])
+
+    client = MlflowClient(cb.tracking_uri)
+    (parent,) = _runs(client, "study")
+    assert parent.info.run_id == parent_id
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params == {"sampler": "tpe", "expected_trials": "2"}
+    assert parent.data.tags["autonorm.spec_hash"] == "abc123"
+    assert [f.path for f in client.list_artifacts(parent_id)] == ["spec.yaml"]
+    exp = client.get_experiment_by_name("exp")
+    assert exp is not None and exp.artifact_location == f"file://{tmp_path}/artifacts"
+
+    children = {r.data.tags[TAG_TRIAL_ID]: r for r in _runs(client, "trial")}
+    assert set(children) == {"a0001", "b0002"}
+    for run in children.values():
+        assert run.data.tags["mlflow.parentRunId"] == parent_id
+        assert run.info.status == "FINISHED"
+        assert set(run.data.metrics) == {"epoch", "val_accuracy", "train_loss", "gate_entropy/layer_0"}
+    assert children["a0001"].data.tags[TAG_TRIAL_STATUS] == "completed"
+    assert children["b0002"].data.tags[TAG_TRIAL_STATUS] == "pruned"
+    # params = the resolved trial config, sampled values applied
+    assert children["a0001"].data.params == {"training.epochs": "3", "training.lr": "0.01", "seed": "3"}
+    history = client.get_metric_history(children["a0001"].info.run_id, "val_accuracy")
+    assert sorted((m.step, round(m.value, 6)) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.3)]
+
+
+def test_restored_copy_reattaches_and_skips_logged_epochs(tmp_path: Path) -> None:
+    cb = _callback(tmp_path)
+    cb.prepare(fresh=True)
+    cb.setup()
+    trial = FakeTrial("t0001", {"seed": 1})
+    _feed(cb, trial, range(1, 3))
+
+    # What Tuner.restore does: unpickle the callback saved at the first start, call setup().
+    restored = pickle.loads(pickle.dumps(cb))
+    assert restored._client is None and restored._children == {}
+    restored.setup()
+    # The trial resumes from its epoch-1 checkpoint and reports epochs 2 and 3 again.
+    _feed(restored, trial, range(2, 4), final=3)
+    trial.status = "TERMINATED"
+    restored.on_trial_complete(iteration=5, trials=[trial], trial=trial)
+    restored.close(status="FINISHED", trials=[trial])
+
+    client = MlflowClient(cb.tracking_uri)
+    assert len(_runs(client, "study")) == 1
+    (child,) = _runs(client, "trial")
+    steps = [m.step for m in client.get_metric_history(child.info.run_id, "epoch")]
+    assert sorted(steps) == [1, 2, 3]  # epoch 2 not logged twice
+    assert child.info.status == "FINISHED"
+
+
+def test_mlflow_outage_is_caught_up_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cb = _callback(tmp_path)
+    cb.prepare(fresh=True)
+    cb.setup()
+    trial = FakeTrial("t0001", {"seed": 1})
+    _feed(cb, trial, range(1, 2))  # run created, epoch 1 logged
+
+    real = cb.client.log_batch
+    outage = {"on": True}
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        if outage["on"]:
+            raise ConnectionError("mlflow down")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cb.client, "log_batch", flaky)
+    _feed(cb, trial, range(2, 4))  # epochs 2 and 3 during the outage: must not raise
+    assert [p[0] for p in cb._pending["t0001"]] == [2, 3]
+    outage["on"] = False
+    _feed(cb, trial, range(4, 5), final=4)  # next result catches up
+    trial.status = "TERMINATED"
+    cb.on_trial_complete(iteration=4, trials=[trial], trial=trial)
+    cb.close(status="FINISHED", trials=[trial])
+
+    client = MlflowClient(cb.tracking_uri)
+    (child,) = _runs(client, "trial")
+    steps = sorted(m.step for m in client.get_metric_history(child.info.run_id, "val_accuracy"))
+    assert steps == [1, 2, 3, 4]
+    assert child.info.status == "FINISHED"
+
+
+def test_outage_at_study_start_creates_parent_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cb = _callback(tmp_path)
+    calls = {"n": 0}
+    original = MlflowTrackingCallback._ensure_experiment
+
+    def down_once(self: MlflowTrackingCallback) -> str:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ConnectionError("mlflow down")
+        return original(self)
+
+    monkeypatch.setattr(MlflowTrackingCallback, "_ensure_experiment", down_once)
+    cb.setup()  # must not raise
+    assert cb.parent_run_id is None
+    trial = FakeTrial("t0001", {"seed": 1})
+    _feed(cb, trial, range(1, 3), final=2)
+    trial.status = "TERMINATED"
+    cb.close(status="FINISHED", trials=[trial])
+    client = MlflowClient(cb.tracking_uri)
+    assert len(_runs(client, "study")) == 1
+    (child,) = _runs(client, "trial")
+    assert child.info.status == "FINISHED"
+    # the artifacts of the parent are logged once it exists
+    assert [f.path for f in client.list_artifacts(cb.parent_run_id)] == ["spec.yaml"]
+
+
+def test_close_sets_final_statuses_and_drops_orphans(tmp_path: Path) -> None:
+    cb = _callback(tmp_path)
+    cb.prepare(fresh=True)
+    cb.setup()
+    done, errored, cut, orphan = (FakeTrial(f"t{i}", {}) for i in range(4))
+    for trial in (done, errored, cut, orphan):
+        _feed(cb, trial, range(1, 2))
+    done.status, errored.status, cut.status = "TERMINATED", "ERROR", "PAUSED"
+    done.last_result["status"] = "completed"
+    never_reported = FakeTrial("t9", {})
+    never_reported.status = "ERROR"
+    # `orphan` is unknown to Tune at the end (created after Tune's last snapshot before a crash).
+    cb.close(status="FINISHED", trials=[done, errored, cut, never_reported])
+
+    client = MlflowClient(cb.tracking_uri)
+    status = {r.data.tags[TAG_TRIAL_ID]: r.info.status for r in _runs(client, "trial")}
+    assert status == {"t0": "FINISHED", "t1": "FAILED", "t2": "KILLED", "t9": "FAILED"}
+    assert not [r for r in _runs(client, "study") if r.info.status == "RUNNING"]
+
+
+def test_fresh_start_supersedes_a_parent_whose_tune_state_is_gone(tmp_path: Path) -> None:
+    cb = _callback(tmp_path)
+    first = cb.prepare(fresh=True)
+    cb.setup()
+    _feed(cb, FakeTrial("old", {}), range(1, 2))
+    # Same experiment path, restored: same parent. Fresh (state deleted): a new one.
+    assert _callback(tmp_path).prepare(fresh=False) == first
+    second = _callback(tmp_path).prepare(fresh=True)
+    assert second != first
+    client = MlflowClient(cb.tracking_uri)
+    old = client.get_run(first)
+    assert old.info.status == "KILLED"
+    assert old.data.tags["autonorm.study_key"].endswith(":superseded")
+    # a fresh start with an empty previous parent just reuses it
+    assert _callback(tmp_path).prepare(fresh=True) == second
+
+
+def test_pickled_callback_carries_no_client_or_state(tmp_path: Path) -> None:
+    cb = _callback(tmp_path)
+    cb.prepare(fresh=True)
+    state = cb.__getstate__()
+    for name in ("_client", "_parent_id", "_children", "_pending"):
+        assert name not in state
+    assert state["tracking_uri"] == cb.tracking_uri
+
+
+def test_sqlite_schema_is_created_atomically_and_once(tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp_path = tmp_path_factory.mktemp("schema")
+    uri = default_tracking_uri(tmp_path / "sub")
+    assert uri == f"sqlite:///{tmp_path / 'sub' / 'mlflow.db'}"
+    ensure_sqlite_schema(uri, artifact_root=str(tmp_path))
+    db = tmp_path / "sub" / "mlflow.db"
+    assert db.exists()
+    assert sorted(os.listdir(tmp_path / "sub")) == ["mlflow.db"]  # no temporary leftovers
+    mtime = db.stat().st_mtime_ns
+    ensure_sqlite_schema(uri, artifact_root=str(tmp_path))
+    assert db.stat().st_mtime_ns == mtime
+    assert MlflowClient(uri).search_experiments()  # a usable database
+
+
+def test_flatten_params() -> None:
+    flat = flatten_params(
+        {"model": {"norm": {"type": "autonorm", "tau": 0.5}, "x": None}, "seed": 1, "l": [1, 2]}
+    )
+    assert flat == {
+        "model.norm.type": "autonorm",
+        "model.norm.tau": "0.5",
+        "model.x": "null",
+        "seed": "1",
+        "l": "[1, 2]",
+    }
+    assert len(flatten_params({"long": "x" * 10000})["long"]) == 6000
+
+
+def test_study_key_is_stable_and_distinct() -> None:
+    assert study_key("/a/b") == study_key("/a/b")
+    assert study_key("/a/b") != study_key("/a/c")
+    assert len(study_key("s3://bucket/x")) == 16

@@ -1,0 +1,120 @@
+"""A terse progress line for a running study: ``trials done/total, running, ETA``.
+
+Tune's own reporters print wide tables per trial; a study of dozens of trials wants one line every
+few seconds, in a job log as much as in a terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ray.tune import Callback
+
+if TYPE_CHECKING:
+    from ray.tune.experiment import Trial
+
+__all__ = ["ProgressCallback", "format_eta"]
+
+
+def format_eta(seconds: float | None) -> str:
+    """``1h02m``, ``4m05s``, ``12s``; ``?`` when unknown."""
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "?"
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+class ProgressCallback(Callback):  # type: ignore[misc]
+    """Prints ``[study] trials 3/8 done (1 error), 2 running, 3 pending, ETA 1m20s`` lines.
+
+    Tune calls :meth:`on_step_end` after every loop iteration of its driver; a line is printed at
+    most every ``interval_s`` seconds and whenever the number of finished trials changes, plus a
+    final line at :meth:`on_experiment_end`. The ETA assumes the remaining trials take as long as
+    the finished ones did on average, at the current parallelism.
+
+    Args:
+        name: study name shown in brackets.
+        total: planned trials; Tune's ``total_num_samples`` from :meth:`setup` wins when known.
+        interval_s: minimum seconds between two lines.
+        stream: where lines go (stdout by default; resolved at print time so pickling is safe).
+        clock: time source, injectable for tests.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        total: int | None = None,
+        interval_s: float = 10.0,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.total = total
+        self.interval_s = interval_s
+        self._stream = stream
+        self._clock = clock
+        self._start: float | None = None
+        self._last_print = -float("inf")
+        self._last_done = -1
+        self.lines: list[str] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_stream"] = None  # sys.stdout does not pickle; a restored copy prints to stdout
+        state["_start"] = None
+        state["_last_print"] = -float("inf")
+        state["_last_done"] = -1
+        state["lines"] = []
+        return state
+
+    def setup(
+        self, stop: Any = None, num_samples: Any = None, total_num_samples: Any = None, **info: Any
+    ) -> None:
+        self._start = self._clock()
+        if isinstance(total_num_samples, int) and total_num_samples > 0:
+            self.total = total_num_samples
+
+    def line(self, trials: list[Trial]) -> str:
+        """The progress line for the current trial states."""
+        counts = Counter(t.status for t in trials)
+        done = counts["TERMINATED"] + counts["ERROR"]
+        running = counts["RUNNING"]
+        total = max(self.total or 0, len(trials))
+        pending = max(0, total - done - running)
+        eta: float | None = None
+        if self._start is not None and done > 0:
+            elapsed = self._clock() - self._start
+            per_trial = elapsed / done
+            eta = per_trial * (total - done)
+        errors = f" ({counts['ERROR']} error)" if counts["ERROR"] else ""
+        return (
+            f"[{self.name}] trials {done}/{total} done{errors}, {running} running, {pending} pending, "
+            f"ETA {format_eta(eta if done < total else 0.0)}"
+        )
+
+    def _emit(self, text: str) -> None:
+        self.lines.append(text)
+        stream = self._stream or sys.stdout
+        print(text, file=stream, flush=True)
+
+    def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        if self._start is None:
+            self._start = self._clock()
+        now = self._clock()
+        done = sum(t.status in ("TERMINATED", "ERROR") for t in trials)
+        if done != self._last_done or now - self._last_print >= self.interval_s:
+            self._emit(self.line(trials))
+            self._last_print = now
+            self._last_done = done
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        self._emit(self.line(trials))

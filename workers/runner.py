@@ -1,0 +1,377 @@
+"""Run a :class:`StudyPlan` on Ray Tune: start, or restore after a crash, and report the trials.
+
+``run_study`` is idempotent: the same call after a killed driver finds Tune's experiment state
+(``Tuner.can_restore``) and restores it, resuming errored and unfinished trials from their last
+checkpoints; finished trials are not run again and MLflow runs are re-attached, not duplicated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from workers.plan import StudyPlan
+from workers.progress import ProgressCallback
+from workers.search import FINAL_STATUSES, create_scheduler, create_searcher, grid_param_space
+from workers.storage import ResolvedStorage, resolve_storage
+from workers.tracking import MlflowTrackingCallback, default_tracking_uri, study_key
+from workers.trainable import TrialFunction, autonorm_trial, tune_entry
+
+__all__ = ["StudyResult", "TrialRecord", "TrialStatus", "expected_trials", "run_study"]
+
+logger = logging.getLogger(__name__)
+
+TrialStatus = Literal["completed", "diverged", "error", "pruned"]
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial of a finished study.
+
+    Attributes:
+        trial_id: Tune's trial id (also the ``ray.trial_id`` tag of its MLflow run).
+        params: the sampled parameters (dotted paths), as Tune saw them.
+        config: the resolved trial config the trial ran.
+        status: ``completed`` / ``diverged`` (the trial's own last report), ``pruned`` (a scheduler
+            stopped it, or it never started), ``error`` (failed after all retries).
+        metrics: the trial's last reported result (Tune bookkeeping keys included).
+        node_id: Ray node of the last report, when any.
+        mlflow_run_id: its child run, when one was created.
+    """
+
+    trial_id: str
+    params: dict[str, Any]
+    config: dict[str, Any]
+    status: TrialStatus
+    metrics: dict[str, Any]
+    node_id: str | None = None
+    mlflow_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    """What :func:`run_study` returns.
+
+    Attributes:
+        experiment_path: Tune's experiment directory (``/abs/dir/name`` or ``s3://bucket/prefix/name``).
+        tracking_uri: the MLflow URI the study logged to.
+        parent_run_id: the study's MLflow parent run (``None`` only when MLflow never answered).
+        trials: one record per trial, in Tune's order.
+        restored: the call restored an existing experiment instead of starting it.
+    """
+
+    experiment_path: str
+    tracking_uri: str
+    parent_run_id: str | None
+    trials: list[TrialRecord] = field(default_factory=list)
+    restored: bool = False
+
+    def count(self, status: TrialStatus) -> int:
+        return sum(t.status == status for t in self.trials)
+
+    def best(self, metric: str, mode: Literal["min", "max"]) -> TrialRecord | None:
+        """The completed trial with the best finite ``metric`` (``None`` when there is none)."""
+        candidates = [
+            t
+            for t in self.trials
+            if t.status == "completed"
+            and isinstance(t.metrics.get(metric), int | float)
+            and math.isfinite(t.metrics[metric])
+        ]
+        if not candidates:
+            return None
+        pick = max if mode == "max" else min
+        return pick(candidates, key=lambda t: t.metrics[metric])
+
+
+def expected_trials(plan: StudyPlan) -> int:
+    """Planned trial count: ``num_samples`` for Optuna samplers, grid size x repeats for ``grid``."""
+    if plan.sampler.type == "grid":
+        size = 1
+        for _, values in plan.grid:
+            size *= len(values)
+        return size * plan.num_samples
+    return plan.num_samples
+
+
+def _max_epochs(plan: StudyPlan) -> int:
+    """Upper bound on reports per trial, for ASHA's ``max_t``."""
+    training = plan.base_config.get("training", {})
+    if training.get("budget") == "updates":
+        return 10**6  # epoch count depends on the data; rungs past the end are never reached
+    epochs = [int(training.get("epochs", 10))]
+    for param in plan.space:
+        if param.name == "training.epochs" and param.high is not None:
+            epochs.append(int(param.high))
+        if param.name == "training.epochs" and param.choices:
+            epochs.extend(int(c) for c in param.choices)
+    for name, values in plan.grid:
+        if name == "training.epochs":
+            epochs.extend(int(v) for v in values)
+    return max(epochs)
+
+
+def _trial_dirname(trial: Any) -> str:
+    # Tune's default names the directory after the config, which for dotted paths gets long.
+    return f"trial_{trial.trial_id}"
+
+
+def _tracking_uri(plan: StudyPlan, storage: ResolvedStorage) -> str:
+    """Spec URI, else ``MLFLOW_TRACKING_URI`` (MLflow's convention), else sqlite beside the runs."""
+    if plan.tracking.uri:
+        uri = plan.tracking.uri
+    elif os.environ.get("MLFLOW_TRACKING_URI"):
+        uri = os.environ["MLFLOW_TRACKING_URI"]
+    elif storage.is_local:
+        return default_tracking_uri(storage.storage_path)
+    else:
+        raise ValueError(
+            f"storage {storage.uri} is remote, so there is no local default for MLflow: set tracking.uri "
+            "or MLFLOW_TRACKING_URI (e.g. http://mlflow:5000)"
+        )
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        raise ValueError(
+            f"tracking URI {uri!r} is a relative sqlite path, which every Ray worker would resolve "
+            "against its own working directory; use sqlite:////absolute/path/mlflow.db"
+        )
+    return uri
+
+
+def _artifact_location(plan: StudyPlan, storage: ResolvedStorage, tracking_uri: str) -> str | None:
+    if plan.tracking.artifact_location:
+        return plan.tracking.artifact_location
+    if tracking_uri.startswith("sqlite:") and storage.is_local:
+        # MLflow's sqlite default would be ./mlruns in whatever directory the driver runs from.
+        return f"file://{storage.storage_path}/mlartifacts"
+    return None  # a tracking server decides (proxied artifacts)
+
+
+def _init_ray(ray_address: str | None, init_kwargs: Mapping[str, Any] | None, tracking_uri: str) -> bool:
+    """Connect to (or start) Ray; True when this call started a local cluster it must stop."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = ray_address or os.environ.get("RAY_ADDRESS")
+    runtime_env = {"env_vars": {"MLFLOW_TRACKING_URI": tracking_uri}}
+    if address:
+        ray.init(address=address, runtime_env=runtime_env, **dict(init_kwargs or {}))
+        return False
+    # Embedded mode: keep every listener on loopback (DESIGN.md). Real clusters use RAY_ADDRESS.
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "runtime_env": runtime_env}
+    kwargs.update(init_kwargs or {})
+    ray.init(**kwargs)
+    return True
+
+
+def _shutdown_local_ray(timeout_s: float = 30.0) -> None:
+    """Stop the local cluster and wait for its processes, trial workers included.
+
+    Ray puts workers in process groups of their own and ``ray.shutdown`` returns while they still
+    exit; a study started right after (the same command rerun) must not overlap with them.
+    """
+    import psutil
+    import ray
+
+    try:
+        descendants = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    ray.shutdown()
+    _, alive = psutil.wait_procs(descendants, timeout=timeout_s)
+    for proc in alive:
+        logger.warning("Ray process %s still alive %.0f s after shutdown; killing it", proc.pid, timeout_s)
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+
+
+def _record(trial: Any, run_ids: Mapping[str, str], base_config: Mapping[str, Any]) -> TrialRecord:
+    from workers.trainable import resolve_trial_config
+
+    last = dict(trial.last_result or {})
+    if trial.status == "ERROR":
+        status: TrialStatus = "error"
+    elif last.get("status") in FINAL_STATUSES:
+        status = last["status"]
+    else:
+        status = "pruned"
+    params = dict(trial.config or {})
+    return TrialRecord(
+        trial_id=trial.trial_id,
+        params=params,
+        config=resolve_trial_config(base_config, params),
+        status=status,
+        metrics=last,
+        node_id=last.get("node_id"),
+        mlflow_run_id=run_ids.get(trial.trial_id),
+    )
+
+
+def run_study(
+    plan: StudyPlan,
+    *,
+    trainable: TrialFunction | None = None,
+    ray_address: str | None = None,
+    progress: bool = True,
+    ray_init_kwargs: Mapping[str, Any] | None = None,
+) -> StudyResult:
+    """Run (or resume) a study and return its trials.
+
+    Args:
+        plan: the study (from ``studies``).
+        trainable: trial function ``fn(config, session)``; :func:`workers.trainable.autonorm_trial`
+            when ``None``.
+        ray_address: cluster to join; ``RAY_ADDRESS`` when ``None``; a local loopback cluster when
+            neither is set (and Ray is not already initialised in this process).
+        progress: print progress lines.
+        ray_init_kwargs: extra ``ray.init`` keywords (``num_cpus``, ``_temp_dir``) for the local case.
+
+    Returns:
+        The study's experiment path, tracking URI, parent run and one record per trial.
+
+    Raises:
+        ValueError: an inconsistent plan (bad space, unknown sampler/scheduler, relative sqlite URI).
+        ray.tune.TuneError: Tune itself failed (not a trial: errored trials are records).
+    """
+    from ray import tune
+
+    if "TUNE_RESULT_DIR" in os.environ:
+        # Ray 2.60 raises in Tuner.fit() when it is set; storage_path is the supported setting.
+        logger.warning(
+            "ignoring TUNE_RESULT_DIR=%s; the plan's storage.path is used", os.environ["TUNE_RESULT_DIR"]
+        )
+        del os.environ["TUNE_RESULT_DIR"]
+    # Snapshot the experiment state on every loop step: with the default (~10 s) a driver killed in
+    # between re-runs trials that had already finished.
+    os.environ["TUNE_GLOBAL_CHECKPOINT_S"] = "0"
+
+    storage = resolve_storage(plan.storage)
+    experiment_path = storage.experiment_path(plan.name)
+    experiment_uri = storage.experiment_uri(plan.name)
+    key = study_key(experiment_uri)
+    tracking_uri = _tracking_uri(plan, storage)
+    trial_fn = trainable or autonorm_trial
+    total = expected_trials(plan)
+
+    tracker = MlflowTrackingCallback(
+        tracking_uri=tracking_uri,
+        experiment_name=plan.tracking.experiment,
+        key=key,
+        base_config=plan.base_config,
+        metric_whitelist=plan.metric_whitelist,
+        artifact_location=_artifact_location(plan, storage, tracking_uri),
+        parent_tags=dict(plan.tags),
+        parent_params=dict(plan.params),
+        artifacts=dict(plan.artifacts),
+        expected_trials=total,
+        study_name=plan.name,
+    )
+    # Build the search pieces before starting anything: a bad plan fails fast, with nothing to clean up.
+    if plan.sampler.type == "grid":
+        searcher = None
+        param_space = grid_param_space(plan)
+    else:
+        searcher = create_searcher(plan, study_key=key)
+        param_space = {}
+    scheduler = create_scheduler(plan.scheduler, metric=plan.metric, mode=plan.mode, max_t=_max_epochs(plan))
+
+    started_ray = _init_ray(ray_address, ray_init_kwargs, tracking_uri)
+    parent_status = "FAILED"
+    trials: list[Any] | None = None
+    restored = False
+    try:
+        restored = tune.Tuner.can_restore(experiment_path, storage_filesystem=storage.filesystem)
+        # Before any trial starts: creates the sqlite schema, the experiment and the parent run.
+        try:
+            tracker.prepare(fresh=not restored)
+        except Exception as exc:
+            # An MLflow outage must not stop the study: the callback attaches once MLflow answers.
+            logger.error("MLflow not reachable at study start (%s); tracking will catch up later", exc)
+        resources = {k: float(v) for k, v in plan.resources}
+        entry = tune.with_resources(
+            tune.with_parameters(tune_entry, trial_fn=trial_fn, base_config=plan.base_config),
+            resources,
+        )
+        if restored:
+            logger.info("restoring study %s from %s", plan.name, experiment_uri)
+            # Tune brings back the searcher, scheduler and callbacks it pickled at the first start.
+            tuner = tune.Tuner.restore(
+                experiment_path,
+                trainable=entry,
+                resume_unfinished=True,
+                resume_errored=True,
+                param_space=param_space or None,
+                storage_filesystem=storage.filesystem,
+            )
+        else:
+            callbacks: list[Any] = [tracker]
+            if progress:
+                callbacks.append(ProgressCallback(name=plan.name, total=total))
+            tuner = tune.Tuner(
+                entry,
+                param_space=param_space,
+                tune_config=tune.TuneConfig(
+                    # metric/mode live on the searcher and scheduler: OptunaSearch ignores them here.
+                    search_alg=searcher,
+                    scheduler=scheduler,
+                    num_samples=plan.num_samples,
+                    max_concurrent_trials=max(1, plan.max_concurrent),
+                    reuse_actors=True,
+                    trial_dirname_creator=_trial_dirname,
+                ),
+                run_config=tune.RunConfig(
+                    name=plan.name,
+                    storage_path=storage.storage_path,
+                    storage_filesystem=storage.filesystem,
+                    failure_config=tune.FailureConfig(max_failures=plan.retries),
+                    checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+                    callbacks=callbacks,
+                    verbose=0,
+                ),
+            )
+        tuner.fit()
+        # The public way to the Trial objects (status, config, last result) of the whole experiment.
+        analysis = tune.ExperimentAnalysis(experiment_path, storage_filesystem=storage.filesystem)
+        trials = list(analysis.trials)
+        parent_status = "FINISHED"
+    except KeyboardInterrupt:
+        parent_status = "KILLED"
+        raise
+    finally:
+        try:
+            tracker.close(status=parent_status, trials=trials, summary=_summary(trials, total))
+        finally:
+            if started_ray:
+                _shutdown_local_ray()
+
+    run_ids = tracker.child_run_ids()
+    return StudyResult(
+        experiment_path=experiment_uri,
+        tracking_uri=tracking_uri,
+        parent_run_id=tracker.parent_run_id,
+        trials=[_record(t, run_ids, plan.base_config) for t in trials or []],
+        restored=restored,
+    )
+
+
+def _summary(trials: list[Any] | None, total: int) -> dict[str, float] | None:
+    if trials is None:
+        return None
+    counts = {"completed": 0, "diverged": 0, "pruned": 0, "error": 0}
+    for trial in trials:
+        last = trial.last_result or {}
+        if trial.status == "ERROR":
+            counts["error"] += 1
+        elif last.get("status") in FINAL_STATUSES:
+            counts[str(last["status"])] += 1
+        else:
+            counts["pruned"] += 1
+    summary = {f"trials_{k}": float(v) for k, v in counts.items()}
+    summary["trials_expected"] = float(total)
+    return summary

@@ -1,0 +1,323 @@
+"""Search: a plan's space compiled to an Optuna define-by-run function, samplers, schedulers.
+
+Three Ray/Optuna behaviours shape this module (see DESIGN.md):
+
+* ``OptunaSearch`` with a define-by-run space ignores ``TuneConfig(metric, mode)``, so metric and
+  mode go on the searcher (and on the scheduler), never on ``TuneConfig``.
+* A trial stopped by ASHA/median reaches ``OptunaSearch.on_trial_complete`` exactly like a finished
+  one, and Ray tells Optuna COMPLETE with a truncated metric. :class:`PruningAwareOptunaSearch`
+  reads the trial's own ``status`` from its last result instead: only a trial whose last report says
+  ``completed`` (or ``diverged``) finished; anything else was stopped early and is told as PRUNED.
+* ``OptunaSearch``'s default ``study_name="optuna"`` with ``load_if_exists`` merges studies that
+  share a storage; every study gets its own name here. The Optuna study lives in memory and is
+  pickled with Tune's searcher state, so ``Tuner.restore`` brings back exactly the trials Tune's
+  snapshot knows (an external database would run ahead of that snapshot after a crash).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
+from ray.tune.search.optuna import OptunaSearch
+
+from workers.plan import ParamDef, SamplerConfig, SchedulerConfig, StudyPlan
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = [
+    "FINAL_STATUSES",
+    "SAMPLERS",
+    "SCHEDULERS",
+    "DefineByRunSpace",
+    "PruningAwareOptunaSearch",
+    "create_sampler",
+    "create_scheduler",
+    "create_searcher",
+    "grid_param_space",
+    "optuna_study_name",
+]
+
+logger = logging.getLogger(__name__)
+
+SAMPLERS = ("tpe", "random", "cmaes", "grid")
+SCHEDULERS = ("fifo", "asha", "median")
+# Values of the ``status`` metric a trial reports on its last epoch. Any other value (``running``)
+# on a trial's last result means the trial did not get to finish: a scheduler stopped it.
+FINAL_STATUSES = ("completed", "diverged")
+
+
+def _condition_holds(when: Sequence[tuple[str, Any]], values: Mapping[str, Any]) -> bool:
+    """True when every ``path -> expected`` holds among the values sampled so far.
+
+    ``expected`` may be a list/tuple meaning "any of these"; Optuna's categorical choices are
+    scalars, so a sequence can never be a literal expected value.
+    """
+    for path, expected in when:
+        if path not in values:
+            return False
+        actual = values[path]
+        if isinstance(expected, list | tuple):
+            if actual not in expected:
+                return False
+        elif actual != expected:
+            return False
+    return True
+
+
+class DefineByRunSpace:
+    """A plan's search space as an Optuna define-by-run function.
+
+    A picklable object rather than a closure, because Tune pickles the searcher (and this function
+    with it) into its experiment state for ``Tuner.restore``. Parameters are suggested in the order
+    given; a parameter with ``when`` is only suggested when its condition holds for the parameters
+    suggested before it, so an inactive parameter never reaches the sampler or the trial config.
+
+    Args:
+        space: the plan's parameters.
+
+    Raises:
+        ValueError: for an empty space, duplicate names, a bad range or a condition that names a
+            parameter that is not defined earlier.
+    """
+
+    def __init__(self, space: Sequence[ParamDef]) -> None:
+        if not space:
+            raise ValueError("an Optuna sampler needs at least one search parameter (plan.space is empty)")
+        seen: set[str] = set()
+        for param in space:
+            if param.name in seen:
+                raise ValueError(f"search parameter {param.name!r} is defined twice")
+            _validate_param(param)
+            for path, _ in param.when:
+                if path not in seen:
+                    raise ValueError(
+                        f"search parameter {param.name!r}: condition on {path!r}, which is not a parameter "
+                        f"defined before it (defined so far: {sorted(seen)})"
+                    )
+            seen.add(param.name)
+        self.space: tuple[ParamDef, ...] = tuple(space)
+
+    def __call__(self, trial: optuna.Trial) -> None:
+        values: dict[str, Any] = {}
+        for param in self.space:
+            if _condition_holds(param.when, values):
+                values[param.name] = _suggest(trial, param)
+        # Returning None: OptunaSearch uses exactly the suggested values as the trial config.
+
+    def __repr__(self) -> str:
+        return f"DefineByRunSpace({[p.name for p in self.space]})"
+
+
+def _validate_param(param: ParamDef) -> None:
+    if param.type in ("int", "float"):
+        if param.low is None or param.high is None:
+            raise ValueError(f"search parameter {param.name!r} ({param.type}) needs low and high")
+        if param.low > param.high:
+            raise ValueError(f"search parameter {param.name!r}: low {param.low} > high {param.high}")
+        if param.log and param.low <= 0:
+            raise ValueError(f"search parameter {param.name!r}: log scale needs low > 0, got {param.low}")
+        if param.log and param.step is not None:
+            raise ValueError(f"search parameter {param.name!r}: step and log cannot be combined")
+    elif param.type == "categorical":
+        if not param.choices:
+            raise ValueError(f"search parameter {param.name!r} (categorical) needs choices")
+    else:
+        raise ValueError(
+            f"search parameter {param.name!r}: unknown type {param.type!r}; valid: int, float, categorical"
+        )
+
+
+def _suggest(trial: optuna.Trial, param: ParamDef) -> Any:
+    if param.type == "int":
+        assert param.low is not None and param.high is not None  # checked in _validate_param
+        step = int(param.step) if param.step is not None else 1
+        return trial.suggest_int(param.name, int(param.low), int(param.high), step=step, log=param.log)
+    if param.type == "float":
+        assert param.low is not None and param.high is not None
+        return trial.suggest_float(param.name, param.low, param.high, step=param.step, log=param.log)
+    assert param.choices is not None
+    return trial.suggest_categorical(param.name, list(param.choices))
+
+
+def create_sampler(config: SamplerConfig) -> optuna.samplers.BaseSampler:
+    """The seeded Optuna sampler for ``tpe | random | cmaes``.
+
+    Raises:
+        ValueError: for ``grid`` (a Tune grid, not an Optuna sampler) or an unknown name.
+    """
+    import optuna
+
+    if config.type == "tpe":
+        return optuna.samplers.TPESampler(seed=config.seed, n_startup_trials=config.n_startup_trials)
+    if config.type == "random":
+        return optuna.samplers.RandomSampler(seed=config.seed)
+    if config.type == "cmaes":
+        try:
+            import cmaes  # noqa: F401 - Optuna imports it lazily, at the first sample, deep in Tune
+        except ImportError as exc:
+            raise ImportError("sampler 'cmaes' needs the 'cmaes' package: pip install cmaes") from exc
+        # Categorical / conditional dimensions fall back to the independent sampler; seed it too so
+        # the whole study is reproducible.
+        return optuna.samplers.CmaEsSampler(
+            seed=config.seed,
+            n_startup_trials=config.n_startup_trials,
+            independent_sampler=optuna.samplers.RandomSampler(seed=config.seed + 1),
+            warn_independent_sampling=False,
+        )
+    valid = ", ".join(s for s in SAMPLERS if s != "grid")
+    raise ValueError(
+        f"sampler {config.type!r} is not an Optuna sampler; valid: {valid} (grid runs as a Tune grid)"
+    )
+
+
+def optuna_study_name(plan_name: str, study_key: str) -> str:
+    """A name unique to one study: two studies never share an Optuna study, even in shared storage."""
+    return f"autonorm-{plan_name}-{study_key[:12]}"
+
+
+class PruningAwareOptunaSearch(OptunaSearch):  # type: ignore[misc]
+    """``OptunaSearch`` that tells Optuna PRUNED for trials a scheduler stopped early.
+
+    When each method is called (by Tune's ``SearchGenerator`` in the driver):
+
+    * ``on_trial_result``: after every reported epoch; forwarded to Optuna as an intermediate value
+      (non-finite values are skipped: Optuna rejects them and a diverged trial would otherwise
+      raise inside Tune's loop).
+    * ``on_trial_complete``: once per trial, when it ends for any reason: it finished, a scheduler
+      stopped it, it errored, or it was removed while pending. The base class cannot tell the first
+      two apart. We read the ``status`` the trial itself put in its last result.
+
+    This overrides Ray's completion hook and therefore touches ``OptunaSearch``'s private
+    ``_ot_trials`` / ``_ot_study`` / ``_completed_trials``; ``tests/workers/test_search.py`` pins that.
+    """
+
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        value = result.get(self.metric) if isinstance(self.metric, str) else None
+        if not _is_finite_number(value):
+            return
+        super().on_trial_result(trial_id, result)
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+    ) -> None:
+        import optuna
+
+        if trial_id in self._completed_trials:
+            return
+        ot_trial = self._ot_trials.get(trial_id)
+        if ot_trial is None:
+            logger.warning("Optuna knows no trial for Tune trial %s; not told", trial_id)
+            self._completed_trials.add(trial_id)
+            return
+        state, value = classify_completion(result, error=error, metric=self.metric)
+        tell_state = {
+            "complete": optuna.trial.TrialState.COMPLETE,
+            "pruned": optuna.trial.TrialState.PRUNED,
+            "fail": optuna.trial.TrialState.FAIL,
+        }[state]
+        study: Any = self._ot_study
+        try:
+            study.tell(ot_trial, value if state == "complete" else None, state=tell_state)
+        except Exception as exc:
+            logger.warning("could not tell Optuna about trial %s: %s", trial_id, exc)
+        self._completed_trials.add(trial_id)
+
+
+def _is_finite_number(value: Any) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def classify_completion(
+    result: Mapping[str, Any] | None, *, error: bool, metric: str
+) -> tuple[str, float | None]:
+    """How a finished Tune trial is told to Optuna: ``(complete|pruned|fail, value)``.
+
+    * errored -> ``fail``;
+    * no result (removed while pending) -> ``pruned``, as Ray does;
+    * last result's ``status`` not final (``running``): a scheduler stopped it -> ``pruned``;
+    * ``diverged`` -> ``fail``: its metric is from the last epoch before the loss blew up, and a
+      diverged configuration must not look good to the sampler;
+    * ``completed`` with a finite metric -> ``complete``; non-finite -> ``fail`` (Optuna cannot rank
+      a NaN).
+    """
+    if error:
+        return "fail", None
+    if not result:
+        return "pruned", None
+    status = result.get("status")
+    if status not in FINAL_STATUSES:
+        return "pruned", None
+    if status == "diverged":
+        return "fail", None
+    value = result.get(metric)
+    if _is_finite_number(value):
+        return "complete", float(value)
+    return "fail", None
+
+
+def create_searcher(plan: StudyPlan, *, study_key: str) -> PruningAwareOptunaSearch:
+    """The Optuna searcher for a plan whose sampler is ``tpe | random | cmaes``.
+
+    ``max_concurrent_trials`` (set by the runner on ``TuneConfig``) wraps this in a
+    ``ConcurrencyLimiter``; without it Tune keeps only one trial pending at a time.
+    """
+    return PruningAwareOptunaSearch(
+        space=DefineByRunSpace(plan.space),
+        metric=plan.metric,
+        mode=plan.mode,
+        sampler=create_sampler(plan.sampler),
+        study_name=optuna_study_name(plan.name, study_key),
+    )
+
+
+def grid_param_space(plan: StudyPlan) -> dict[str, Any]:
+    """Tune ``param_space`` for the ``grid`` sampler: every combination of ``plan.grid``.
+
+    Keys stay dotted paths, like Optuna's parameter names, so the trainable applies both the same way.
+
+    Raises:
+        ValueError: for an empty grid or an axis without values.
+    """
+    if not plan.grid:
+        raise ValueError("the grid sampler needs plan.grid (dotted path -> values); it is empty")
+    space: dict[str, Any] = {}
+    for name, values in plan.grid:
+        if not values:
+            raise ValueError(f"grid axis {name!r} has no values")
+        if name in space:
+            raise ValueError(f"grid axis {name!r} is defined twice")
+        space[name] = tune.grid_search(list(values))
+    return space
+
+
+def create_scheduler(config: SchedulerConfig, *, metric: str, mode: str, max_t: int) -> TrialScheduler:
+    """The trial scheduler; ``max_t`` is the number of epochs (one report per epoch).
+
+    Raises:
+        ValueError: for an unknown scheduler name.
+    """
+    if config.type == "fifo":
+        return FIFOScheduler()
+    if config.type == "asha":
+        return ASHAScheduler(
+            time_attr="training_iteration",
+            metric=metric,
+            mode=mode,
+            max_t=max(max_t, config.grace_period),
+            grace_period=config.grace_period,
+            reduction_factor=config.reduction_factor,
+        )
+    if config.type == "median":
+        return MedianStoppingRule(
+            time_attr="training_iteration",
+            metric=metric,
+            mode=mode,
+            grace_period=config.grace_period,
+        )
+    raise ValueError(f"unknown scheduler {config.type!r}; valid: {', '.join(SCHEDULERS)}")

@@ -1,0 +1,625 @@
+"""MLflow tracking from the Tune driver: one parent run per study, one child run per trial.
+
+Our own Tune callback instead of Ray's ``MLflowLoggerCallback``, which sends one request per
+metric, logs Ray internals, makes no parent run and duplicates runs after ``Tuner.restore``
+(DESIGN.md). What makes this one duplicate-free across driver crashes:
+
+* Nothing is remembered across processes. ``Tuner.restore`` brings back the callback pickled at
+  the first start; pickling drops the client and every cache, and :meth:`setup` rebuilds the
+  ``trial_id -> run`` map by searching the parent's children for their ``ray.trial_id`` tag.
+* The parent is found again by a stable key (``autonorm.study_key``, a hash of the experiment
+  path), never stored.
+* A child is created at its trial's first result; metrics are logged with ``step = epoch`` (the
+  trial's own epoch, which survives restarts) and epochs already logged are skipped.
+* Runs are closed at the end: children still RUNNING as FINISHED (or FAILED / KILLED), the parent in
+  the runner's ``finally``.
+
+Only this driver-side callback talks to MLflow, so the sqlite default never sees concurrent writers.
+An MLflow outage does not stop the study: calls are retried with backoff, unlogged epochs stay
+queued in memory and are caught up at the next result or at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlparse
+
+from ray.tune import Callback
+
+from workers.trainable import resolve_trial_config
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from ray.tune.experiment import Trial
+
+__all__ = [
+    "ROLE_STUDY",
+    "ROLE_TRIAL",
+    "TAG_ROLE",
+    "TAG_STUDY_KEY",
+    "TAG_TRIAL_ID",
+    "TAG_TRIAL_STATUS",
+    "MlflowTrackingCallback",
+    "RetryPolicy",
+    "default_tracking_uri",
+    "ensure_sqlite_schema",
+    "flatten_params",
+    "study_key",
+]
+
+logger = logging.getLogger(__name__)
+
+TAG_ROLE = "autonorm.role"
+TAG_STUDY_KEY = "autonorm.study_key"
+TAG_TRIAL_ID = "ray.trial_id"
+TAG_TRIAL_STATUS = "autonorm.trial_status"
+TAG_PARENT = "mlflow.parentRunId"
+ROLE_STUDY = "study"
+ROLE_TRIAL = "trial"
+
+_T = TypeVar("_T")
+
+
+def study_key(experiment_uri: str) -> str:
+    """Stable key of a study: the same experiment path always finds the same parent run."""
+    return hashlib.sha256(experiment_uri.encode()).hexdigest()[:16]
+
+
+def default_tracking_uri(storage_dir: str | os.PathLike[str]) -> str:
+    """``sqlite:///<absolute storage dir>/mlflow.db``: absolute, because a relative sqlite path is
+    resolved against each process's working directory."""
+    return f"sqlite:///{Path(storage_dir).resolve() / 'mlflow.db'}"
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(urlparse(uri).path)
+
+
+def ensure_sqlite_schema(uri: str, *, artifact_root: str) -> None:
+    """Create an sqlite tracking database atomically (no-op for other URIs or an existing file).
+
+    MLflow creates its schema on first use; several processes doing that at once, or a kill in the
+    middle of it, left the database unusable. The schema is built in a temporary file and then
+    linked into place, so the database either does not exist or is complete.
+    """
+    path = _sqlite_path(uri)
+    if path is None or path.exists():
+        return
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".mlflow-", suffix=".db")
+    os.close(fd)
+    os.unlink(tmp)  # sqlite must create the file itself
+    try:
+        store = SqlAlchemyStore(f"sqlite:///{tmp}", artifact_root)
+        store.engine.dispose()
+        with contextlib.suppress(FileExistsError):  # someone else won the race: theirs is complete too
+            os.link(tmp, path)
+    finally:
+        for leftover in (tmp, f"{tmp}-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+
+
+def flatten_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested trial config -> MLflow params (``model.norm.tau -> "0.5"``), values truncated to
+    MLflow's limit."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten_params(value, prefix=f"{path}."))
+        else:
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            out[path] = text[:6000]
+    return out
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard one MLflow call is retried before its data is queued for later.
+
+    Attributes:
+        attempts: tries per call during the study (the driver loop waits meanwhile, so keep it short).
+        delay_s: first back-off; doubles per attempt.
+        final_attempts: tries for the catch-up at the end of the study.
+    """
+
+    attempts: int = 3
+    delay_s: float = 0.5
+    final_attempts: int = 6
+
+
+def _numeric(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        return float(value)
+    return None
+
+
+@dataclass
+class _ChildRun:
+    run_id: str
+    last_epoch: float = -math.inf
+    status: str = "RUNNING"
+
+
+class MlflowTrackingCallback(Callback):  # type: ignore[misc]
+    """Tune callback writing the study's parent run and one child run per trial.
+
+    Tune calls (in the driver): :meth:`setup` when ``Tuner.fit`` starts (also after a restore),
+    :meth:`on_trial_result` per reported epoch, :meth:`on_trial_complete` / :meth:`on_trial_error`
+    once per finished trial, :meth:`on_experiment_end` at the end. The runner calls :meth:`prepare`
+    before ``fit`` and :meth:`close` in its ``finally``.
+
+    Args:
+        tracking_uri: resolved MLflow URI (absolute sqlite path or server URL).
+        experiment_name: MLflow experiment (the study name).
+        key: the study's stable key (:func:`study_key` of the experiment path).
+        base_config: the plan's base trial config; child params are the resolved trial config.
+        metric_whitelist: prefixes of result keys logged as metrics (``epoch`` always is).
+        artifact_location: artifact root for a newly created experiment.
+        parent_tags / parent_params / artifacts: written on the parent run at :meth:`prepare`.
+        expected_trials: planned number of trials (parent param ``expected_trials``).
+        retry: retry policy for MLflow calls.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str,
+        experiment_name: str,
+        key: str,
+        base_config: Mapping[str, Any],
+        metric_whitelist: Sequence[str],
+        artifact_location: str | None = None,
+        parent_tags: Mapping[str, str] | None = None,
+        parent_params: Mapping[str, str] | None = None,
+        artifacts: Mapping[str, str] | None = None,
+        expected_trials: int | None = None,
+        retry: RetryPolicy | None = None,
+        study_name: str | None = None,
+    ) -> None:
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.key = key
+        self.base_config = dict(base_config)
+        self.metric_whitelist = tuple(metric_whitelist)
+        self.artifact_location = artifact_location
+        self.parent_tags = dict(parent_tags or {})
+        self.parent_params = dict(parent_params or {})
+        self.artifacts = dict(artifacts or {})
+        self.expected_trials = expected_trials
+        self.retry = retry or RetryPolicy()
+        self.study_name = study_name or experiment_name
+        self._reset_runtime()
+
+    # ---------------------------------------------------------------------------------- pickling
+
+    def _reset_runtime(self) -> None:
+        self._client: MlflowClient | None = None
+        self._experiment_id: str | None = None
+        self._parent_id: str | None = None
+        self._children: dict[str, _ChildRun] = {}
+        self._pending: dict[str, list[tuple[float, dict[str, float], int]]] = {}
+        self._uncreated: set[str] = set()
+        self._artifacts_logged = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles callbacks into its experiment state; a restored copy must not trust anything
+        # learnt at runtime (the run map may be stale), so only the configuration travels.
+        state = self.__dict__.copy()
+        for name in (
+            "_client",
+            "_experiment_id",
+            "_parent_id",
+            "_children",
+            "_pending",
+            "_uncreated",
+            "_artifacts_logged",
+        ):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_runtime()
+
+    # ------------------------------------------------------------------------------------ MLflow
+
+    @property
+    def client(self) -> MlflowClient:
+        if self._client is None:
+            from mlflow import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._client
+
+    @property
+    def parent_run_id(self) -> str | None:
+        return self._parent_id
+
+    def _call(self, fn: Callable[..., _T], *args: Any, attempts: int | None = None, **kwargs: Any) -> _T:
+        """``fn(*args, **kwargs)`` with retries and exponential back-off; re-raises the last error."""
+        tries = attempts or self.retry.attempts
+        delay = self.retry.delay_s
+        for attempt in range(1, tries + 1):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if attempt == tries:
+                    raise
+                logger.warning("MLflow call failed (attempt %d/%d): %s", attempt, tries, exc)
+                time.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def _search(self, filter_string: str) -> list[Any]:
+        experiment_id = self._ensure_experiment()
+        runs: list[Any] = []
+        token: str | None = None
+        while True:
+            page = self._call(
+                self.client.search_runs,
+                [experiment_id],
+                filter_string=filter_string,
+                max_results=1000,
+                page_token=token,
+            )
+            runs.extend(page)
+            token = page.token
+            if not token:
+                return runs
+
+    def _ensure_experiment(self) -> str:
+        if self._experiment_id is None:
+            artifact_root = self.artifact_location or ""
+            ensure_sqlite_schema(self.tracking_uri, artifact_root=artifact_root or tempfile.gettempdir())
+            experiment = self._call(self.client.get_experiment_by_name, self.experiment_name)
+            if experiment is None:
+                try:
+                    self._experiment_id = self._call(
+                        self.client.create_experiment,
+                        self.experiment_name,
+                        artifact_location=self.artifact_location,
+                    )
+                except Exception:
+                    # Another study created it in between: use theirs.
+                    experiment = self.client.get_experiment_by_name(self.experiment_name)
+                    if experiment is None:
+                        raise
+                    self._experiment_id = experiment.experiment_id
+            else:
+                if experiment.lifecycle_stage == "deleted":
+                    self._call(self.client.restore_experiment, experiment.experiment_id)
+                self._experiment_id = experiment.experiment_id
+        return self._experiment_id
+
+    def _find_parent(self) -> Any | None:
+        runs = self._search(f"tags.`{TAG_STUDY_KEY}` = '{self.key}' and tags.`{TAG_ROLE}` = '{ROLE_STUDY}'")
+        if not runs:
+            return None
+        return min(runs, key=lambda r: r.info.start_time or 0)
+
+    def prepare(self, *, fresh: bool, log_artifacts: bool = True) -> str:
+        """Create (or find again) the experiment and the study's parent run; returns its id.
+
+        Call in the driver before any trial starts: it also creates the sqlite schema.
+
+        Args:
+            fresh: Tune starts this experiment from scratch (no state to restore). A parent with the
+                same key that already has children then belongs to a study whose Tune state is gone:
+                it is closed and re-keyed, and a new parent is made.
+        """
+        from mlflow.entities import Param, RunTag
+
+        experiment_id = self._ensure_experiment()
+        parent = self._find_parent()
+        if parent is not None and fresh and self._children_of(parent.info.run_id):
+            old = parent.info.run_id
+            logger.warning("experiment state is gone; superseding the previous parent run %s", old)
+            self._call(self.client.set_tag, old, TAG_STUDY_KEY, f"{self.key}:superseded")
+            for run in self._children_of(old):
+                if run.info.status == "RUNNING":
+                    self._call(self.client.set_terminated, run.info.run_id, "KILLED")
+            if parent.info.status == "RUNNING":
+                self._call(self.client.set_terminated, old, "KILLED")
+            parent = None
+        if parent is None:
+            tags = {TAG_ROLE: ROLE_STUDY, TAG_STUDY_KEY: self.key, **self.parent_tags}
+            run = self._call(self.client.create_run, experiment_id, tags=tags, run_name=self.study_name)
+            parent_id = self._parent_id = run.info.run_id
+            params = dict(self.parent_params)
+            if self.expected_trials is not None:
+                params["expected_trials"] = str(self.expected_trials)
+            param_items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+            for i in range(0, len(param_items), 100):
+                chunk = param_items[i : i + 100]
+                self._call(self.client.log_batch, parent_id, params=chunk)
+        else:
+            parent_id = self._parent_id = parent.info.run_id
+            if parent.info.status != "RUNNING":
+                self._call(self.client.update_run, parent_id, status="RUNNING")
+            if self.parent_tags and log_artifacts:
+                tags_list = [RunTag(k, str(v)) for k, v in self.parent_tags.items()]
+                self._call(self.client.log_batch, parent_id, tags=tags_list)
+        if log_artifacts or not self._artifacts_logged:
+            for name, text in self.artifacts.items():
+                self._call(self.client.log_text, parent_id, text, name)
+            self._artifacts_logged = True
+        return parent_id
+
+    def _children_of(self, parent_id: str) -> list[Any]:
+        return self._search(f"tags.`{TAG_PARENT}` = '{parent_id}' and tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'")
+
+    def _rebuild(self) -> None:
+        """The trial -> run map from MLflow itself (the only source that survives a driver crash)."""
+        if self._parent_id is None:
+            raise RuntimeError("not attached to a parent run")
+        self._children = {}
+        for run in sorted(self._children_of(self._parent_id), key=lambda r: r.info.start_time or 0):
+            trial_id = run.data.tags.get(TAG_TRIAL_ID)
+            if trial_id is None or trial_id in self._children:
+                continue
+            self._children[trial_id] = _ChildRun(
+                run_id=run.info.run_id,
+                last_epoch=run.data.metrics.get("epoch", -math.inf),
+                status=run.info.status,
+            )
+
+    def _connect(self) -> bool:
+        """Make sure parent and run map are known; False while MLflow is unreachable."""
+        if self._parent_id is not None:
+            return True
+        try:
+            self.prepare(fresh=False, log_artifacts=False)
+            self._rebuild()
+        except Exception as exc:
+            logger.warning("MLflow unreachable (%s); results are queued and logged later", exc)
+            self._parent_id = None
+            return False
+        return True
+
+    # ------------------------------------------------------------------------------- Tune hooks
+
+    def setup(
+        self, stop: Any = None, num_samples: Any = None, total_num_samples: Any = None, **info: Any
+    ) -> None:
+        # The instance the runner prepared is already attached; a restored (unpickled) copy is not.
+        if self._parent_id is None or not self._children:
+            self._parent_id = None
+            self._connect()
+
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
+    ) -> None:
+        self._queue(trial.trial_id, result)
+        self._sync(trial)
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self._sync(trial)
+        self._close_trial(trial, "FINISHED", _trial_outcome(trial, errored=False))
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self._sync(trial)
+        self._close_trial(trial, "FAILED", "error")
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        self.close_trials(trials)
+
+    # ---------------------------------------------------------------------------------- logging
+
+    def _whitelisted(self, key: str) -> bool:
+        return key == "epoch" or any(key.startswith(prefix) for prefix in self.metric_whitelist)
+
+    def _queue(self, trial_id: str, result: Mapping[str, Any]) -> None:
+        epoch = _numeric(result.get("epoch"))
+        if epoch is None:
+            return
+        child = self._children.get(trial_id)
+        if child is not None and epoch <= child.last_epoch:
+            return  # logged before a restart/restore
+        pending = self._pending.setdefault(trial_id, [])
+        if any(step == epoch for step, _, _ in pending):
+            return
+        metrics = {}
+        for key, value in result.items():
+            number = _numeric(value)
+            if number is not None and self._whitelisted(key):
+                metrics[key] = number
+        pending.append((epoch, metrics, int(time.time() * 1000)))
+
+    def _sync(self, trial: Trial, *, attempts: int | None = None, create: bool = False) -> None:
+        """Create the trial's run if needed and log its queued epochs. Never raises.
+
+        A run is created at the trial's first queued result (or when ``create``: a trial that
+        errored before reporting still gets a FAILED run).
+        """
+        if not self._connect():
+            return
+        try:
+            child = self._children.get(trial.trial_id)
+            if child is None:
+                if not (self._pending.get(trial.trial_id) or create):
+                    return
+                child = self._create_child(trial)
+            self._flush(trial.trial_id, child, attempts=attempts)
+        except Exception as exc:
+            logger.warning("MLflow logging for trial %s deferred: %s", trial.trial_id, exc)
+
+    def _create_child(self, trial: Trial) -> _ChildRun:
+        from mlflow.entities import Param
+
+        assert self._parent_id is not None and self._experiment_id is not None
+        if trial.trial_id in self._uncreated:
+            # An earlier create_run failed: it may have reached the server anyway. Look first.
+            for run in self._children_of(self._parent_id):
+                if run.data.tags.get(TAG_TRIAL_ID) == trial.trial_id:
+                    found = _ChildRun(
+                        run.info.run_id, run.data.metrics.get("epoch", -math.inf), run.info.status
+                    )
+                    self._children[trial.trial_id] = found
+                    self._uncreated.discard(trial.trial_id)
+                    return found
+        self._uncreated.add(trial.trial_id)
+        tags = {
+            TAG_ROLE: ROLE_TRIAL,
+            TAG_TRIAL_ID: trial.trial_id,
+            TAG_PARENT: self._parent_id,
+            TAG_STUDY_KEY: self.key,
+        }
+        node_id = (trial.last_result or {}).get("node_id")
+        if node_id:
+            tags["autonorm.node_id"] = str(node_id)
+        # One attempt only (a retried create could make two runs); the next result tries again.
+        run = self.client.create_run(self._experiment_id, tags=tags, run_name=str(trial))
+        child = _ChildRun(run_id=run.info.run_id)
+        self._children[trial.trial_id] = child
+        self._uncreated.discard(trial.trial_id)
+        config = resolve_trial_config(self.base_config, dict(trial.config or {}))
+        params = [Param(k, v) for k, v in flatten_params(config).items()]
+        for i in range(0, len(params), 100):
+            chunk = params[i : i + 100]
+            self._call(self.client.log_batch, child.run_id, params=chunk)
+        return child
+
+    def _flush(self, trial_id: str, child: _ChildRun, *, attempts: int | None) -> None:
+        from mlflow.entities import Metric
+
+        pending = [p for p in self._pending.get(trial_id, []) if p[0] > child.last_epoch]
+        if not pending:
+            self._pending.pop(trial_id, None)
+            return
+        pending.sort(key=lambda p: p[0])
+        metrics = [
+            Metric(key, value, timestamp, int(step))
+            for step, values, timestamp in pending
+            for key, value in values.items()
+        ]
+        for i in range(0, len(metrics), 1000):
+            chunk = metrics[i : i + 1000]
+            self._call(self.client.log_batch, child.run_id, metrics=chunk, attempts=attempts)
+        child.last_epoch = max(child.last_epoch, pending[-1][0])
+        self._pending.pop(trial_id, None)
+
+    def _close_trial(self, trial: Trial, status: str, outcome: str, *, attempts: int | None = None) -> None:
+        child = self._children.get(trial.trial_id)
+        # Re-closing with another status is allowed: a trial KILLED by an interrupted study may
+        # have been resumed and finished since.
+        if child is None or child.status == status:
+            return
+        from mlflow.entities import RunTag
+
+        try:
+            tags = [RunTag(TAG_TRIAL_STATUS, outcome)]
+            node_id = (trial.last_result or {}).get("node_id")
+            if node_id:
+                tags.append(RunTag("autonorm.node_id", str(node_id)))
+            self._call(self.client.log_batch, child.run_id, tags=tags, attempts=attempts)
+            self._call(self.client.set_terminated, child.run_id, status, attempts=attempts)
+            child.status = status
+        except Exception as exc:
+            logger.warning("could not close MLflow run of trial %s yet: %s", trial.trial_id, exc)
+
+    def close_trials(self, trials: Iterable[Trial]) -> None:
+        """Catch up on queued epochs and close every child run still RUNNING.
+
+        Terminated trials -> FINISHED, errored -> FAILED, trials that did not finish (the study was
+        interrupted) -> KILLED. Children whose trial Tune no longer knows (created after Tune's last
+        snapshot before a crash) are closed and deleted so the study has one run per trial.
+        """
+        attempts = self.retry.final_attempts
+        trials = list(trials)
+        if not self._connect():
+            return
+        # MLflow is the truth: this may be the runner's instance, not the one Tune used.
+        pending_children = self._children
+        try:
+            self._rebuild()
+        except Exception as exc:
+            logger.warning("could not list MLflow runs: %s", exc)
+            self._children = pending_children
+        for trial in trials:
+            self._sync(trial, attempts=attempts, create=trial.status == "ERROR")
+        for trial in trials:
+            if trial.status == "TERMINATED":
+                self._close_trial(trial, "FINISHED", _trial_outcome(trial, errored=False), attempts=attempts)
+            elif trial.status == "ERROR":
+                self._close_trial(trial, "FAILED", "error", attempts=attempts)
+            else:
+                self._close_trial(trial, "KILLED", "interrupted", attempts=attempts)
+        known = {t.trial_id for t in trials}
+        parent_id = self._parent_id
+        if parent_id is None:
+            return
+        try:
+            for run in self._children_of(parent_id):
+                trial_id = run.data.tags.get(TAG_TRIAL_ID)
+                if trial_id not in known and trials:
+                    if run.info.status == "RUNNING":
+                        self._call(self.client.set_terminated, run.info.run_id, "KILLED")
+                    self._call(self.client.delete_run, run.info.run_id)
+        except Exception as exc:
+            logger.warning("could not check for orphaned MLflow runs: %s", exc)
+
+    def close(
+        self,
+        *,
+        status: str,
+        trials: Iterable[Trial] | None = None,
+        summary: Mapping[str, float] | None = None,
+    ) -> None:
+        """End of the study (runner's ``finally``): close children, log ``summary``, close the parent."""
+        if trials is not None:
+            self.close_trials(trials)
+        if not self._connect():
+            logger.error("MLflow unreachable at the end of the study; runs stay open until the next run")
+            return
+        parent_id = self._parent_id
+        if parent_id is None:
+            return
+        attempts = self.retry.final_attempts
+        try:
+            if trials is None:
+                for run in self._children_of(parent_id):
+                    if run.info.status == "RUNNING":
+                        self._call(self.client.set_terminated, run.info.run_id, "KILLED")
+            if summary:
+                from mlflow.entities import Metric
+
+                now = int(time.time() * 1000)
+                metrics = [Metric(k, float(v), now, 0) for k, v in summary.items()]
+                self._call(self.client.log_batch, parent_id, metrics=metrics, attempts=attempts)
+        finally:
+            self._call(self.client.set_terminated, parent_id, status, attempts=attempts)
+
+    def child_run_ids(self) -> dict[str, str]:
+        """``trial_id -> MLflow run id`` as MLflow knows it now."""
+        if not self._connect():
+            return {}
+        self._rebuild()
+        return {trial_id: child.run_id for trial_id, child in self._children.items()}
+
+
+def _trial_outcome(trial: Trial, *, errored: bool) -> str:
+    """``completed`` / ``diverged`` from the trial's own last report; ``pruned`` when it never sent a
+    final status (a scheduler stopped it)."""
+    if errored:
+        return "error"
+    status = (trial.last_result or {}).get("status")
+    return str(status) if status in ("completed", "diverged") else "pruned"
