@@ -180,7 +180,13 @@ class _DyTFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, alpha: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        t = torch.tanh(x * alpha)
+        u = x * alpha
+        if torch.compiler.is_compiling() and u.device.type == "cpu":
+            # Inductor's CPU tanh is ~3x slower than ATen's; the exp form vectorizes well and is exact
+            # to float32 rounding (exp overflow gives 1 − 0 = 1, underflow 1 − 2 = −1: no NaN).
+            t = 1.0 - 2.0 / (torch.exp(2.0 * u) + 1.0)
+        else:
+            t = torch.tanh(u)
         ctx.save_for_backward(x, alpha, weight, t)
         return torch.addcmul(bias, t, weight)
 
@@ -335,7 +341,8 @@ class _OwnsGenerator(nn.Module):
     """Base for modules that draw random numbers from their own ``torch.Generator``.
 
     The generator is created lazily on the input's device (a CUDA input needs a CUDA generator) and
-    seeded with the module's seed. Without an explicit ``seed`` the seed is drawn from the global RNG
+    seeded with the module's seed (moving the module to another device restarts the stream from the
+    seed there). Without an explicit ``seed`` the seed is drawn from the global RNG
     at construction, exactly like the parameter init, so a model built under one ``torch.manual_seed``
     is reproducible and its layers still draw different noise. A training loop seeds each such module
     with :meth:`manual_seed` and checkpoints :meth:`rng_state` for an exact resume.
@@ -631,7 +638,8 @@ class AutoNorm(_OwnsGenerator):
         Turns ``requires_grad`` off and drops stored gradients: optimizers (AdamW's weight decay
         included) skip parameters whose ``grad`` is ``None``, so the selector stays bit-identical even
         with an optimizer built before the freeze. Rebuild optimizers with
-        :func:`autonorm_core.optim.param_groups` to also drop their state.
+        :func:`autonorm_core.optim.param_groups` to also drop their state. The frozen flag is not part
+        of the ``state_dict``: a resumed run calls :meth:`freeze` again.
         """
         for p in self.selector.parameters():
             p.requires_grad_(False)

@@ -35,13 +35,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autonorm_core.norms import AutoNorm, create_norm  # noqa: E402
+from autonorm_core.norms import AutoNorm, create_norm
 
 SHAPES = ((64, 65, 128), (32, 197, 384))
 GOALS = {"autonorm_over_branches": 1.3, "frozen_hard_over_branch": 1.1}
@@ -122,7 +123,12 @@ def _derived(t: dict[str, float], base: float, suffix: str) -> dict[str, float]:
 
 
 def run(
-    *, shapes: tuple[tuple[int, int, int], ...], repeats: int, inner: int, compile_: bool, device: torch.device
+    *,
+    shapes: tuple[tuple[int, int, int], ...],
+    repeats: int,
+    inner: int,
+    compile_: bool,
+    device: torch.device,
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     per_shape: dict[str, dict[str, float]] = {}
     for b, t, d in shapes:
@@ -136,7 +142,9 @@ def run(
         ratios["layernorm_ms"] = times["layernorm"] * 1e3
         if compile_:
             compiled = {
-                name: _step_fn(torch.compile(make().to(device).train(), dynamic=False), x, dy)
+                name: _step_fn(
+                    cast(nn.Module, torch.compile(make().to(device).train(), dynamic=False)), x, dy
+                )
                 for name, make in cases.items()
             }
             ctimes = _time_cases(compiled, repeats=repeats, inner=inner, device=device)
@@ -147,7 +155,7 @@ def run(
     keys = next(iter(per_shape.values())).keys()
     flat = {k: max(r[k] for r in per_shape.values()) for k in keys if not k.endswith("_ms")}
     for shape, r in per_shape.items():
-        flat.update({f"{k}@{shape}": v for k, v in r.items()})
+        flat.update({f"{k}@{shape}": v for k, v in r.items() if not k.endswith("_ms")})
     return flat, per_shape
 
 

@@ -50,8 +50,12 @@ if [ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ] && [ -f "$FMNIST_DIR/t10k-lab
     log "fashion_mnist: present in $FMNIST_DIR"
 else
     ensure_apt_knows dataset-fashion-mnist
+    # --reinstall restores the files when the package is registered as installed but they are gone.
+    reinstall=()
+    dpkg-query -W -f='${Status}' dataset-fashion-mnist 2>/dev/null | grep -q 'ok installed' && reinstall=(--reinstall)
     log "fashion_mnist: installing dataset-fashion-mnist"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dataset-fashion-mnist
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${reinstall[@]}" \
+        dataset-fashion-mnist
     [ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ] || { log "fashion_mnist: files missing after install"; exit 1; }
 fi
 

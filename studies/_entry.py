@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 from collections import Counter
@@ -23,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from studies.spec import SpecError, SpecIssue, StudySpec, load_spec, validate_spec
+from studies.spec import SpecError, SpecIssue, StudySpec, load_spec
 from workers.plan import StudyPlan
 
 __all__ = [
@@ -31,6 +32,9 @@ __all__ = [
     "SPEC_FILE",
     "TrialRecord",
     "add_study_options",
+    "best_trial",
+    "config_value",
+    "describe_result",
     "experiment_location",
     "load_from_args",
     "overrides_from_args",
@@ -171,10 +175,16 @@ def read_trials(plan: StudyPlan) -> list[TrialRecord]:
     from ray.tune import ExperimentAnalysis
 
     fs, path, _ = experiment_location(plan)
+    # Trials that never reported have no result file yet; Tune warns about each, we list them as such.
+    quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         analysis = ExperimentAnalysis(path, storage_filesystem=fs)
     except (ValueError, FileNotFoundError):
         return []
+    finally:
+        quiet.setLevel(level)
     frames = analysis.trial_dataframes
     records = []
     for trial in analysis.trials:
@@ -192,7 +202,7 @@ def read_trials(plan: StudyPlan) -> list[TrialRecord]:
     return records
 
 
-def _config_value(config: Mapping[str, Any], dotted: str) -> Any:
+def config_value(config: Mapping[str, Any], dotted: str) -> Any:
     """A searched value from a trial config, whether Tune stored it flat or nested."""
     if dotted in config:
         return config[dotted]
@@ -296,8 +306,3 @@ def study_main(
     if after is not None:
         after(spec, plan, result)
     return 0
-
-
-def validate_document(document: Mapping[str, Any], *, model: type[BaseModel] = StudySpec) -> Any:
-    """Validate an in-memory spec document (tests, notebooks)."""
-    return validate_spec(document, model=model)

@@ -37,6 +37,7 @@ from scipy import stats
 
 __all__ = [
     "COMPLETED_STATUSES",
+    "DIVERGENCE_FIXES",
     "HYPOTHESIS",
     "MIN_SEEDS",
     "VERDICTS",
@@ -52,6 +53,10 @@ HYPOTHESIS = (
     "Performance of layers that correct the affine divergence correlates negatively with batch size "
     "(it gets worse as B grows); BatchNorm and plain affine layers do not show this trend."
 )
+
+#: Arms the hypothesis predicts to get worse with B (the divergence-correcting layers); the others
+#: (plain affine, BatchNorm, LayerNorm and their conv versions) are predicted to show no such trend.
+DIVERGENCE_FIXES = frozenset({"prenorm_l2", "prenorm_rms", "corrected", "patchnorm"})
 
 #: Trial statuses that count as finished; anything else (``failed``, ``error``, ``diverged``,
 #: ``running``, ...) counts as a failure. Compared case-insensitively; ``terminated`` is Ray Tune's
@@ -154,10 +159,14 @@ def _cluster_bootstrap_slopes(
 
     A resample draws the seeds with replacement; a seed drawn k times enters the fit with weight k,
     which is the same as repeating its rows k times, so all resamples are one weighted least-squares
-    computation. Resamples whose points have a single distinct ``x`` give NaN.
+    computation. Resamples whose points have a single distinct ``x`` give NaN, and so does every
+    resample when there is only one group: resampling one seed says nothing about seed-to-seed
+    variation.
     """
     uniq, gidx = np.unique(groups, return_inverse=True)
     n_groups = uniq.size
+    if n_groups < 2:
+        return np.full(n_boot, np.nan)
     counts = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=n_boot).astype(float)
     w = counts[:, gidx]  # (n_boot, n_points)
     xc = x - x.mean()

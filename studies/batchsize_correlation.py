@@ -278,7 +278,8 @@ def _write_study_dir(plan: StudyPlan, name: str, files: Mapping[str, Path]) -> s
         return storage.experiment_uri(name)
     target = storage.experiment_path(name)
     fs = storage.filesystem
-    assert fs is not None  # remote storage always has a filesystem
+    if fs is None:  # resolve_storage gives remote storage a filesystem; be explicit anyway
+        raise RuntimeError(f"no filesystem for remote storage {storage.storage_path!r}")
     fs.create_dir(target, recursive=True)
     for path in files.values():
         with fs.open_output_stream(f"{target}/{path.name}") as out:

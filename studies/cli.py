@@ -37,9 +37,9 @@ from typing import Any
 from studies._entry import (
     EXIT_SPEC_ERROR,
     TrialRecord,
-    _config_value,
     add_layer_options,
     best_trial,
+    config_value,
     describe_result,
     experiment_location,
     overrides_from_args,
@@ -48,7 +48,7 @@ from studies._entry import (
     read_trials,
     run_plan,
 )
-from studies.spec import SpecError, SpecIssue, StudySpec, _git_commit, load_spec
+from studies.spec import SpecError, SpecIssue, StudySpec, git_commit, load_spec
 from workers.plan import StudyPlan
 from workers.runner import expected_trials
 
@@ -98,7 +98,9 @@ def _load_target(target: str, args: argparse.Namespace) -> StudySpec:
             raise SpecError(
                 [SpecIssue("", "--preset applies to spec files, not to a study directory", None, target)]
             )
-        spec: StudySpec = read_study_spec(path, overrides=overrides_from_args(args))
+        # The directory is <storage_path>/<name>: wherever it is now, that is where the study lives.
+        here = f"storage_path={json.dumps(str(path.resolve().parent))}"
+        spec: StudySpec = read_study_spec(path, overrides=[here, *overrides_from_args(args)])
         return spec
     spec = load_spec(path, overrides_from_args(args), preset=args.preset)
     return spec
@@ -189,7 +191,7 @@ def carried_env(environ: Mapping[str, str], extra: Sequence[str] = ()) -> dict[s
         else:
             raise SystemExit(f"--env {name}: not set in this environment")
     env.pop("RAY_AUTH_TOKEN", None)
-    env["AUTONORM_GIT_COMMIT"] = _git_commit(environ)
+    env["AUTONORM_GIT_COMMIT"] = git_commit(environ)
     return env
 
 
@@ -253,7 +255,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             submission_id=args.job_id,
             metadata={"autonorm.study": spec.name, "autonorm.spec_hash": spec.hash()},
         )
-    except (ConnectionError, RuntimeError, ValueError) as e:
+    except Exception as e:  # the service boundary: unreachable, refused, unauthenticated (RayError)
         print(f"submit failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     print(f"submitted job {job_id} for study {spec.name!r}")
@@ -304,9 +306,9 @@ def _trial_row(t: TrialRecord, plan: StudyPlan) -> dict[str, Any]:
         plan.metric: t.last_result.get(plan.metric),
     }
     for p in plan.space:
-        row[p.name] = _config_value(t.config, p.name)
+        row[p.name] = config_value(t.config, p.name)
     for name, _ in plan.grid:
-        row[name] = _config_value(t.config, name)
+        row[name] = config_value(t.config, name)
     return row
 
 
@@ -334,7 +336,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         try:
             client = JobSubmissionClient(args.address, headers=ray_auth_headers(os.environ))
             info = client.get_job_info(args.job)
-        except (ConnectionError, RuntimeError, ValueError) as e:
+        except Exception as e:  # the service boundary: unreachable, refused, unauthenticated (RayError)
             print(f"status failed: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
         _print_json(
@@ -377,7 +379,7 @@ def _edge_flags(trials: Sequence[TrialRecord], best: TrialRecord | None, plan: S
     for p in plan.space:
         if p.type == "categorical" or p.low is None or p.high is None:
             continue
-        v = _config_value(best.config, p.name)
+        v = config_value(best.config, p.name)
         if not isinstance(v, int | float):
             continue
         lo, hi, x = (math.log(p.low), math.log(p.high), math.log(v)) if p.log else (p.low, p.high, float(v))
@@ -416,7 +418,7 @@ def write_study_report(plan: StudyPlan, out_dir: Path) -> Path:
             f"## Best trial `{best.trial_id}`: {plan.metric} = {_short(best.last_result[plan.metric])}",
             "",
         ]
-        searched = [(p.name, _config_value(best.config, p.name)) for p in plan.space]
+        searched = [(p.name, config_value(best.config, p.name)) for p in plan.space]
         lines += [f"- `{name}` = {_short(v)}" for name, v in searched if v is not None]  # None: inactive
         flags = _edge_flags(trials, best, plan)
         if flags:

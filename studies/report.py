@@ -25,7 +25,7 @@ from matplotlib.lines import Line2D
 from matplotlib.transforms import blended_transform_factory
 from scipy import stats
 
-from studies.analysis import normalize_table
+from studies.analysis import DIVERGENCE_FIXES, normalize_table
 
 __all__ = [
     "cell_summary",
@@ -79,6 +79,9 @@ def verdict_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
         rows.append(
             {
                 "arm": f"{arm} (control)" if arm == control else arm,
+                "claim predicts": "control"
+                if arm == control
+                else ("worse with B" if arm in DIVERGENCE_FIXES else "no trend"),
                 "n": str(r["n"]),
                 "failed": str(r["n_failed"]),
                 "spearman ρ": _fmt(r["spearman_rho"], 3),
@@ -276,7 +279,7 @@ def plot_gate_entropy(
     for name, rows in trials:
         per: dict[str, tuple[list[float], list[float]]] = {}
         for i, row in enumerate(rows):
-            epoch = row.get("epoch")
+            epoch: Any = row.get("epoch")
             x = float(epoch) if _finite(epoch) else float(i + 1)
             for key, value in row.items():
                 if key in ("gate_entropy_mean", "gate_entropy"):

@@ -87,6 +87,7 @@ __all__ = [
     "build_plan",
     "check_search_space",
     "dump_yaml",
+    "git_commit",
     "load_spec",
     "parse_yaml",
     "spec_hash",
@@ -1225,7 +1226,7 @@ def spec_hash(document: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(document, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _git_commit(environ: Mapping[str, str]) -> str:
+def git_commit(environ: Mapping[str, str]) -> str:
     # A Ray job's uploaded working dir has no .git: `autonorm-study submit` passes the commit along.
     if environ.get("AUTONORM_GIT_COMMIT"):
         return environ["AUTONORM_GIT_COMMIT"]
@@ -1332,7 +1333,7 @@ def build_plan(
     scheduler = search.scheduler
     tags: list[tuple[str, str]] = [
         ("autonorm.spec_hash", spec_hash(document)),
-        ("autonorm.git_commit", _git_commit(env)),
+        ("autonorm.git_commit", git_commit(env)),
         *_versions(),
     ]
     if description:

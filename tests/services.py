@@ -44,6 +44,7 @@ __all__ = [
     "ServiceHandle",
     "create_database",
     "free_port",
+    "list_nodes",
     "listening_addresses",
     "start_mlflow_server",
     "start_postgres",
@@ -668,7 +669,7 @@ class RayNode:
         return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _list_nodes(head: RayNode) -> list[dict[str, Any]]:
+def list_nodes(head: RayNode) -> list[dict[str, Any]]:
     """Nodes known to the head's GCS, through the dashboard's state API (no Ray import needed)."""
     request = urllib.request.Request(
         f"{head.dashboard_url}/api/v0/nodes?limit=1000", headers=head.auth_headers()
@@ -807,14 +808,19 @@ def start_ray_head(
     dashboard = f"http://127.0.0.1:{ports['dashboard-port']}"
     client = {**base, "RAY_ADDRESS": address, "RAY_API_SERVER_ADDRESS": dashboard}
     node = RayNode(address=address, dashboard_url=dashboard, env=client, temp_dir=temp_dir, handle=handle)
-    # The Jobs API answers only after the head's job manager is up; probe it with the token.
-    _wait_until(
-        handle,
-        lambda: _http_status(f"{dashboard}/api/jobs/", headers=node.auth_headers()) == 200,
-        timeout=timeout,
-    )
-    head_ids = [str(n["node_id"]) for n in _list_nodes(node) if n.get("is_head_node")]
-    return dataclasses.replace(node, node_id=head_ids[0] if head_ids else "")
+    head_ids: list[str] = []
+
+    def ready() -> bool:
+        # The Jobs API answers only after the head's job manager is up; probe it with the token.
+        if _http_status(f"{dashboard}/api/jobs/", headers=node.auth_headers()) != 200:
+            return False
+        head_ids.extend(
+            str(n["node_id"]) for n in list_nodes(node) if n.get("is_head_node") and n.get("state") == "ALIVE"
+        )
+        return bool(head_ids)
+
+    _wait_until(handle, ready, timeout=timeout)
+    return dataclasses.replace(node, node_id=head_ids[0])
 
 
 # `ray start --address` with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 refuses to join ("multi-node not
@@ -902,7 +908,7 @@ def start_ray_worker(
     node_id: list[str] = []
 
     def ready() -> bool:
-        for node in _list_nodes(head):
+        for node in list_nodes(head):
             if node.get("state") == "ALIVE" and marker in node.get("resources_total", {}):
                 node_id.append(str(node["node_id"]))
                 return True

@@ -158,10 +158,12 @@ def _init_ray(ray_address: str | None, init_kwargs: Mapping[str, Any] | None, tr
     if ray.is_initialized():
         return False
     address = ray_address or os.environ.get("RAY_ADDRESS")
-    runtime_env = {"env_vars": {"MLFLOW_TRACKING_URI": tracking_uri}}
     if address:
-        ray.init(address=address, runtime_env=runtime_env, **dict(init_kwargs or {}))
+        # No runtime_env here: inside a Ray Job it would replace the job's (working_dir included).
+        # Trials get the tracking URI through their session instead.
+        ray.init(address=address, **dict(init_kwargs or {}))
         return False
+    runtime_env = {"env_vars": {"MLFLOW_TRACKING_URI": tracking_uri}}
     # Embedded mode: keep every listener on loopback (DESIGN.md). Real clusters use RAY_ADDRESS.
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     kwargs: dict[str, Any] = {"include_dashboard": False, "runtime_env": runtime_env}
@@ -295,7 +297,9 @@ def run_study(
             logger.error("MLflow not reachable at study start (%s); tracking will catch up later", exc)
         resources = {k: float(v) for k, v in plan.resources}
         entry = tune.with_resources(
-            tune.with_parameters(tune_entry, trial_fn=trial_fn, base_config=plan.base_config),
+            tune.with_parameters(
+                tune_entry, trial_fn=trial_fn, base_config=plan.base_config, tracking_uri=tracking_uri
+            ),
             resources,
         )
         if restored:
@@ -339,7 +343,9 @@ def run_study(
         # The public way to the Trial objects (status, config, last result) of the whole experiment.
         analysis = tune.ExperimentAnalysis(experiment_path, storage_filesystem=storage.filesystem)
         trials = list(analysis.trials)
-        parent_status = "FINISHED"
+        # Tune returns normally after a Ctrl-C too, with unfinished trials: the study was cut short.
+        finished = all(t.status in ("TERMINATED", "ERROR") for t in trials)
+        parent_status = "FINISHED" if finished else "KILLED"
     except KeyboardInterrupt:
         parent_status = "KILLED"
         raise

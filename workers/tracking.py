@@ -247,6 +247,10 @@ class MlflowTrackingCallback(Callback):  # type: ignore[misc]
         if self._client is None:
             from mlflow import MlflowClient
 
+            # MLflow's HTTP defaults retry one request for minutes, which would freeze Tune's driver
+            # loop during an outage; we retry ourselves and queue. Explicit settings win.
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
         return self._client
 

@@ -93,10 +93,21 @@ class TrialSession:
     Args:
         report_fn: ``ray.tune.report`` in a trial; injectable for tests without Ray.
         checkpoint: the checkpoint Tune hands back (``ray.tune.get_checkpoint()``), or ``None``.
+        tracking_uri: the study's resolved MLflow URI (passed explicitly: a relative or default URI
+            would resolve differently in each worker).
     """
 
-    def __init__(self, *, report_fn: Callable[..., None] | None = None, checkpoint: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        report_fn: Callable[..., None] | None = None,
+        checkpoint: Any = None,
+        tracking_uri: str | None = None,
+    ) -> None:
         self._report_fn = report_fn
+        #: The study's MLflow URI, for trial functions that log artifacts of their own. Runs and
+        #: metrics are written by the driver; a trial never needs it for those.
+        self.tracking_uri = tracking_uri
         self._checkpoint = checkpoint
         self._resume_state: dict[str, Any] | None = None
         self._resume_loaded = False
@@ -301,7 +312,13 @@ def autonorm_trial(config: dict[str, Any], session: TrialSession) -> None:
         session.report(dict(result.final), status=final)
 
 
-def tune_entry(config: dict[str, Any], *, trial_fn: TrialFunction, base_config: Mapping[str, Any]) -> None:
+def tune_entry(
+    config: dict[str, Any],
+    *,
+    trial_fn: TrialFunction,
+    base_config: Mapping[str, Any],
+    tracking_uri: str | None = None,
+) -> None:
     """Tune function trainable: resolve the trial config, hand the checkpoint over, run ``trial_fn``.
 
     Wrapped with ``tune.with_parameters`` by the runner so ``trial_fn`` and ``base_config`` travel
@@ -309,5 +326,5 @@ def tune_entry(config: dict[str, Any], *, trial_fn: TrialFunction, base_config: 
     """
     from ray import tune
 
-    session = TrialSession(checkpoint=tune.get_checkpoint())
+    session = TrialSession(checkpoint=tune.get_checkpoint(), tracking_uri=tracking_uri)
     trial_fn(resolve_trial_config(base_config, config), session)

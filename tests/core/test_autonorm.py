@@ -374,6 +374,35 @@ def test_frozen_soft_gate_keeps_mixing() -> None:
     assert calls == [[1], [1]]
 
 
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_freezing_changes_no_value_or_input_gradient_of_a_soft_gate(training: bool) -> None:
+    # Frozen means "parameters stop", not "stop-gradient": the mixture still depends on x through the
+    # gate, so x's gradient must equal the unfrozen module's under the same deterministic weights.
+    torch.manual_seed(0)
+    live = AutoNorm(DIM, selector_init="default").train(training)
+    live.sample_after_freeze = False
+    frozen = copy.deepcopy(live)
+    frozen.freeze()
+    if training:  # unfrozen training draws noise; compare against eval-mode softmax weights instead
+        live.eval()
+    outs, grads = [], []
+    for m in (live, frozen):
+        x = _input((4, 3, DIM)).requires_grad_(True)
+        y = m(x)
+        (y * _input((4, 3, DIM), seed=4)).sum().backward()
+        outs.append(y)
+        grads.append(x.grad)
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-6)
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-6)
+    gate_free = copy.deepcopy(frozen)
+    x = _input((4, 3, DIM)).requires_grad_(True)
+    with torch.no_grad():
+        w = gate_free.gate_probs(x)
+    ys = [b(x) for b in gate_free.branches]
+    ((w[:, :1, None] * ys[0] + w[:, 1:, None] * ys[1]) * _input((4, 3, DIM), seed=4)).sum().backward()
+    assert not torch.allclose(x.grad, grads[1], atol=1e-6)  # the gate path really contributes
+
+
 # -- RandomSelector ------------------------------------------------------------------------------------------
 
 
@@ -399,3 +428,26 @@ def test_random_selector_eval_uses_the_mean_weight() -> None:
     y = m(x)
     assert m.last_weights is not None and torch.equal(m.last_weights, torch.full((3, 2), 0.5))
     torch.testing.assert_close(y, 0.5 * (m.branches[0](x) + m.branches[1](x)))
+
+
+def test_compiled_training_step_matches_eager() -> None:
+    # Training mode exercises what eval does not: the DyT branch's custom backward (with its
+    # compile-only exp form of tanh) and the Gumbel draw from the module's generator across a graph
+    # break. One module covers both, to keep CPU compile time down.
+    torch.manual_seed(0)
+    eager = AutoNorm(DIM, selector_init="default").train()
+    with torch.no_grad():
+        for p in eager.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    compiled_module = copy.deepcopy(eager)
+    for m in (eager, compiled_module):
+        m.manual_seed(3)
+    compiled = torch.compile(compiled_module)
+    results = []
+    for fn, m in ((eager, eager), (compiled, compiled_module)):
+        x = _input((2, 3, DIM)).requires_grad_(True)
+        y = fn(x)
+        (y * _input((2, 3, DIM), seed=8)).sum().backward()
+        results.append([y, x.grad, *(p.grad for p in m.parameters())])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

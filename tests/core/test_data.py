@@ -325,3 +325,5 @@ def test_splits_to_moves_every_tensor() -> None:
     moved = s.to("meta")
     assert moved.train[0].device.type == moved.test[1].device.type == "meta"
     assert s.train[0].device.type == "cpu"  # the original is untouched (frozen dataclass copy)
+    on_meta = load_dataset("diabetes", seed=0, device="meta")
+    assert on_meta.val[0].device.type == "meta" and on_meta.sizes == s.sizes

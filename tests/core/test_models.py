@@ -21,7 +21,7 @@ from autonorm_core.models import (
     list_models,
     model_defaults,
 )
-from autonorm_core.norms import AutoNorm, DyT, LayerNorm
+from autonorm_core.norms import AutoNorm, DyT, LayerNorm, get_norm_layer, list_norms
 
 TRANSFORMERS = ("vit_lite", "text_encoder", "tabular")
 
@@ -288,7 +288,8 @@ def test_gradients_reach_every_parameter(
 @pytest.mark.parametrize("ds", ["ptb", "polarity"])
 def test_text_encoder_ignores_padding(ds: str, data: dict[str, Splits]) -> None:
     s = data[ds]
-    model = create_model("text_encoder", s, preset="tiny").eval()  # LayerNorm: per token, mask-exact
+    # LayerNorm is per token, so masking is exact; no LayerScale, so attention really moves the output.
+    model = create_model("text_encoder", s, preset="tiny", layerscale_init=None).eval()
     assert isinstance(model, TextEncoder)
     x, _ = _batch(s, 4)
     lengths = (x != s.pad_index).sum(1)
@@ -309,3 +310,13 @@ def test_eval_is_deterministic_and_train_mode_draws_noise(data: dict[str, Splits
     torch.testing.assert_close(model(x), model(x), rtol=0, atol=0)
     model.train()
     assert not torch.equal(model(x), model(x))  # Gumbel noise of the gates
+
+
+@pytest.mark.parametrize("norm", list_norms())
+def test_every_registered_norm_builds_every_transformer(norm: str, data: dict[str, Splits]) -> None:
+    for name, ds in (("vit_lite", "digits"), ("text_encoder", "polarity"), ("tabular", "diabetes")):
+        model = create_model(name, data[ds], preset="tiny", depth=1, norm=norm).eval()
+        block = model.encoder.blocks[0]
+        assert type(block.norm1) is type(block.norm2) is get_norm_layer(norm)
+        out = model(_batch(data[ds], 2)[0])
+        assert out.shape[0] == 2 and torch.isfinite(out).all()

@@ -70,10 +70,8 @@ def auth_server(
         server.handle.stop()
 
 
-def _status(
-    server: MlflowServer, *, user: str | None = None, password: str = "", host: str = "localhost:5000"
-) -> int:
-    headers = {"Host": host}
+def _status(server: MlflowServer, *, user: str | None = None, password: str = "", host: str = "") -> int:
+    headers = {"Host": host or f"localhost:{PORT}"}
     if user is not None:
         headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
     request = urllib.request.Request(

@@ -302,3 +302,13 @@ def test_warnings_name_failures_and_too_few_seeds(damaged_result: dict) -> None:
     few = batchsize_trend(planted_table(seeds=(0, 1, 2)), n_boot=50, n_perm=99)
     assert {a["n_seeds"] for a in few["arms"].values()} == {3}
     assert sum("fewer than 5 seeds" in w for w in few["warnings"]) == 3
+
+
+def test_an_arm_left_with_one_seed_gets_no_interval() -> None:
+    df = planted_table()
+    df.loc[(df["arm"] == "corrected") & (df["seed"] != 0), "status"] = "failed"
+    res = batchsize_trend(df, n_boot=100, n_perm=99)
+    arm = res["arms"]["corrected"]
+    assert arm["n_seeds"] == 1 and arm["slope"] == pytest.approx(TRUE_SLOPE, abs=0.01)
+    assert arm["slope_ci"] is None and arm["interaction_ci"] is None
+    assert res["verdict"]["corrected"] == "inconclusive"

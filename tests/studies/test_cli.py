@@ -166,6 +166,20 @@ def test_study_directory_is_a_target(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "not a study directory" in capsys.readouterr().err
 
 
+def test_moved_study_directory_is_found_where_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(SHIPPED, preset="smoke")  # storage_path: runs (relative)
+    _entry.write_study_spec(spec.to_plan(environ={}), spec.to_yaml())
+    moved = tmp_path / "archive" / "autonorm_search"
+    moved.parent.mkdir()
+    (tmp_path / "runs" / "autonorm_search").rename(moved)
+    monkeypatch.chdir(ROOT)
+    assert cli.main(["status", str(moved), "--json"]) == 0
+    assert f'"directory": "{moved}"' in capsys.readouterr().out
+
+
 # ---- submit -------------------------------------------------------------------------------------------
 
 
@@ -301,6 +315,24 @@ def test_submit_wires_working_dir_env_and_auth(
     assert "raysubmit_123" in out and "SUCCEEDED" in out
     for secret in ("sekrit-token", "sekrit-aws", "user:pw"):
         assert secret not in out
+
+
+def test_unreachable_cluster_is_a_message_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ray.job_submission
+    from ray.exceptions import AuthenticationError
+
+    class Refusing(_FakeJobClient):
+        def submit_job(self, **kwargs: Any) -> str:
+            raise AuthenticationError("Authentication required: Unauthorized: Missing authentication token")
+
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Refusing)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    assert cli.main(["submit", "studies/specs/autonorm_search.yaml", "--preset", "smoke"]) == 1
+    assert "submit failed: AuthenticationError: Authentication required" in capsys.readouterr().err
 
 
 def test_submit_rejects_a_spec_outside_the_working_dir(

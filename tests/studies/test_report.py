@@ -90,8 +90,9 @@ def test_markdown_has_one_row_per_arm_with_its_verdict(written) -> None:
     for arm, verdict in result["verdict"].items():
         line = next(ln for ln in md.splitlines() if ln.startswith(f"| {arm}"))
         assert line.rstrip(" |").endswith(verdict)
-    assert "| linear (control) | 16 | 0 |" in md
-    assert "| corrected | 15 | 1 |" in md
+    assert "| linear (control) | control | 16 | 0 |" in md
+    assert "| corrected | worse with B | 15 | 1 |" in md
+    assert "| linear_layernorm | no trend | 15 | 0 |" in md
     assert "optimizer: sgd" in md  # the protocol
     assert "wall time: 1.5 min" in md and "CPU hours: 0.05" in md
     assert "![forest](forest.png)" in md

@@ -35,7 +35,9 @@ def test_study_logs_to_mlflow_server_and_stores_state_in_s3(
         num_samples=3,
         max_concurrent=2,
         storage=StorageConfig(
-            path=f"s3://{s3_server.bucket}/{prefix}", endpoint_override=s3_server.endpoint, region=s3_server.region
+            path=f"s3://{s3_server.bucket}/{prefix}",
+            endpoint_override=s3_server.endpoint,
+            region=s3_server.region,
         ),
         tracking=TrackingConfig(uri=mlflow_server.tracking_uri, experiment=name),
         artifacts=(("resolved_spec.yaml", f"name: {name}\n"),),

@@ -188,3 +188,36 @@ def test_autonorm_trial_rejects_unknown_data_keys(tmp_path: Path) -> None:
     config = resolve_trial_config(AUTONORM_CONFIG, {"data.shuffle": True})
     with pytest.raises(ValueError, match="unknown data keys \\['shuffle'\\]"):
         autonorm_trial(config, TrialSession(report_fn=_Recorder(tmp_path)))
+
+
+@pytest.mark.parametrize(
+    ("status", "history", "expected"),
+    [
+        # diverged mid-epoch 2: epoch 1 was reported as running; one more report says diverged
+        ("diverged", [{"epoch": 1.0, "val_accuracy": 0.3}], ["running", "diverged"]),
+        # an early stop after epoch 1 of 2: the final report says completed
+        ("stopped", [{"epoch": 1.0, "val_accuracy": 0.3}], ["running", "completed"]),
+        # diverged in epoch 1: no epoch finished, still one final report
+        ("diverged", [], ["diverged"]),
+    ],
+)
+def test_trial_ending_early_reports_its_final_status(
+    monkeypatch: pytest.MonkeyPatch, status: str, history: list[dict[str, float]], expected: list[str]
+) -> None:
+    import autonorm_core.training as training
+    from workers.trainable import autonorm_trial
+
+    def fake_fit(model: Any, splits: Any, cfg: Any, *, callbacks: Any, checkpoint_fn: Any, **kw: Any) -> Any:
+        for row in history:
+            checkpoint_fn(int(row["epoch"]), {"epoch": row["epoch"]})
+            for cb in callbacks:
+                cb.on_epoch_end(int(row["epoch"]), model, dict(row))
+        return training.FitResult(status=status, history=list(history))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(training, "fit", fake_fit)
+    calls: list[dict[str, Any]] = []
+    session = TrialSession(report_fn=lambda metrics, checkpoint=None: calls.append(metrics))
+    autonorm_trial(resolve_trial_config(AUTONORM_CONFIG, {}), session)
+    assert [c["status"] for c in calls] == expected
+    if history:
+        assert calls[-1]["val_accuracy"] == history[-1]["val_accuracy"]

@@ -1,0 +1,184 @@
+"""Cost of running a training as a Ray Tune trial with MLflow logging, against a plain loop.
+
+The same training (data, model, seed, epochs) runs three times: as a plain ``autonorm_core.fit``
+call, as a one-trial study through ``workers.run_study`` (checkpoint every epoch, per-epoch
+``ray.tune.report``, driver-side MLflow logging into sqlite), and as a plain call again. The plain
+baseline is the mean of the two plain runs, so a drift in machine load during the benchmark hits
+both sides.
+
+Throughput is measured in steady state: examples of epochs 2..E divided by the wall time between
+the end of epoch 1 and the end of epoch E, as the training process sees it (for the trial: after
+``tune.report`` returned, i.e. with the checkpoint persisted). ``startup_s`` is the time from
+calling ``run_study`` to the end of the trial's first epoch, minus the plain loop's first epoch:
+what a study pays before its first result (Ray start, worker process, imports, MLflow schema).
+
+    python bench/trial_overhead.py [--epochs 5] [--subset 4000] [--threads 2]
+
+Writes ``bench/results/trial_overhead.json``; the goal is ``throughput_ratio >= 0.95``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autonorm_core.data import load_dataset
+from autonorm_core.models import create_model
+from autonorm_core.training import TrainConfig, fit
+from workers.plan import ParamDef, SamplerConfig, StorageConfig, StudyPlan, TrackingConfig
+from workers.runner import run_study
+from workers.trainable import TrialSession, autonorm_trial
+
+RESULTS = Path(__file__).resolve().parent / "results" / "trial_overhead.json"
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "data": {"type": "fashion_mnist", "subset": args.subset, "val_fraction": 0.1},
+        "model": {"type": "vit_lite", "preset": "tiny", "norm": {"type": "autonorm", "tau": 0.5}},
+        "training": {"epochs": args.epochs, "batch_size": 64},
+        "seed": 0,
+    }
+
+
+def plain_run(config: dict[str, Any], threads: int) -> list[float]:
+    """Epoch-end wall times of a plain fit (seconds since its start); built as the trial builds it."""
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    splits = load_dataset(
+        config["data"]["type"], seed=config["seed"], subset=config["data"]["subset"], val_fraction=0.1
+    )
+    model_cfg = dict(config["model"])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config["seed"])
+        model = create_model(model_cfg.pop("type"), splits, **model_cfg)
+    ends: list[float] = []
+
+    class Timer:
+        def on_epoch_end(self, epoch: int, model: Any, metrics: dict[str, float]) -> None:
+            ends.append(time.perf_counter() - start)
+
+    fit(model, splits, TrainConfig.from_dict(config["training"]), seed=config["seed"], callbacks=(Timer(),))
+    return ends
+
+
+def timed_trial(config: dict[str, Any], session: TrialSession) -> None:
+    """``autonorm_trial`` that also writes the wall time after each report (checkpoint persisted)."""
+    timing_file = config.pop("timing_file")
+    inner_report = session.report
+
+    def report(metrics: Any, **kwargs: Any) -> None:
+        inner_report(metrics, **kwargs)
+        with open(timing_file, "a") as fh:
+            fh.write(json.dumps({"epoch": metrics.get("epoch"), "t": time.time()}) + "\n")
+
+    session.report = report  # type: ignore[method-assign]
+    autonorm_trial(config, session)
+
+
+def tune_run(config: dict[str, Any], threads: int, workdir: Path) -> tuple[list[float], float, float]:
+    """Epoch-end times (seconds since run_study was called) of the same training as a one-trial study."""
+    timing_file = workdir / "timing.jsonl"
+    base = dict(config, timing_file=str(timing_file))
+    plan = StudyPlan(
+        name="trial_overhead",
+        base_config=base,
+        # One trial; the single "search" dimension is fixed to the same seed as the plain run.
+        space=(ParamDef("seed", "categorical", choices=(config["seed"],)),),
+        sampler=SamplerConfig(type="random", seed=0),
+        num_samples=1,
+        max_concurrent=1,
+        resources=(("cpu", float(threads)),),
+        storage=StorageConfig(path=str(workdir / "runs")),
+        tracking=TrackingConfig(experiment="trial_overhead"),
+    )
+    temp_dir = tempfile.mkdtemp(prefix="rt_bench_", dir="/tmp")
+    called = time.time()
+    try:
+        result = run_study(
+            plan,
+            trainable=timed_trial,
+            progress=False,
+            ray_init_kwargs={"num_cpus": threads, "_temp_dir": temp_dir, "log_to_driver": False},
+        )
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    total = time.time() - called
+    (trial,) = result.trials
+    if trial.status != "completed":
+        raise RuntimeError(f"benchmark trial ended {trial.status}")
+    rows = [json.loads(line) for line in timing_file.read_text().splitlines()]
+    return [r["t"] - called for r in rows], total, float(trial.metrics["val_accuracy"])
+
+
+def steady_throughput(ends: list[float], n_train: int) -> float:
+    """Examples per second over epochs 2..E."""
+    return n_train * (len(ends) - 1) / (ends[-1] - ends[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--subset", type=int, default=4000)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # local cluster on loopback only
+    config = _config(args)
+    n_train = load_dataset("fashion_mnist", seed=0, subset=args.subset, val_fraction=0.1).sizes["train"]
+    n_train_used = (n_train // config["training"]["batch_size"]) * config["training"]["batch_size"]
+
+    plain_a = plain_run(config, args.threads)
+    with tempfile.TemporaryDirectory(prefix="bench_trial_") as workdir:
+        tune_ends, tune_total, tune_acc = tune_run(config, args.threads, Path(workdir))
+    plain_b = plain_run(config, args.threads)
+
+    plain_tp = (steady_throughput(plain_a, n_train_used) + steady_throughput(plain_b, n_train_used)) / 2
+    tune_tp = steady_throughput(tune_ends, n_train_used)
+    plain_first = (plain_a[0] + plain_b[0]) / 2
+    tune_first_epoch = tune_ends[1] - tune_ends[0]  # a steady epoch, to separate startup from work
+    result = {
+        "throughput_ratio": round(tune_tp / plain_tp, 4),
+        "startup_s": round(tune_ends[0] - plain_first, 2),
+        "goal_throughput_ratio": 0.95,
+        "plain_examples_per_s": round(plain_tp, 1),
+        "tune_examples_per_s": round(tune_tp, 1),
+        "plain_runs_examples_per_s": [
+            round(steady_throughput(plain_a, n_train_used), 1),
+            round(steady_throughput(plain_b, n_train_used), 1),
+        ],
+        "time_to_first_epoch_s": round(tune_ends[0], 2),
+        "plain_first_epoch_s": round(plain_first, 2),
+        "tune_steady_epoch_s": round(tune_first_epoch, 2),
+        "tune_study_total_s": round(tune_total, 2),
+        "tune_val_accuracy": round(tune_acc, 4),
+        "setup": {
+            "data": f"fashion_mnist subset={args.subset} (train {n_train})",
+            "model": "vit_lite tiny, AutoNorm",
+            "epochs": args.epochs,
+            "batch_size": config["training"]["batch_size"],
+            "threads": args.threads,
+            "tracking": "MLflow sqlite (driver-side callback, log_batch per epoch)",
+            "checkpoint": "every epoch",
+            "machine": f"{platform.machine()} {os.cpu_count()} cpus, shared with other jobs",
+            "torch": torch.__version__,
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Storage resolution, runner helpers and the progress line (no Ray cluster needed)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from types import SimpleNamespace
+
+import pyarrow.fs
+import pytest
+
+from workers.plan import ParamDef, SamplerConfig, StorageConfig, StudyPlan, TrackingConfig
+from workers.progress import ProgressCallback, format_eta
+from workers.runner import _max_epochs, _tracking_uri, expected_trials
+from workers.storage import resolve_storage
+
+
+def test_local_storage_is_made_absolute(tmp_path: Path) -> None:
+    storage = resolve_storage(StorageConfig(path="runs"), base_dir=tmp_path)
+    assert storage.is_local and storage.filesystem is None
+    assert storage.storage_path == str(tmp_path / "runs")
+    assert storage.experiment_path("s") == str(tmp_path / "runs" / "s")
+    assert resolve_storage(StorageConfig(path=f"file://{tmp_path}/x")).storage_path == str(tmp_path / "x")
+
+
+def test_s3_storage_uses_endpoint_and_keys_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKTEST")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    storage = resolve_storage(
+        StorageConfig(path="s3://bucket/some/prefix/", endpoint_override="http://127.0.0.1:8333")
+    )
+    assert not storage.is_local
+    assert isinstance(storage.filesystem, pyarrow.fs.S3FileSystem)
+    assert storage.storage_path == "bucket/some/prefix"
+    assert storage.experiment_uri("s") == "s3://bucket/some/prefix/s"
+    # What the trial workers receive: the filesystem as pickled (keys included, from the env).
+    options = storage.filesystem.__reduce__()[1][0]
+    assert options["endpoint_override"] == "127.0.0.1:8333"
+    assert options["scheme"] == "http"
+    assert options["access_key"] == "AKTEST" and options["secret_key"] == "secret"
+    assert options["force_virtual_addressing"] is False
+
+
+@pytest.mark.parametrize(
+    ("path", "match"), [("gs://b/p", "valid: a local path"), ("s3:///p", "names no bucket")]
+)
+def test_bad_storage_paths(path: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        resolve_storage(StorageConfig(path=path))
+
+
+def _plan(**kwargs: object) -> StudyPlan:
+    defaults: dict[str, object] = {"name": "s", "base_config": {"training": {"epochs": 6}}}
+    defaults.update(kwargs)
+    return StudyPlan(**defaults)  # type: ignore[arg-type]
+
+
+def test_expected_trials_and_asha_horizon() -> None:
+    assert expected_trials(_plan(num_samples=5)) == 5
+    grid = _plan(sampler=SamplerConfig(type="grid"), grid=(("a", (1, 2, 3)), ("b", (0, 1))), num_samples=2)
+    assert expected_trials(grid) == 12
+    assert _max_epochs(_plan()) == 6
+    assert _max_epochs(_plan(space=(ParamDef("training.epochs", "int", low=2, high=9),))) == 9
+    assert _max_epochs(_plan(base_config={"training": {"budget": "updates", "max_updates": 50}})) >= 10**6
+
+
+def test_tracking_uri_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    local = resolve_storage(StorageConfig(path=str(tmp_path)))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert _tracking_uri(_plan(), local) == f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert _tracking_uri(_plan(), local) == "http://127.0.0.1:5000"  # env wins over the default
+    spec = _plan(tracking=TrackingConfig(uri="http://mlflow:5000"))
+    assert _tracking_uri(spec, local) == "http://mlflow:5000"  # the spec wins over the env
+    with pytest.raises(ValueError, match="relative sqlite path"):
+        _tracking_uri(_plan(tracking=TrackingConfig(uri="sqlite:///mlflow.db")), local)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    remote = resolve_storage(StorageConfig(path="s3://b/p"))
+    with pytest.raises(ValueError, match="MLFLOW_TRACKING_URI"):
+        _tracking_uri(_plan(), remote)
+
+
+def test_format_eta() -> None:
+    assert [format_eta(s) for s in (None, float("nan"), 5.2, 65, 3725)] == ["?", "?", "5s", "1m05s", "1h02m"]
+
+
+def test_progress_lines_are_throttled_and_count_states() -> None:
+    now = [0.0]
+    out = io.StringIO()
+    cb = ProgressCallback(name="study", total=4, interval_s=10.0, stream=out, clock=lambda: now[0])
+    cb.setup(total_num_samples=4)
+    trials = [SimpleNamespace(status=s) for s in ("RUNNING", "RUNNING", "PENDING")]
+    cb.on_step_end(iteration=1, trials=trials)  # type: ignore[arg-type]
+    now[0] = 3.0
+    cb.on_step_end(iteration=2, trials=trials)  # type: ignore[arg-type]  # throttled: nothing new
+    assert len(cb.lines) == 1
+    assert cb.lines[0] == "[study] trials 0/4 done, 2 running, 2 pending, ETA ?"
+    now[0] = 20.0
+    trials[0].status = "TERMINATED"  # a trial finished after 20 s: 3 left at 20 s each
+    cb.on_step_end(iteration=3, trials=trials)  # type: ignore[arg-type]
+    assert cb.lines[-1] == "[study] trials 1/4 done, 1 running, 2 pending, ETA 1m00s"
+    trials[1].status = "ERROR"
+    cb.on_experiment_end(trials=trials)  # type: ignore[arg-type]
+    assert cb.lines[-1].startswith("[study] trials 2/4 done (1 error)")
+    assert out.getvalue().splitlines() == cb.lines
