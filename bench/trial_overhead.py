@@ -11,6 +11,8 @@ the end of epoch 1 and the end of epoch E, as the training process sees it (for 
 ``tune.report`` returned, i.e. with the checkpoint persisted). ``startup_s`` is the time from
 calling ``run_study`` to the end of the trial's first epoch, minus the plain loop's first epoch:
 what a study pays before its first result (Ray start, worker process, imports, MLflow schema).
+``cpu_throughput_ratio`` is the same ratio over the training process's CPU seconds: on a machine
+shared with other jobs wall time swings by 2x between identical runs, CPU time much less.
 
     python bench/trial_overhead.py [--epochs 5] [--subset 4000] [--threads 2]
 
@@ -50,8 +52,9 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def plain_run(config: dict[str, Any], threads: int) -> list[float]:
-    """Epoch-end wall times of a plain fit (seconds since its start); built as the trial builds it."""
+def plain_run(config: dict[str, Any], threads: int) -> tuple[list[float], list[float]]:
+    """Epoch-end wall times (seconds since the start) and process CPU times of a plain fit, built as
+    the trial builds it."""
     torch.set_num_threads(threads)
     start = time.perf_counter()
     splits = load_dataset(
@@ -62,13 +65,15 @@ def plain_run(config: dict[str, Any], threads: int) -> list[float]:
         torch.manual_seed(config["seed"])
         model = create_model(model_cfg.pop("type"), splits, **model_cfg)
     ends: list[float] = []
+    cpu: list[float] = []
 
     class Timer:
         def on_epoch_end(self, epoch: int, model: Any, metrics: dict[str, float]) -> None:
             ends.append(time.perf_counter() - start)
+            cpu.append(time.process_time())
 
     fit(model, splits, TrainConfig.from_dict(config["training"]), seed=config["seed"], callbacks=(Timer(),))
-    return ends
+    return ends, cpu
 
 
 def timed_trial(config: dict[str, Any], session: TrialSession) -> None:
@@ -79,13 +84,16 @@ def timed_trial(config: dict[str, Any], session: TrialSession) -> None:
     def report(metrics: Any, **kwargs: Any) -> None:
         inner_report(metrics, **kwargs)
         with open(timing_file, "a") as fh:
-            fh.write(json.dumps({"epoch": metrics.get("epoch"), "t": time.time()}) + "\n")
+            row = {"epoch": metrics.get("epoch"), "t": time.time(), "cpu": time.process_time()}
+            fh.write(json.dumps(row) + "\n")
 
     session.report = report  # type: ignore[method-assign]
     autonorm_trial(config, session)
 
 
-def tune_run(config: dict[str, Any], threads: int, workdir: Path) -> tuple[list[float], float, float]:
+def tune_run(
+    config: dict[str, Any], threads: int, workdir: Path
+) -> tuple[list[float], list[float], float, float]:
     """Epoch-end times (seconds since run_study was called) of the same training as a one-trial study."""
     timing_file = workdir / "timing.jsonl"
     base = dict(config, timing_file=str(timing_file))
@@ -117,7 +125,12 @@ def tune_run(config: dict[str, Any], threads: int, workdir: Path) -> tuple[list[
     if trial.status != "completed":
         raise RuntimeError(f"benchmark trial ended {trial.status}")
     rows = [json.loads(line) for line in timing_file.read_text().splitlines()]
-    return [r["t"] - called for r in rows], total, float(trial.metrics["val_accuracy"])
+    return (
+        [r["t"] - called for r in rows],
+        [r["cpu"] for r in rows],
+        total,
+        float(trial.metrics["val_accuracy"]),
+    )
 
 
 def steady_throughput(ends: list[float], n_train: int) -> float:
@@ -139,10 +152,16 @@ def main() -> None:
     n_train = load_dataset("fashion_mnist", seed=0, subset=args.subset, val_fraction=0.1).sizes["train"]
     n_train_used = (n_train // config["training"]["batch_size"]) * config["training"]["batch_size"]
 
-    plain_a = plain_run(config, args.threads)
+    plain_a, plain_a_cpu = plain_run(config, args.threads)
     with tempfile.TemporaryDirectory(prefix="bench_trial_") as workdir:
-        tune_ends, tune_total, tune_acc = tune_run(config, args.threads, Path(workdir))
-    plain_b = plain_run(config, args.threads)
+        tune_ends, tune_cpu, tune_total, tune_acc = tune_run(config, args.threads, Path(workdir))
+    plain_b, plain_b_cpu = plain_run(config, args.threads)
+    # CPU seconds of the training process (the trial worker includes Ray's own threads): far less
+    # sensitive than wall time to other jobs on a shared machine.
+    plain_cpu_tp = (
+        steady_throughput(plain_a_cpu, n_train_used) + steady_throughput(plain_b_cpu, n_train_used)
+    ) / 2
+    tune_cpu_tp = steady_throughput(tune_cpu, n_train_used)
 
     plain_tp = (steady_throughput(plain_a, n_train_used) + steady_throughput(plain_b, n_train_used)) / 2
     tune_tp = steady_throughput(tune_ends, n_train_used)
@@ -152,6 +171,9 @@ def main() -> None:
         "throughput_ratio": round(tune_tp / plain_tp, 4),
         "startup_s": round(tune_ends[0] - plain_first, 2),
         "goal_throughput_ratio": 0.95,
+        "cpu_throughput_ratio": round(tune_cpu_tp / plain_cpu_tp, 4),
+        "plain_examples_per_cpu_s": round(plain_cpu_tp, 1),
+        "tune_examples_per_cpu_s": round(tune_cpu_tp, 1),
         "plain_examples_per_s": round(plain_tp, 1),
         "tune_examples_per_s": round(tune_tp, 1),
         "plain_runs_examples_per_s": [

@@ -23,6 +23,7 @@ job's environment (the cluster already has it) and no value of a carried variabl
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -31,11 +32,15 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from studies._entry import (
     EXIT_SPEC_ERROR,
+    SPEC_FILE,
     TrialRecord,
     add_layer_options,
     best_trial,
@@ -48,7 +53,15 @@ from studies._entry import (
     read_trials,
     run_plan,
 )
-from studies.spec import SpecError, SpecIssue, StudySpec, git_commit, load_spec
+from studies.spec import (
+    SpecError,
+    SpecIssue,
+    StudySpec,
+    git_commit,
+    load_spec,
+    parse_yaml,
+    resolve_storage_path,
+)
 from workers.plan import StudyPlan
 from workers.runner import expected_trials
 
@@ -90,9 +103,66 @@ _TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # --------------------------------------------------------------------------------------------------
 
 
-def _load_target(target: str, args: argparse.Namespace) -> StudySpec:
-    """A spec file (with preset/overrides), or a study directory holding ``study_spec.yaml``."""
+@dataclass(frozen=True)
+class _Kind:
+    """A kind of study spec: its class and, when it is not a single search, the script that runs it."""
+
+    module: str
+    cls: str
+    script: str | None = None
+
+    def load_class(self) -> type[BaseModel]:
+        cls: type[BaseModel] = getattr(importlib.import_module(self.module), self.cls)
+        return cls
+
+
+KINDS = {
+    "search": _Kind("studies.spec", "StudySpec"),
+    "batchsize_correlation": _Kind(
+        "studies.batchsize_spec", "BatchSizeStudySpec", script="studies/batchsize_correlation.py"
+    ),
+}
+"""Spec kinds the CLI knows; a file's kind is the one whose fields hold all its top-level keys."""
+
+
+def detect_kind(path: Path) -> str:
+    """``search`` unless the file's top-level keys only fit another kind's spec class."""
+    try:
+        doc, _ = parse_yaml(path.read_text(encoding="utf-8"), source=str(path))
+    except (OSError, UnicodeDecodeError, SpecError):
+        return "search"  # loading it as a search spec reports the problem
+    keys = set(doc) - {"presets"}
+    if keys <= set(StudySpec.model_fields):
+        return "search"
+    for name, kind in KINDS.items():
+        if name != "search" and keys <= set(kind.load_class().model_fields):
+            return name
+    return "search"  # unknown keys: reported against the search spec
+
+
+def _load_target(target: str, args: argparse.Namespace, *, any_kind: bool = False) -> Any:
+    """A spec file (with preset/overrides), or a study directory holding ``study_spec.yaml``.
+
+    Args:
+        any_kind: accept other study kinds (validate, submit); otherwise only search specs, which
+            are what run/resume/status/report execute and read.
+    """
     path = Path(target)
+    spec_file = path / SPEC_FILE if path.is_dir() else path
+    kind = args.kind or detect_kind(spec_file)
+    if kind != "search" and not any_kind:
+        raise SpecError(
+            [
+                SpecIssue(
+                    "",
+                    f"a {kind} study runs through `python {KINDS[kind].script}` (or `autonorm-study submit`); "
+                    f"`autonorm-study {args.command}` handles search studies",
+                    None,
+                    target,
+                )
+            ]
+        )
+    model = KINDS[kind].load_class()
     if path.is_dir():
         if args.preset:
             raise SpecError(
@@ -100,10 +170,8 @@ def _load_target(target: str, args: argparse.Namespace) -> StudySpec:
             )
         # The directory is <storage_path>/<name>: wherever it is now, that is where the study lives.
         here = f"storage_path={json.dumps(str(path.resolve().parent))}"
-        spec: StudySpec = read_study_spec(path, overrides=[here, *overrides_from_args(args)])
-        return spec
-    spec = load_spec(path, overrides_from_args(args), preset=args.preset)
-    return spec
+        return read_study_spec(path, overrides=[here, *overrides_from_args(args)], model=model)
+    return load_spec(path, overrides_from_args(args), preset=args.preset, model=model)
 
 
 def _print_json(obj: Any) -> None:
@@ -116,10 +184,14 @@ def _print_json(obj: Any) -> None:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    spec = _load_target(args.spec, args)
-    plan = spec.to_plan()
+    spec = _load_target(args.spec, args, any_kind=True)
     if args.print:
         print(spec.to_yaml(), end="")
+    if not isinstance(spec, StudySpec):
+        trials = getattr(spec, "expected_trials", "?")
+        print(f"ok: {spec.name} ({type(spec).__name__}): {trials} trials, storage {spec.storage_path}")
+        return 0
+    plan = spec.to_plan()
     print(
         f"ok: {spec.name}: {len(plan.space) or len(plan.grid)} searched parameters, sampler "
         f"{plan.sampler.type}, scheduler {plan.scheduler.type}, {expected_trials(plan)} trials "
@@ -213,7 +285,9 @@ def job_entrypoint(
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    spec = _load_target(args.spec, args)  # validate locally first: a bad spec never reaches the cluster
+    # Validate locally first: a bad spec never reaches the cluster.
+    spec = _load_target(args.spec, args, any_kind=True)
+    script = args.script or KINDS[args.kind or detect_kind(Path(args.spec))].script
     working_dir = Path(args.working_dir).resolve()
     spec_path = Path(args.spec).resolve()
     try:
@@ -230,19 +304,19 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             ]
         ) from None
     overrides = overrides_from_args(args)
-    plan = spec.to_plan()
-    if plan.storage.path != spec.storage_path:
+    storage = resolve_storage_path(spec.storage_path)
+    if storage != spec.storage_path:
         # A relative storage_path would land in the job's temporary copy of the working dir.
-        overrides.append(f"storage_path={json.dumps(plan.storage.path)}")
+        overrides.append(f"storage_path={json.dumps(storage)}")
     excludes = [*DEFAULT_EXCLUDES, *args.exclude]
     try:
-        inside = Path(plan.storage.path).relative_to(working_dir).as_posix()
+        inside = Path(storage).relative_to(working_dir).as_posix()
         excludes.append(inside)
     except ValueError:
         pass
     env = carried_env(os.environ, args.env)
     entrypoint = job_entrypoint(
-        spec_rel, preset=args.preset, overrides=overrides, script=args.script, python=args.python
+        spec_rel, preset=args.preset, overrides=overrides, script=script, python=args.python
     )
     runtime_env = {"working_dir": str(working_dir), "excludes": excludes, "env_vars": env}
     from ray.job_submission import JobSubmissionClient
@@ -261,7 +335,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     print(f"submitted job {job_id} for study {spec.name!r}")
     print(f"  entrypoint: {entrypoint}")
     print(f"  carried env: {', '.join(sorted(env))} (values not shown)")
-    print(f"  results: {plan.storage.path}/{plan.name}")
+    print(f"  results: {storage}/{spec.name}")
     if not args.wait:
         print(
             f"  follow: autonorm-study status --job {job_id}"
@@ -471,6 +545,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="autonorm-study",
         description=(__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--kind",
+        choices=sorted(KINDS),
+        default=None,
+        help="spec kind (default: detected from the file's top-level keys)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 

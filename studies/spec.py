@@ -86,11 +86,14 @@ __all__ = [
     "TrialSections",
     "build_plan",
     "check_search_space",
+    "compile_search",
     "dump_yaml",
     "git_commit",
     "load_spec",
     "parse_yaml",
+    "resolve_storage_path",
     "spec_hash",
+    "trial_config",
     "validate_spec",
 ]
 
@@ -945,6 +948,16 @@ class TrialSections(_Spec):
         return trial_config(self.model, self.data, self.training, self.seed)
 
 
+def _type_first(obj: Any) -> Any:
+    """Put each variant's ``type`` first, so a resolved spec reads like the YAML people write."""
+    if isinstance(obj, dict):
+        head = {"type": obj["type"]} if "type" in obj else {}
+        return {**head, **{k: _type_first(v) for k, v in obj.items() if k != "type"}}
+    if isinstance(obj, list):
+        return [_type_first(v) for v in obj]
+    return obj
+
+
 def trial_config(model: Any, data: Any, training: TrainingSpec, seed: int) -> dict[str, Any]:
     """Trial config from sections; ``None`` model sizes are dropped so the preset's values apply."""
     return {
@@ -1181,7 +1194,8 @@ class StudySpec(_Spec):
 
     def to_document(self) -> dict[str, Any]:
         """The resolved spec as plain data (what ``spec.yaml`` next to the results holds)."""
-        return self.model_dump(mode="json")
+        doc: dict[str, Any] = _type_first(self.model_dump(mode="json"))
+        return doc
 
     def to_yaml(self) -> str:
         return dump_yaml(self.to_document())

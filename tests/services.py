@@ -28,10 +28,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import psutil
 
@@ -51,6 +51,7 @@ __all__ = [
     "start_ray_head",
     "start_ray_worker",
     "start_seaweedfs",
+    "wait_for",
 ]
 
 _BIN = Path(sys.executable).parent
@@ -211,6 +212,24 @@ class ServiceHandle:
         self.stop()
 
 
+class _Owned:
+    """Shared by the service records: ``stop()``, ``pids()`` and ``with`` delegate to ``handle``."""
+
+    handle: ServiceHandle
+
+    def stop(self) -> None:
+        self.handle.stop()
+
+    def pids(self) -> list[int]:
+        return self.handle.pids()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.stop()
+
+
 def _spawn(
     name: str,
     args: Sequence[str],
@@ -281,7 +300,7 @@ def _http_status(url: str, *, headers: Mapping[str, str] | None = None, timeout:
 
 
 @dataclass(frozen=True)
-class PostgresServer:
+class PostgresServer(_Owned):
     """A private PostgreSQL cluster: ``url`` is a SQLAlchemy/psycopg2 URL of its ``postgres`` database."""
 
     url: str
@@ -424,7 +443,7 @@ def create_database(server: PostgresServer, name: str) -> str:
 
 
 @dataclass(frozen=True)
-class S3Server:
+class S3Server(_Owned):
     """A SeaweedFS server with its S3 gateway on loopback, enforcing one access key pair.
 
     ``storage_options`` / ``boto3_client`` give clients path-style addressing, which SeaweedFS needs.
@@ -567,7 +586,7 @@ def start_seaweedfs(
 
 
 @dataclass(frozen=True)
-class MlflowServer:
+class MlflowServer(_Owned):
     """An ``mlflow server`` process: ``tracking_uri`` is what clients set as MLFLOW_TRACKING_URI."""
 
     tracking_uri: str
@@ -639,7 +658,7 @@ def start_mlflow_server(
 
 
 @dataclass(frozen=True)
-class RayNode:
+class RayNode(_Owned):
     """A Ray node started with ``ray start --block`` as a child process group.
 
     Attributes:
@@ -935,12 +954,3 @@ def wait_for(predicate: Callable[[], bool], *, timeout: float, interval: float =
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
-
-
-@contextlib.contextmanager
-def running(handle_owner: Any) -> Iterator[Any]:
-    """``with running(start_ray_head(...)) as head:`` stops ``head.handle`` on exit (also on errors)."""
-    try:
-        yield handle_owner
-    finally:
-        handle_owner.handle.stop()

@@ -128,12 +128,10 @@ def _unfold_reference(layer: PatchNormConv2d, x: Tensor) -> tuple[Tensor, Tensor
         x, layer.kernel_size, dilation=layer.dilation, padding=layer.padding, stride=layer.stride
     )
     b = x.shape[0]
-    h_out = (
-        x.shape[2] + 2 * layer.padding[0] - layer.dilation[0] * (layer.kernel_size[0] - 1) - 1
-    ) // layer.stride[0] + 1  # type: ignore[operator]
-    w_out = (
-        x.shape[3] + 2 * layer.padding[1] - layer.dilation[1] * (layer.kernel_size[1] - 1) - 1
-    ) // layer.stride[1] + 1  # type: ignore[operator]
+    # Output size from nn.Conv2d's own arithmetic; the reshape below fails if unfold disagrees.
+    h_out, w_out = nn.functional.conv2d(
+        x, layer.weight, None, layer.stride, layer.padding, layer.dilation
+    ).shape[-2:]
     denom = torch.sqrt(patches.pow(2).sum(1) + 1.0).reshape(b, 1, h_out, w_out)
     dots = (layer.weight.reshape(layer.out_channels, -1) @ patches).reshape(b, -1, h_out, w_out)
     return denom, dots

@@ -389,3 +389,13 @@ def test_rms_and_layer_norm_agree_on_centred_inputs() -> None:
     ln, rms = create_norm("layernorm", DIM, eps=0.0).double(), create_norm("rmsnorm", DIM, eps=0.0).double()
     torch.testing.assert_close(ln(x), rms(x), rtol=1e-12, atol=1e-12)
     assert math.isclose(float(F.layer_norm(x, (DIM,)).pow(2).mean()), 1.0, rel_tol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["autonorm", "random_selector"])
+def test_three_way_mixtures_match_reference_in_float64(name: str) -> None:
+    module = create_norm(name, DIM, candidates=("dyt", "layernorm", "rmsnorm")).double()
+    _perturb(module)
+    module.eval()
+    x = _input(SHAPES[0], dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), _REFERENCES[name](module, x), rtol=1e-10, atol=1e-10)

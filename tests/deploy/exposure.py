@@ -56,7 +56,7 @@ def _flag_values(tokens: list[str], flag: str) -> list[str]:
 
 def mlflow_server_problems(where: str, tokens: list[str]) -> list[str]:
     """An ``mlflow server`` command line must require a login and pin the accepted Host headers."""
-    problems = []
+    problems: list[str] = []
     if "server" not in tokens:
         return problems
     if _flag_values(tokens, "--app-name") != ["basic-auth"]:

@@ -384,7 +384,10 @@ def test_k8s_check_catches_mlflow_without_auth() -> None:
 
 
 def _ray_schema() -> dict[str, Any]:
-    return json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
+    schema: dict[str, Any] = json.loads(
+        (Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text()
+    )
+    return schema
 
 
 def _launcher() -> dict[str, Any]:

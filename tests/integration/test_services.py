@@ -70,11 +70,12 @@ def test_mlflow_run_is_stored_in_postgres(
         (run.info.run_id,),
     )
     assert metrics == [("val_loss", 0.25, 3)]
-    tags = dict(
-        _pg_query(
+    tags = {
+        row[0]: row[1]
+        for row in _pg_query(
             postgres_server, "mlflow", "SELECT key, value FROM tags WHERE run_uuid = %s", (run.info.run_id,)
         )
-    )
+    }
     assert tags["autonorm.role"] == "probe"
 
 

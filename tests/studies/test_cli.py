@@ -445,3 +445,40 @@ def test_gate_entropy_plot_is_logged_on_the_parent_run(tiny_study: Any) -> None:
         for a in MlflowClient(tracking_uri=result.tracking_uri).list_artifacts(result.parent_run_id, "plots")
     ]
     assert names == ["plots/gate_entropy_per_layer.png"]
+
+
+# ---- other study kinds ----------------------------------------------------------------------------------
+
+BATCHSIZE = ROOT / "studies" / "specs" / "batchsize_correlation.yaml"
+
+
+def test_kind_is_detected_from_top_level_keys(tmp_path: Path) -> None:
+    assert cli.detect_kind(SHIPPED) == "search"
+    assert cli.detect_kind(BATCHSIZE) == "batchsize_correlation"
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(SHIPPED.read_text().replace("\nretries:", "\nretriez:"))
+    assert cli.detect_kind(typo) == "search"  # an unknown key is reported, not re-routed
+
+
+def test_batchsize_spec_validates_but_runs_through_its_script(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["validate", str(BATCHSIZE), "--preset", "smoke"]) == 0
+    assert "(BatchSizeStudySpec)" in capsys.readouterr().out
+    assert cli.main(["run", str(BATCHSIZE)]) == 2
+    assert "python studies/batchsize_correlation.py" in capsys.readouterr().err
+    assert cli.main(["--kind", "search", "validate", str(BATCHSIZE)]) == 2
+    assert "arms: unknown field" in capsys.readouterr().err
+
+
+def test_submit_of_another_kind_runs_its_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray.job_submission
+
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", _FakeJobClient)
+    monkeypatch.chdir(ROOT)
+    assert cli.main(["submit", "studies/specs/batchsize_correlation.yaml", "--preset", "smoke"]) == 0
+    args = shlex.split(_FakeJobClient.instances[-1].submitted["entrypoint"])
+    assert args[:4] == [
+        "python",
+        "studies/batchsize_correlation.py",
+        "--spec",
+        "studies/specs/batchsize_correlation.yaml",
+    ]
