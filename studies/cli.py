@@ -10,14 +10,20 @@
 Exit status: 0 success, 1 a failed job or an unreachable service, 2 an invalid spec (every error
 printed with its field path and YAML line, never a traceback).
 
+A spec's kind is detected from its top-level keys (``--kind`` overrides): ``search`` specs
+(:class:`studies.spec.StudySpec`, one Optuna/grid plan) run through every subcommand; other kinds
+(``batchsize_correlation``) are validated and submitted here and run through their own script.
+
 ``submit`` uploads the working directory (minus ``.venv``, ``.git``, ``runs``, ``mlruns``, ``*.db``, ...)
 as a Ray job whose entry point is ``python -m studies.cli run SPEC ...``. MLflow settings
 (``MLFLOW_*``) and S3 keys (``AWS_*``) are passed in the job's ``env_vars`` so the driver and its
 workers reach the same tracking server and bucket. ``RAY_AUTH_TOKEN`` (or the file named by
 ``RAY_AUTH_TOKEN_PATH``) authenticates this client: Ray ≥ 2.59 clusters enable token auth, and Ray's
 job client only attaches the token by itself when ``RAY_AUTH_MODE=token`` is also set in the client's
-environment, so we send the ``Authorization`` header explicitly. The token is not put into the
-job's environment (the cluster already has it) and no value of a carried variable is printed.
+environment, so we send the ``Authorization`` header explicitly (checked against a token-auth
+``ray start --head`` cluster: without it the submission is refused, with only ``RAY_AUTH_TOKEN`` set it
+succeeds). The token is not put into the job's environment (the cluster already has it) and no value
+of a carried variable is printed.
 """
 
 from __future__ import annotations

@@ -131,13 +131,57 @@ def _log_tail(path: Path, n: int = 4000) -> str:
         return "<no log>"
 
 
+class _DetachedProcess:
+    """The root process of a service that is deliberately not our child (see :func:`_spawn`).
+
+    Offers the part of ``subprocess.Popen`` the handle needs, through psutil. The exit status of
+    a process that is not our child cannot be observed: ``returncode`` is -1 once it is gone.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        try:
+            self._proc: psutil.Process | None = psutil.Process(pid)  # pins create time: no PID reuse
+        except psutil.NoSuchProcess:
+            self._proc = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                gone = (
+                    self._proc is None
+                    or not self._proc.is_running()
+                    or self._proc.status() == psutil.STATUS_ZOMBIE
+                )
+            except psutil.NoSuchProcess:
+                gone = True
+            if gone:
+                self.returncode = -1
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.05)
+        return code
+
+    def kill(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                self._proc.kill()
+
+
 @dataclass
 class ServiceHandle:
     """A started service: its root process, its log, and how to stop it.
 
     Attributes:
         name: For messages.
-        process: The root process; it leads its own process group (``start_new_session``).
+        process: The root process; it leads its own process group (``start_new_session``) and
+            is not a child of the test process (see :func:`_spawn`).
         log_path: stdout and stderr of the root process.
         stop_signal: Sent first to the process group; SIGKILL follows after ``stop_timeout``.
         stop_timeout: Seconds to wait for a graceful exit.
@@ -146,7 +190,7 @@ class ServiceHandle:
     """
 
     name: str
-    process: subprocess.Popen[bytes]
+    process: _DetachedProcess
     log_path: Path
     stop_signal: int = signal.SIGTERM
     stop_timeout: float = 10.0
@@ -230,6 +274,19 @@ class _Owned:
         self.handle.stop()
 
 
+# Starts the service in its own session and exits at once, so the service is reparented to init:
+# code that kills "every child of this process" (e.g. a local Ray shutdown in the same pytest
+# process) cannot take the session's PostgreSQL or MLflow server down with it.
+_LAUNCHER = """
+import subprocess, sys
+user, log, *args = sys.argv[1:]
+with open(log, "ab") as out:
+    p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                         start_new_session=True, user=user or None)
+print(p.pid, flush=True)
+"""
+
+
 def _spawn(
     name: str,
     args: Sequence[str],
@@ -243,20 +300,20 @@ def _spawn(
     match_cmdline: str | None = None,
 ) -> ServiceHandle:
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            list(args),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            start_new_session=True,
-            user=user,
-        )
+    launcher = subprocess.run(
+        [sys.executable, "-c", _LAUNCHER, user or "", str(log_path), *args],
+        capture_output=True,
+        text=True,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+        timeout=60,
+        check=False,
+    )
+    if launcher.returncode != 0:
+        raise ServiceError(f"{name}: could not start {args[0]}: {launcher.stderr[-2000:]}")
     return ServiceHandle(
         name=name,
-        process=process,
+        process=_DetachedProcess(int(launcher.stdout.strip())),
         log_path=log_path,
         stop_signal=stop_signal,
         stop_timeout=stop_timeout,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,6 +125,7 @@ def head(node_env: dict[str, str]) -> Iterator[RayNode]:
         yield node
     finally:
         node.handle.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 class Study:
@@ -212,6 +214,7 @@ def worker(head: RayNode, node_env: dict[str, str]) -> Iterator[RayNode]:
         yield node
     finally:
         node.handle.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_multinode_trials_land_on_both_nodes(

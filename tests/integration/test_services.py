@@ -229,3 +229,13 @@ def test_stop_leaves_no_process_behind(tmp_path: Path) -> None:
         pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     ]
     handle.stop()  # idempotent
+
+
+def test_services_are_not_children_of_the_test_process(
+    postgres_server: PostgresServer, s3_server: S3Server, mlflow_server: MlflowServer
+) -> None:
+    # Code that stops "all my children" (a local Ray shutdown in this process) must not hit them.
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    for handle in (postgres_server.handle, s3_server.handle, mlflow_server.handle):
+        assert handle.alive()
+        assert not set(handle.pids()) & children, handle.name
