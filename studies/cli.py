@@ -68,8 +68,7 @@ from studies.spec import (
     parse_yaml,
     resolve_storage_path,
 )
-from workers.plan import StudyPlan
-from workers.runner import expected_trials
+from workers.plan import StudyPlan, expected_trials
 
 __all__ = ["DEFAULT_EXCLUDES", "carried_env", "job_entrypoint", "main", "ray_auth_headers"]
 

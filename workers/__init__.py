@@ -3,20 +3,53 @@
 ``run_study(plan)`` runs a :class:`~workers.plan.StudyPlan` (built by ``studies`` from a validated
 spec) on Ray Tune with Optuna, logs it to MLflow, and can be called again after a crash to resume.
 Nothing here knows about a particular study.
+
+Exports are resolved lazily: ``from workers.plan import StudyPlan`` (what spec validation needs) must
+not pay for importing Ray Tune, Optuna and MLflow (~4-5 s here), so ``autonorm-study validate`` stays fast.
 """
 
-from workers.plan import (
-    ParamDef,
-    SamplerConfig,
-    SchedulerConfig,
-    StorageConfig,
-    StudyPlan,
-    TrackingConfig,
-)
-from workers.runner import StudyResult, TrialRecord, expected_trials, run_study
-from workers.search import DefineByRunSpace, PruningAwareOptunaSearch, create_sampler
-from workers.tracking import MlflowTrackingCallback, default_tracking_uri, study_key
-from workers.trainable import TrialFunction, TrialSession, autonorm_trial, resolve_trial_config
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workers.plan import (
+        ParamDef,
+        SamplerConfig,
+        SchedulerConfig,
+        StorageConfig,
+        StudyPlan,
+        TrackingConfig,
+        expected_trials,
+    )
+    from workers.runner import StudyResult, TrialRecord, run_study
+    from workers.search import DefineByRunSpace, PruningAwareOptunaSearch, create_sampler
+    from workers.tracking import MlflowTrackingCallback, default_tracking_uri, study_key
+    from workers.trainable import TrialFunction, TrialSession, autonorm_trial, resolve_trial_config
+
+_EXPORTS: dict[str, str] = {
+    "ParamDef": "workers.plan",
+    "SamplerConfig": "workers.plan",
+    "SchedulerConfig": "workers.plan",
+    "StorageConfig": "workers.plan",
+    "StudyPlan": "workers.plan",
+    "TrackingConfig": "workers.plan",
+    "StudyResult": "workers.runner",
+    "TrialRecord": "workers.runner",
+    "expected_trials": "workers.plan",
+    "run_study": "workers.runner",
+    "DefineByRunSpace": "workers.search",
+    "PruningAwareOptunaSearch": "workers.search",
+    "create_sampler": "workers.search",
+    "MlflowTrackingCallback": "workers.tracking",
+    "default_tracking_uri": "workers.tracking",
+    "study_key": "workers.tracking",
+    "TrialFunction": "workers.trainable",
+    "TrialSession": "workers.trainable",
+    "autonorm_trial": "workers.trainable",
+    "resolve_trial_config": "workers.trainable",
+}
 
 __all__ = [
     "DefineByRunSpace",
@@ -40,3 +73,16 @@ __all__ = [
     "run_study",
     "study_key",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'workers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -145,3 +145,13 @@ class StudyPlan:
         "examples_per_s",
         "lr",
     )
+
+
+def expected_trials(plan: StudyPlan) -> int:
+    """Planned trial count: ``num_samples`` for Optuna samplers, grid size x repeats for ``grid``."""
+    if plan.sampler.type == "grid":
+        size = 1
+        for _, values in plan.grid:
+            size *= len(values)
+        return size * plan.num_samples
+    return plan.num_samples

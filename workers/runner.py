@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from workers.plan import StudyPlan
+from workers.plan import StudyPlan, expected_trials
 from workers.progress import ProgressCallback
 from workers.search import FINAL_STATUSES, create_scheduler, create_searcher, grid_param_space
 from workers.storage import ResolvedStorage, resolve_storage
@@ -87,16 +87,6 @@ class StudyResult:
             return None
         pick = max if mode == "max" else min
         return pick(candidates, key=lambda t: t.metrics[metric])
-
-
-def expected_trials(plan: StudyPlan) -> int:
-    """Planned trial count: ``num_samples`` for Optuna samplers, grid size x repeats for ``grid``."""
-    if plan.sampler.type == "grid":
-        size = 1
-        for _, values in plan.grid:
-            size *= len(values)
-        return size * plan.num_samples
-    return plan.num_samples
 
 
 def _max_epochs(plan: StudyPlan) -> int:
@@ -233,6 +223,10 @@ def run_study(
             neither is set (and Ray is not already initialised in this process).
         progress: print progress lines.
         ray_init_kwargs: extra ``ray.init`` keywords (``num_cpus``, ``_temp_dir``) for the local case.
+
+    A rerun restores what Tune pickled at the first start (searcher, scheduler, callbacks, trial
+    count): changes to the plan other than the trial function do not apply to an existing
+    experiment. Change ``name`` or ``storage.path`` to start a new study.
 
     Returns:
         The study's experiment path, tracking URI, parent run and one record per trial.

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pyarrow.fs
 import pytest
 
-from workers.plan import ParamDef, SamplerConfig, StorageConfig, StudyPlan, TrackingConfig
+from workers.plan import ParamDef, SamplerConfig, StorageConfig, StudyPlan, TrackingConfig, expected_trials
 from workers.progress import ProgressCallback, format_eta
-from workers.runner import _max_epochs, _tracking_uri, expected_trials
+from workers.runner import _max_epochs, _tracking_uri
 from workers.storage import resolve_storage
 
 
