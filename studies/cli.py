@@ -15,9 +15,11 @@ A spec's kind is detected from its top-level keys (``--kind`` overrides): ``sear
 (``batchsize_correlation``) are validated and submitted here and run through their own script.
 
 ``submit`` uploads the working directory (minus ``.venv``, ``.git``, ``runs``, ``mlruns``, ``*.db``, ...)
-as a Ray job whose entry point is ``python -m studies.cli run SPEC ...``. MLflow settings
-(``MLFLOW_*``) and S3 keys (``AWS_*``) are passed in the job's ``env_vars`` so the driver and its
-workers reach the same tracking server and bucket. ``RAY_AUTH_TOKEN`` (or the file named by
+as a Ray job whose entry point is ``python -m studies.cli run SPEC ...``. Only non-secret settings
+(tracking URI, experiment name, S3 endpoint and region, git commit; see :func:`carried_env`) are passed
+in the job's ``env_vars``: Ray keeps a job's runtime_env in its job table (``ray job list``, the
+dashboard) and logs it verbatim, so credentials belong in the cluster's own environment or secret
+store; one named with ``--env NAME`` is carried with a warning. ``RAY_AUTH_TOKEN`` (or the file named by
 ``RAY_AUTH_TOKEN_PATH``) authenticates this client: Ray ≥ 2.59 clusters enable token auth, and Ray's
 job client only attaches the token by itself when ``RAY_AUTH_MODE=token`` is also set in the client's
 environment, so we send the ``Authorization`` header explicitly (checked against a token-auth
@@ -37,10 +39,11 @@ import shlex
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
@@ -70,7 +73,7 @@ from studies.spec import (
 )
 from workers.plan import StudyPlan, expected_trials
 
-__all__ = ["DEFAULT_EXCLUDES", "carried_env", "job_entrypoint", "main", "ray_auth_headers"]
+__all__ = ["CARRIED_NAMES", "DEFAULT_EXCLUDES", "carried_env", "job_entrypoint", "main", "ray_auth_headers"]
 
 DEFAULT_EXCLUDES = (
     ".venv",
@@ -90,16 +93,17 @@ DEFAULT_EXCLUDES = (
     "bench/results",
     "data",
 )
-_CARRIED_PREFIXES = ("MLFLOW_",)
-_CARRIED_NAMES = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
+CARRIED_NAMES = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_EXPERIMENT_NAME",
+    "MLFLOW_S3_ENDPOINT_URL",
     "AWS_DEFAULT_REGION",
     "AWS_REGION",
     "AWS_ENDPOINT_URL",
     "AWS_ENDPOINT_URL_S3",
+    "AUTONORM_GIT_COMMIT",
 )
+"""Variables ``submit`` carries into the job by itself: settings, never credentials."""
 _TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
@@ -252,23 +256,69 @@ def ray_auth_headers(environ: Mapping[str, str]) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def carried_env(environ: Mapping[str, str], extra: Sequence[str] = ()) -> dict[str, str]:
-    """The environment a submitted study needs: MLflow settings, S3 keys, the git commit, ``--env``.
+def _has_userinfo(value: str) -> bool:
+    """Whether a URL-like value embeds ``user[:password]@`` before its host."""
+    try:
+        return "@" in urlsplit(value).netloc
+    except ValueError:
+        return False
 
-    ``RAY_AUTH_TOKEN`` is never carried: it authenticates the client, and a job's ``env_vars`` are
-    readable through the job API.
+
+def carried_env(
+    environ: Mapping[str, str], extra: Sequence[str] = (), *, warn: Callable[[str], None] | None = None
+) -> dict[str, str]:
+    """The environment a submitted study needs: the settings in :data:`CARRIED_NAMES` and ``--env``.
+
+    Ray stores a job's ``runtime_env`` in its job table (``ray job list``, the dashboard, the job
+    API) and writes it to its logs verbatim, so credentials are never carried by themselves:
+    ``MLFLOW_TRACKING_USERNAME``/``PASSWORD``/``TOKEN``, ``AWS_ACCESS_KEY_ID``/``SECRET_ACCESS_KEY``/
+    ``SESSION_TOKEN`` and anything else outside :data:`CARRIED_NAMES` reach the job only when named
+    with ``--env NAME`` (or ``NAME=VALUE``), and then ``warn`` is told (with the name, never the
+    value). The cluster's own environment or secret store is the place for them. ``RAY_AUTH_TOKEN``
+    is never carried, even when named: it authenticates this client and the cluster already has it.
+
+    A carried setting that embeds credentials as URL userinfo (``http://user:pw@host``) is refused
+    rather than carried or silently dropped (dropping it would send the study's results to a local
+    ``mlruns`` in the job's temporary directory): the caller gets a ``SystemExit`` telling them to
+    give the credentials to the cluster, or to name the variable with ``--env`` to carry it anyway.
+
+    Args:
+        environ: the client's environment.
+        extra: ``--env`` items, ``NAME`` (value from ``environ``) or ``NAME=VALUE``.
+        warn: receives one message per explicitly named variable that is not a plain setting.
+
+    Raises:
+        SystemExit: a named variable is unset, or a setting embeds credentials.
     """
-    env = {k: v for k, v in environ.items() if k.startswith(_CARRIED_PREFIXES) or k in _CARRIED_NAMES}
+    named: dict[str, str] = {}
     for item in extra:
         name, sep, value = item.partition("=")
+        if name == "RAY_AUTH_TOKEN":
+            raise SystemExit("--env RAY_AUTH_TOKEN: the token authenticates this client and is never carried")
         if sep:
-            env[name] = value
+            named[name] = value
         elif name in environ:
-            env[name] = environ[name]
+            named[name] = environ[name]
         else:
             raise SystemExit(f"--env {name}: not set in this environment")
-    env.pop("RAY_AUTH_TOKEN", None)
-    env["AUTONORM_GIT_COMMIT"] = git_commit(environ)
+    env = {k: environ[k] for k in CARRIED_NAMES if k in environ and k not in named}
+    for name, value in env.items():
+        if _has_userinfo(value):
+            raise SystemExit(
+                f"{name} embeds credentials (user:password@host); a job's env_vars are readable through "
+                f"the Ray job API and logs. Give the credentials to the cluster (e.g. MLFLOW_TRACKING_USERNAME/"
+                f"PASSWORD in its environment or secret store) and submit a URI without them, or carry it "
+                f"anyway with --env {name}"
+            )
+    for name in named:
+        if warn is not None and (name not in CARRIED_NAMES or _has_userinfo(named[name])):
+            warn(
+                f"warning: --env {name}: its value is stored in the Ray job's runtime_env and is readable "
+                "by anyone with access to the job API, the dashboard and Ray's logs; prefer a secret "
+                "configured on the cluster"
+            )
+    env.update(named)
+    env.setdefault("AUTONORM_GIT_COMMIT", git_commit(environ))
     return env
 
 
@@ -319,7 +369,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         excludes.append(inside)
     except ValueError:
         pass
-    env = carried_env(os.environ, args.env)
+    env = carried_env(os.environ, args.env, warn=lambda msg: print(msg, file=sys.stderr))
     entrypoint = job_entrypoint(
         spec_rel, preset=args.preset, overrides=overrides, script=script, python=args.python
     )

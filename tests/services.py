@@ -28,7 +28,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -1011,3 +1011,33 @@ def wait_for(predicate: Callable[[], bool], *, timeout: float, interval: float =
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def embedded_ray(prefix: str, env_vars: Mapping[str, str], *, num_cpus: int = 2) -> Iterator[None]:
+    """A ``ray.init`` cluster of this process on loopback with its own short temp dir, stopped on exit.
+
+    Shutdown goes through the same code path as an embedded study (``workers.runner``): only the
+    processes started after ``ray.init`` are waited for, never the test's other services.
+    """
+    import tempfile
+
+    import ray
+
+    from workers.runner import _child_pids, _shutdown_local_ray
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    temp_dir = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    before = _child_pids()
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        _temp_dir=temp_dir,
+        runtime_env={"env_vars": dict(env_vars)},
+        log_to_driver=False,
+    )
+    try:
+        yield
+    finally:
+        _shutdown_local_ray(before)
+        shutil.rmtree(temp_dir, ignore_errors=True)

@@ -162,25 +162,54 @@ def _init_ray(ray_address: str | None, init_kwargs: Mapping[str, Any] | None, tr
     return True
 
 
-def _shutdown_local_ray(timeout_s: float = 30.0) -> None:
+def _child_pids() -> set[int]:
+    import psutil
+
+    try:
+        return {p.pid for p in psutil.Process().children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def _shutdown_local_ray(preexisting: set[int], timeout_s: float = 30.0) -> None:
     """Stop the local cluster and wait for its processes, trial workers included.
 
     Ray puts workers in process groups of their own and ``ray.shutdown`` returns while they still
-    exit; a study started right after (the same command rerun) must not overlap with them.
+    exit; a study started right after (the same command rerun) must not overlap with them. Only
+    processes that appeared after ``ray.init`` are waited for (and killed if they hang): children the
+    caller had before (a notebook's servers, a test's PostgreSQL) are none of our business.
     """
     import psutil
     import ray
 
     try:
-        descendants = psutil.Process().children(recursive=True)
+        ours = [p for p in psutil.Process().children(recursive=True) if p.pid not in preexisting]
     except psutil.Error:
-        descendants = []
+        ours = []
     ray.shutdown()
-    _, alive = psutil.wait_procs(descendants, timeout=timeout_s)
+    _, alive = psutil.wait_procs(ours, timeout=timeout_s)
     for proc in alive:
         logger.warning("Ray process %s still alive %.0f s after shutdown; killing it", proc.pid, timeout_s)
         with contextlib.suppress(psutil.Error):
             proc.kill()
+
+
+# Ray Tune copies these from the driver's environment into every trainable actor's runtime_env,
+# and Ray's runtime-env agent writes that runtime_env verbatim into its log files: the S3 secret
+# would end up in session logs (and in what the dashboard shows). Trial processes get credentials
+# the way every other Ray process does: inherited by a local cluster, from the node's own
+# environment (Kubernetes Secrets, instance profiles) on a real one.
+_CREDENTIAL_ENV_VARS = frozenset(
+    {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"}
+)
+
+
+def _stop_credential_propagation() -> None:
+    """Remove credential names from Tune's env propagation list (private Ray API, pinned by tests)."""
+    from ray.tune.execution import class_cache
+
+    propagated = set(class_cache.ENV_VARS_TO_PROPAGATE)
+    class_cache.ENV_VARS_TO_PROPAGATE = propagated - _CREDENTIAL_ENV_VARS
 
 
 def _record(trial: Any, run_ids: Mapping[str, str], base_config: Mapping[str, Any]) -> TrialRecord:
@@ -277,7 +306,9 @@ def run_study(
         param_space = {}
     scheduler = create_scheduler(plan.scheduler, metric=plan.metric, mode=plan.mode, max_t=_max_epochs(plan))
 
+    preexisting_children = _child_pids()
     started_ray = _init_ray(ray_address, ray_init_kwargs, tracking_uri)
+    _stop_credential_propagation()
     parent_status = "FAILED"
     trials: list[Any] | None = None
     restored = False
@@ -348,7 +379,7 @@ def run_study(
             tracker.close(status=parent_status, trials=trials, summary=_summary(trials, total))
         finally:
             if started_ray:
-                _shutdown_local_ray()
+                _shutdown_local_ray(preexisting_children)
 
     run_ids = tracker.child_run_ids()
     return StudyResult(

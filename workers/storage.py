@@ -93,13 +93,11 @@ def _s3_filesystem(config: StorageConfig) -> pyarrow.fs.FileSystem:
         if parsed.scheme:
             scheme = parsed.scheme
             endpoint = parsed.netloc
-    # Keys are read here from the environment only; pyarrow would also fall back to ~/.aws, which
-    # is fine, but we pass them explicitly so that an S3-compatible endpoint never gets the
-    # wrong account's keys from an instance profile lookup.
+    # No explicit keys: pyarrow resolves them in every process that unpickles this filesystem (AWS
+    # default chain, environment first). Explicit keys would be pickled along with it, and Tune
+    # pickles the run config into tuner.pkl and the searcher state in the study's own S3 prefix:
+    # anyone able to read the runs would get the write keys.
     return pyarrow.fs.S3FileSystem(
-        access_key=os.environ.get("AWS_ACCESS_KEY_ID"),
-        secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
-        session_token=os.environ.get("AWS_SESSION_TOKEN"),
         region=config.region,
         endpoint_override=endpoint,
         scheme=scheme,

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from studies.batchsize_correlation import (
 )
 from studies.batchsize_spec import BatchSizeStudySpec, cell_key
 from studies.spec import SpecError, load_spec
+from tests.services import embedded_ray
 from workers.runner import TrialRecord
 from workers.trainable import TrialSession
 
@@ -164,25 +163,9 @@ def test_cli_exits_2_on_a_bad_spec_and_dry_run_validates(capsys: pytest.CaptureF
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     """A loopback Ray cluster for this module, its own short temp dir, stopped by this process."""
-    import ray
-
-    from workers.runner import _shutdown_local_ray
-
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    temp_dir = tempfile.mkdtemp(prefix="rt_h7_", dir="/tmp")
     path = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        _temp_dir=temp_dir,
-        runtime_env={"env_vars": {"PYTHONPATH": path}},
-        log_to_driver=False,
-    )
-    try:
+    with embedded_ray("rt_h7_", {"PYTHONPATH": path}):
         yield
-    finally:
-        _shutdown_local_ray()
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

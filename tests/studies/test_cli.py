@@ -203,27 +203,71 @@ def test_job_entrypoint_quotes_overrides() -> None:
     assert cmd != script
 
 
-def test_carried_env_takes_mlflow_and_s3_but_not_the_ray_token() -> None:
-    environ = {
+_SECRETS = {
+    "MLFLOW_TRACKING_USERNAME": "mlflow-user-secret",
+    "MLFLOW_TRACKING_PASSWORD": "mlflow-pw-secret",
+    "MLFLOW_TRACKING_TOKEN": "mlflow-token-secret",
+    "AWS_ACCESS_KEY_ID": "aws-key-secret",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret-secret",
+    "AWS_SESSION_TOKEN": "aws-session-secret",
+    "RAY_AUTH_TOKEN": "ray-token-secret",
+}
+
+
+def test_carried_env_takes_settings_but_no_credentials() -> None:
+    settings = {
         "MLFLOW_TRACKING_URI": "http://mlflow:5000",
+        "MLFLOW_EXPERIMENT_NAME": "exp",
         "MLFLOW_S3_ENDPOINT_URL": "http://s3:8333",
-        "AWS_ACCESS_KEY_ID": "key",
-        "AWS_SECRET_ACCESS_KEY": "secret",
-        "RAY_AUTH_TOKEN": "token",
-        "HOME": "/root",
-        "EXTRA": "x",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": "http://s3:8333",
+        "AWS_ENDPOINT_URL_S3": "http://s3:8333",
         "AUTONORM_GIT_COMMIT": "deadbeef",
     }
-    env = cli.carried_env(environ, ["EXTRA", "OTHER=1"])
-    assert env == {
-        "MLFLOW_TRACKING_URI": "http://mlflow:5000",
-        "MLFLOW_S3_ENDPOINT_URL": "http://s3:8333",
-        "AWS_ACCESS_KEY_ID": "key",
-        "AWS_SECRET_ACCESS_KEY": "secret",
-        "EXTRA": "x",
-        "OTHER": "1",
-        "AUTONORM_GIT_COMMIT": "deadbeef",
-    }
+    environ = {**settings, **_SECRETS, "HOME": "/root", "MLFLOW_OTHER": "x"}
+    warnings: list[str] = []
+    assert cli.carried_env(environ, warn=warnings.append) == settings
+    assert warnings == []
+
+
+def test_carried_env_carries_named_credentials_with_a_warning_without_the_value() -> None:
+    environ = {"MLFLOW_TRACKING_URI": "http://mlflow:5000", **_SECRETS, "EXTRA": "x"}
+    warnings: list[str] = []
+    env = cli.carried_env(
+        environ, ["AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN", "OTHER=1"], warn=warnings.append
+    )
+    assert env["AWS_SECRET_ACCESS_KEY"] == "aws-secret-secret"
+    assert env["MLFLOW_TRACKING_TOKEN"] == "mlflow-token-secret"
+    assert env["OTHER"] == "1"
+    assert "AWS_ACCESS_KEY_ID" not in env and "MLFLOW_TRACKING_PASSWORD" not in env and "EXTRA" not in env
+    named = [w for w in warnings if "job API" in w]
+    assert len(named) == 3  # one per explicitly named non-setting
+    assert any("AWS_SECRET_ACCESS_KEY" in w for w in named)
+    assert any("MLFLOW_TRACKING_TOKEN" in w for w in named)
+    for secret in _SECRETS.values():
+        assert all(secret not in w for w in warnings)
+    with pytest.raises(SystemExit, match="never carried"):
+        cli.carried_env(environ, ["RAY_AUTH_TOKEN"])
+    with pytest.raises(SystemExit, match="not set"):
+        cli.carried_env(environ, ["MISSING"])
+
+
+def test_carried_env_refuses_a_uri_with_userinfo_unless_named() -> None:
+    environ = {"MLFLOW_TRACKING_URI": "http://user:pw-secret@mlflow:5000"}
+    with pytest.raises(SystemExit) as exc:
+        cli.carried_env(environ)
+    message = str(exc.value.code)
+    assert "MLFLOW_TRACKING_URI embeds credentials" in message and "--env MLFLOW_TRACKING_URI" in message
+    assert "pw-secret" not in message
+    warnings: list[str] = []
+    env = cli.carried_env(environ, ["MLFLOW_TRACKING_URI"], warn=warnings.append)
+    assert env["MLFLOW_TRACKING_URI"] == "http://user:pw-secret@mlflow:5000"
+    assert len(warnings) == 1 and "MLFLOW_TRACKING_URI" in warnings[0] and "pw-secret" not in warnings[0]
+    # A named plain setting needs no warning.
+    warnings.clear()
+    cli.carried_env({"AWS_REGION": "eu"}, ["AWS_REGION"], warn=warnings.append)
+    assert warnings == []
 
 
 def test_ray_auth_headers_from_env_or_file(tmp_path: Path) -> None:
@@ -279,7 +323,9 @@ def test_submit_wires_working_dir_env_and_auth(
     monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", _FakeJobClient)
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("RAY_AUTH_TOKEN", "sekrit-token")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://user:pw@mlflow:5000")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "sekrit-mlflow")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "sekrit-key-id")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "sekrit-aws")
     code = cli.main(
         [
@@ -289,6 +335,8 @@ def test_submit_wires_working_dir_env_and_auth(
             "smoke",
             "--address",
             "http://127.0.0.1:8265",
+            "--env",
+            "AWS_SECRET_ACCESS_KEY",
             "--wait",
         ]
     )
@@ -302,19 +350,38 @@ def test_submit_wires_working_dir_env_and_auth(
     for pattern in (".venv", ".git", "runs", "mlruns", "*.db"):
         assert pattern in runtime_env["excludes"]
     env_vars = runtime_env["env_vars"]
-    assert env_vars["MLFLOW_TRACKING_URI"] == "http://user:pw@mlflow:5000"
-    assert env_vars["AWS_SECRET_ACCESS_KEY"] == "sekrit-aws"
-    assert "RAY_AUTH_TOKEN" not in env_vars
+    assert env_vars["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    assert env_vars["AWS_SECRET_ACCESS_KEY"] == "sekrit-aws"  # named with --env
+    for absent in ("RAY_AUTH_TOKEN", "MLFLOW_TRACKING_PASSWORD", "AWS_ACCESS_KEY_ID"):
+        assert absent not in env_vars
     args = shlex.split(job["entrypoint"])
     assert args[:5] == ["python", "-m", "studies.cli", "run", "studies/specs/autonorm_search.yaml"]
     assert f"storage_path={ROOT / 'runs'}" in [
         a.replace('"', "") for a in args
     ]  # absolute, not the job's tmp copy
     assert job["metadata"]["autonorm.study"] == "autonorm_search"
-    out = capsys.readouterr().out
-    assert "raysubmit_123" in out and "SUCCEEDED" in out
-    for secret in ("sekrit-token", "sekrit-aws", "user:pw"):
-        assert secret not in out
+    captured = capsys.readouterr()
+    assert "raysubmit_123" in captured.out and "SUCCEEDED" in captured.out
+    assert "warning: --env AWS_SECRET_ACCESS_KEY" in captured.err and "job API" in captured.err
+    for secret in ("sekrit-token", "sekrit-aws", "sekrit-mlflow", "sekrit-key-id"):
+        assert secret not in captured.out and secret not in captured.err
+
+
+def test_submit_refuses_a_tracking_uri_with_credentials(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ray.job_submission
+
+    _FakeJobClient.instances.clear()
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", _FakeJobClient)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://user:sekrit-pw@mlflow:5000")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["submit", "studies/specs/autonorm_search.yaml", "--preset", "smoke"])
+    assert "embeds credentials" in str(exc.value.code) and "sekrit-pw" not in str(exc.value.code)
+    assert _FakeJobClient.instances == []  # nothing was submitted
+    captured = capsys.readouterr()
+    assert "sekrit-pw" not in captured.out + captured.err
 
 
 def test_unreachable_cluster_is_a_message_not_a_traceback(

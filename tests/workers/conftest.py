@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.services import embedded_ray
 from workers.tracking import default_tracking_uri, ensure_sqlite_schema
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -44,21 +44,5 @@ def ray_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     """One local Ray cluster per test module, on loopback, with its own temp dir; stopped by PID."""
-    import ray
-
-    from workers.runner import _shutdown_local_ray
-
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    temp_dir = tempfile.mkdtemp(prefix="rt_h5_", dir="/tmp")
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        _temp_dir=temp_dir,
-        runtime_env={"env_vars": ray_env()},
-        log_to_driver=False,
-    )
-    try:
+    with embedded_ray("rt_h5_", ray_env()):
         yield
-    finally:
-        _shutdown_local_ray()
-        shutil.rmtree(temp_dir, ignore_errors=True)
