@@ -632,7 +632,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--working-dir", default=".", help="directory uploaded as the job's working dir")
     p.add_argument("--exclude", action="append", default=[], help="extra upload exclude pattern (repeatable)")
     p.add_argument(
-        "--env", action="append", default=[], metavar="NAME[=VALUE]", help="extra env var for the job"
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="extra env var for the job (the only way credentials are carried: the value is readable through "
+        "the Ray job API, so submit warns)",
     )
     p.add_argument("--script", default=None, help="study entry script instead of `python -m studies.cli run`")
     p.add_argument(

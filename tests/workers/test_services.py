@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
+from tests.services import embedded_ray
+from tests.workers.conftest import ray_env
 from tests.workers.trials import quadratic_trial
 from workers.plan import ParamDef, SamplerConfig, StorageConfig, StudyPlan, TrackingConfig
 from workers.runner import run_study
@@ -19,12 +21,17 @@ pytestmark = [pytest.mark.services, pytest.mark.ray, pytest.mark.slow]
 
 
 def test_study_logs_to_mlflow_server_and_stores_state_in_s3(
-    local_ray: None, mlflow_server: Any, s3_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    mlflow_server: Any, s3_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    # Keys reach the driver (and, inside the pickled pyarrow filesystem, the trial workers) from the
-    # environment only, never from the plan.
+    # Keys reach the driver and the trial workers from the environment only (never from the plan,
+    # never inside pickled state): the cluster's processes inherit them, as on a real node.
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
+    with embedded_ray("rt_svc_", ray_env()):
+        _study_against_services(mlflow_server, s3_server, tmp_path)
+
+
+def _study_against_services(mlflow_server: Any, s3_server: Any, tmp_path: Path) -> None:
     name = f"svc-{uuid.uuid4().hex[:8]}"
     prefix = f"tune/{name}"
     plan = StudyPlan(

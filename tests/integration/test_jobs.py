@@ -1,0 +1,167 @@
+"""Studies submitted as real Ray jobs to a token-auth head (``ray_head``), as a user would.
+
+Both paths upload this repository as the job's working directory (without ``.venv``, ``.git``, run
+outputs: Ray refuses uploads over its size limit, and the cluster has its own interpreter), run the
+study driver inside the job, and write results to an absolute path outside the temporary copy, where
+the test reads them back: MLflow runs for the search study, ``verdict.json`` for the batch-size study.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from studies.cli import DEFAULT_EXCLUDES
+from tests.services import RayNode
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / ".venv" / "bin"
+
+
+def _job_env(ray_head: RayNode, tmp_path: Path) -> dict[str, str]:
+    env = ray_head.client_env()
+    for key in list(env):  # a developer shell's MLflow / S3 settings must not leak into the job
+        if key.startswith(("MLFLOW_", "AWS_")):
+            del env[key]
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return env
+
+
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840, check=False)
+
+
+def test_ray_job_submit_runs_the_search_study_and_logs_it_to_mlflow(
+    ray_head: RayNode, tmp_path: Path
+) -> None:
+    from mlflow import MlflowClient
+
+    env = _job_env(ray_head, tmp_path)
+    job_id = f"autonorm-search-{uuid.uuid4().hex[:8]}"
+    proc = _run(
+        [
+            str(BIN / "ray"),
+            "job",
+            "submit",
+            "--address",
+            ray_head.dashboard_url,
+            "--submission-id",
+            job_id,
+            "--working-dir",
+            str(ROOT),
+            "--runtime-env-json",
+            # `ray job submit` does not pass its own environment to the job: only env_vars do.
+            json.dumps(
+                {
+                    "excludes": list(DEFAULT_EXCLUDES),
+                    "env_vars": {"MLFLOW_TRACKING_URI": env["MLFLOW_TRACKING_URI"]},
+                }
+            ),
+            "--",
+            "python",
+            "studies/autonorm_search.py",
+            "--preset",
+            "smoke",
+            "--set",
+            "search.num_samples=2",
+            "--set",
+            "training.epochs=2",
+            "--set",
+            "search.space.0.high=2",  # t_freeze in 1..epochs
+            "--set",
+            f"storage_path={tmp_path / 'runs'}",
+        ],
+        env,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert f"Job '{job_id}' succeeded" in output, output[-4000:]
+
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    experiment_ids = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiment_ids, max_results=1000)
+    parents = [r for r in runs if r.data.tags.get("autonorm.role") == "study"]
+    assert len(parents) == 1, [r.data.tags for r in runs]
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 2, [(r.info.status, r.data.tags.get("autonorm.role")) for r in children]
+    for child in children:
+        assert child.data.tags.get("autonorm.role") == "trial"
+        assert child.info.status != "RUNNING"
+        assert "val_accuracy" in child.data.metrics, sorted(child.data.metrics)
+        assert 0.0 <= child.data.metrics["val_accuracy"] <= 1.0
+    assert len(runs) == 3  # nothing else was logged (e.g. by a driver that fell back to ./mlruns)
+
+
+def test_autonorm_study_submit_runs_the_batchsize_study_to_a_verdict(
+    ray_head: RayNode, tmp_path: Path
+) -> None:
+    env = _job_env(ray_head, tmp_path)
+    # Credentials in the submitting shell must not reach the job table (readable via the job API).
+    env["AWS_SECRET_ACCESS_KEY"] = f"sekrit-{uuid.uuid4().hex}"
+    env["MLFLOW_TRACKING_PASSWORD"] = f"sekrit-{uuid.uuid4().hex}"
+    job_id = f"autonorm-bs-{uuid.uuid4().hex[:8]}"
+    storage = tmp_path / "runs"
+    arms = ["linear", "corrected"]
+    proc = _run(
+        [
+            str(BIN / "autonorm-study"),
+            "submit",
+            "studies/specs/batchsize_correlation.yaml",
+            "--preset",
+            "smoke",
+            "--address",
+            ray_head.dashboard_url,
+            "--set",
+            f"arms=[{','.join(arms)}]",
+            "--set",
+            "batch_sizes=[32,128]",
+            "--set",
+            "seeds=[0,1]",
+            "--set",
+            "training.epochs=1",
+            "--set",
+            f"storage_path={storage}",
+            "--job-id",
+            job_id,
+            "--wait",
+            "--timeout",
+            "780",
+        ],
+        env,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert f"job {job_id}: SUCCEEDED" in output
+    from ray.job_submission import JobSubmissionClient
+
+    info = JobSubmissionClient(ray_head.dashboard_url, headers=ray_head.auth_headers()).get_job_info(job_id)
+    env_vars = (info.runtime_env or {}).get("env_vars", {})
+    assert env_vars["MLFLOW_TRACKING_URI"] == env["MLFLOW_TRACKING_URI"]
+    assert "AWS_SECRET_ACCESS_KEY" not in env_vars and "MLFLOW_TRACKING_PASSWORD" not in env_vars
+    assert "RAY_AUTH_TOKEN" not in env_vars
+    for secret in (env["AWS_SECRET_ACCESS_KEY"], env["MLFLOW_TRACKING_PASSWORD"], env["RAY_AUTH_TOKEN"]):
+        assert secret not in json.dumps(info.runtime_env) and secret not in output
+    verdict_file = storage / "batchsize_correlation_smoke" / "verdict.json"
+    assert verdict_file.is_file(), sorted(p.name for p in storage.rglob("*"))[:50]
+    verdict = json.loads(verdict_file.read_text())
+    assert set(verdict["verdict"]) == set(arms)  # every arm, the control included
+    assert set(verdict["verdict"].values()) <= {"supported", "refuted", "inconclusive"}
+    assert set(verdict["arms"]) == set(arms)
+    # The MLflow parent run got the same verdicts (the tracking URI was carried into the job).
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=1000)
+    tagged = [r for r in runs if any(k.startswith("verdict/") for k in r.data.tags)]
+    assert len(tagged) == 1
+    assert {
+        k.removeprefix("verdict/"): v for k, v in tagged[0].data.tags.items() if k.startswith("verdict/")
+    } == {k: str(v) for k, v in verdict["verdict"].items()}
