@@ -23,7 +23,9 @@ def test_local_storage_is_made_absolute(tmp_path: Path) -> None:
     assert resolve_storage(StorageConfig(path=f"file://{tmp_path}/x")).storage_path == str(tmp_path / "x")
 
 
-def test_s3_storage_uses_the_endpoint_and_leaves_keys_to_each_process(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_s3_storage_uses_the_endpoint_and_leaves_keys_to_each_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKTEST")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     storage = resolve_storage(
