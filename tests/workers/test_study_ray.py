@@ -153,22 +153,3 @@ def test_grid_study_covers_the_product_times_repeats(local_ray: None, tmp_path: 
     assert combos == {(s, x): 2 for s in (0, 1) for x in (0.2, 0.4, 0.6)}
     assert all(t.status == "completed" for t in result.trials)
     assert len([e for e in _invocations(plan) if e["event"] == "start"]) == 12
-
-
-def test_local_shutdown_spares_the_callers_other_children() -> None:
-    # A notebook's (or a test session's) own subprocesses must survive an embedded study's shutdown.
-    import subprocess
-    import sys
-
-    from tests.services import embedded_ray
-
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    try:
-        with embedded_ray("rt_spare_", {}, num_cpus=1):
-            import ray
-
-            assert ray.is_initialized()
-        assert bystander.poll() is None  # still running
-    finally:
-        bystander.kill()
-        bystander.wait()
