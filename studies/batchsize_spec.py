@@ -25,16 +25,20 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import BaseModel, Field, StrictBool, model_validator
 
 from studies.analysis import HYPOTHESIS
 from studies.spec import (
+    _FROZEN,
     CategoricalParam,
     DataSpec,
     FIFOSpec,
     FloatParam,
     GridSpec,
     ModelSpec,
+    NonNegInt,
+    PosFloat,
+    PosInt,
     ResourcesSpec,
     SearchSpec,
     SpecError,
@@ -77,10 +81,6 @@ CNN_ARMS: tuple[str, ...] = ("conv", "conv_batchnorm", "patchnorm")
 _ARMS_BY_MODEL = {"mlp": MLP_ARMS, "cnn": CNN_ARMS}
 _BATCHNORM_ARMS = frozenset({"linear_batchnorm", "conv_batchnorm"})
 
-_FROZEN = ConfigDict(extra="forbid", frozen=True)
-PosInt = Annotated[int, Field(strict=True, ge=1)]
-NonNegInt = Annotated[int, Field(strict=True, ge=0)]
-PosFloat = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
 Arm = Literal[
     "linear",
     "linear_batchnorm",
