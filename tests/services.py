@@ -1024,7 +1024,7 @@ def embedded_ray(prefix: str, env_vars: Mapping[str, str], *, num_cpus: int = 2)
 
     import ray
 
-    from workers.runner import _child_pids, _shutdown_local_ray
+    from workers.session import _child_pids, _shutdown_local_ray
 
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     temp_dir = tempfile.mkdtemp(prefix=prefix, dir="/tmp")

@@ -7,7 +7,6 @@ checkpoints; finished trials are not run again and MLflow runs are re-attached, 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -18,8 +17,9 @@ from typing import Any, Literal
 from workers.plan import StudyPlan, expected_trials
 from workers.progress import ProgressCallback
 from workers.search import FINAL_STATUSES, create_scheduler, create_searcher, grid_param_space
+from workers.session import ray_session
 from workers.storage import ResolvedStorage, resolve_storage
-from workers.tracking import MlflowTrackingCallback, default_tracking_uri, study_key
+from workers.tracking import ROLE_PHASE, ROLE_STUDY, MlflowTrackingCallback, default_tracking_uri, study_key
 from workers.trainable import TrialFunction, autonorm_trial, tune_entry
 
 __all__ = ["StudyResult", "TrialRecord", "TrialStatus", "expected_trials", "run_study"]
@@ -141,59 +141,6 @@ def _artifact_location(plan: StudyPlan, storage: ResolvedStorage, tracking_uri: 
     return None  # a tracking server decides (proxied artifacts)
 
 
-def _init_ray(ray_address: str | None, init_kwargs: Mapping[str, Any] | None, tracking_uri: str) -> bool:
-    """Connect to (or start) Ray; True when this call started a local cluster it must stop."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    address = ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
-        # No runtime_env here: inside a Ray Job it would replace the job's (working_dir included).
-        # Trials get the tracking URI through their session instead.
-        ray.init(address=address, **dict(init_kwargs or {}))
-        return False
-    runtime_env = {"env_vars": {"MLFLOW_TRACKING_URI": tracking_uri}}
-    # Embedded mode: keep every listener on loopback (DESIGN.md). Real clusters use RAY_ADDRESS.
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    kwargs: dict[str, Any] = {"include_dashboard": False, "runtime_env": runtime_env}
-    kwargs.update(init_kwargs or {})
-    ray.init(**kwargs)
-    return True
-
-
-def _child_pids() -> set[int]:
-    import psutil
-
-    try:
-        return {p.pid for p in psutil.Process().children(recursive=True)}
-    except psutil.Error:
-        return set()
-
-
-def _shutdown_local_ray(preexisting: set[int], timeout_s: float = 30.0) -> None:
-    """Stop the local cluster and wait for its processes, trial workers included.
-
-    Ray puts workers in process groups of their own and ``ray.shutdown`` returns while they still
-    exit; a study started right after (the same command rerun) must not overlap with them. Only
-    processes that appeared after ``ray.init`` are waited for (and killed if they hang): children the
-    caller had before (a notebook's servers, a test's PostgreSQL) are none of our business.
-    """
-    import psutil
-    import ray
-
-    try:
-        ours = [p for p in psutil.Process().children(recursive=True) if p.pid not in preexisting]
-    except psutil.Error:
-        ours = []
-    ray.shutdown()
-    _, alive = psutil.wait_procs(ours, timeout=timeout_s)
-    for proc in alive:
-        logger.warning("Ray process %s still alive %.0f s after shutdown; killing it", proc.pid, timeout_s)
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-
-
 # Ray Tune copies these from the driver's environment into every trainable actor's runtime_env,
 # and Ray's runtime-env agent writes that runtime_env verbatim into its log files: the S3 secret
 # would end up in session logs (and in what the dashboard shows). Trial processes get credentials
@@ -241,6 +188,7 @@ def run_study(
     ray_address: str | None = None,
     progress: bool = True,
     ray_init_kwargs: Mapping[str, Any] | None = None,
+    nest_under: str | None = None,
 ) -> StudyResult:
     """Run (or resume) a study and return its trials.
 
@@ -252,6 +200,9 @@ def run_study(
             neither is set (and Ray is not already initialised in this process).
         progress: print progress lines.
         ray_init_kwargs: extra ``ray.init`` keywords (``num_cpus``, ``_temp_dir``) for the local case.
+        nest_under: the MLflow run of the study this plan is one phase of (see
+            :class:`workers.study.StudyRunner`): the plan's run is then a ``phase`` run nested under
+            it, with the trial runs as its children. ``None``: the plan's run is the study's run.
 
     A rerun restores what Tune pickled at the first start (searcher, scheduler, callbacks, trial
     count): changes to the plan other than the trial function do not apply to an existing
@@ -264,7 +215,6 @@ def run_study(
         ValueError: an inconsistent plan (bad space, unknown sampler/scheduler, relative sqlite URI).
         ray.tune.TuneError: Tune itself failed (not a trial: errored trials are records).
     """
-    from ray import tune
 
     if "TUNE_RESULT_DIR" in os.environ:
         # Ray 2.60 raises in Tuner.fit() when it is set; storage_path is the supported setting.
@@ -296,6 +246,8 @@ def run_study(
         artifacts=dict(plan.artifacts),
         expected_trials=total,
         study_name=plan.name,
+        role=ROLE_PHASE if nest_under else ROLE_STUDY,
+        nest_under=nest_under,
     )
     # Build the search pieces before starting anything: a bad plan fails fast, with nothing to clean up.
     if plan.sampler.type == "grid":
@@ -306,9 +258,46 @@ def run_study(
         param_space = {}
     scheduler = create_scheduler(plan.scheduler, metric=plan.metric, mode=plan.mode, max_t=_max_epochs(plan))
 
-    preexisting_children = _child_pids()
-    started_ray = _init_ray(ray_address, ray_init_kwargs, tracking_uri)
-    _stop_credential_propagation()
+    with ray_session(ray_address, ray_init_kwargs, env_vars={"MLFLOW_TRACKING_URI": tracking_uri}):
+        _stop_credential_propagation()
+        trials, restored = _fit(
+            plan,
+            trial_fn,
+            tracker,
+            storage,
+            experiment_path,
+            experiment_uri,
+            param_space,
+            searcher,
+            scheduler,
+            ProgressCallback(name=plan.name, total=total) if progress else None,
+        )
+    run_ids = tracker.child_run_ids()
+    return StudyResult(
+        experiment_path=experiment_uri,
+        tracking_uri=tracking_uri,
+        parent_run_id=tracker.parent_run_id,
+        trials=[_record(t, run_ids, plan.base_config) for t in trials or []],
+        restored=restored,
+    )
+
+
+def _fit(
+    plan: StudyPlan,
+    trial_fn: TrialFunction,
+    tracker: MlflowTrackingCallback,
+    storage: ResolvedStorage,
+    experiment_path: str,
+    experiment_uri: str,
+    param_space: dict[str, Any],
+    searcher: Any,
+    scheduler: Any,
+    progress: ProgressCallback | None,
+) -> tuple[list[Any] | None, bool]:
+    """Start or restore the Tuner and run it; the tracker's runs are closed whatever happens."""
+    from ray import tune
+
+    total = expected_trials(plan)
     parent_status = "FAILED"
     trials: list[Any] | None = None
     restored = False
@@ -323,7 +312,7 @@ def run_study(
         resources = {k: float(v) for k, v in plan.resources}
         entry = tune.with_resources(
             tune.with_parameters(
-                tune_entry, trial_fn=trial_fn, base_config=plan.base_config, tracking_uri=tracking_uri
+                tune_entry, trial_fn=trial_fn, base_config=plan.base_config, tracking_uri=tracker.tracking_uri
             ),
             resources,
         )
@@ -340,8 +329,8 @@ def run_study(
             )
         else:
             callbacks: list[Any] = [tracker]
-            if progress:
-                callbacks.append(ProgressCallback(name=plan.name, total=total))
+            if progress is not None:
+                callbacks.append(progress)
             tuner = tune.Tuner(
                 entry,
                 param_space=param_space,
@@ -375,20 +364,8 @@ def run_study(
         parent_status = "KILLED"
         raise
     finally:
-        try:
-            tracker.close(status=parent_status, trials=trials, summary=_summary(trials, total))
-        finally:
-            if started_ray:
-                _shutdown_local_ray(preexisting_children)
-
-    run_ids = tracker.child_run_ids()
-    return StudyResult(
-        experiment_path=experiment_uri,
-        tracking_uri=tracking_uri,
-        parent_run_id=tracker.parent_run_id,
-        trials=[_record(t, run_ids, plan.base_config) for t in trials or []],
-        restored=restored,
-    )
+        tracker.close(status=parent_status, trials=trials, summary=_summary(trials, total))
+    return trials, restored
 
 
 def _summary(trials: list[Any] | None, total: int) -> dict[str, float] | None:

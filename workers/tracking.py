@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ray.tune.experiment import Trial
 
 __all__ = [
+    "ROLE_PHASE",
     "ROLE_STUDY",
     "ROLE_TRIAL",
     "TAG_ROLE",
@@ -52,6 +53,7 @@ __all__ = [
     "TAG_TRIAL_STATUS",
     "MlflowTrackingCallback",
     "RetryPolicy",
+    "StudyTracker",
     "default_tracking_uri",
     "ensure_sqlite_schema",
     "flatten_params",
@@ -66,6 +68,7 @@ TAG_TRIAL_ID = "ray.trial_id"
 TAG_TRIAL_STATUS = "autonorm.trial_status"
 TAG_PARENT = "mlflow.parentRunId"
 ROLE_STUDY = "study"
+ROLE_PHASE = "phase"
 ROLE_TRIAL = "trial"
 
 _T = TypeVar("_T")
@@ -152,95 +155,19 @@ def _numeric(value: Any) -> float | None:
     return None
 
 
-@dataclass
-class _ChildRun:
-    run_id: str
-    last_epoch: float = -math.inf
-    status: str = "RUNNING"
-
-
-class MlflowTrackingCallback(Callback):  # type: ignore[misc]
-    """Tune callback writing the study's parent run and one child run per trial.
-
-    Tune calls (in the driver): :meth:`setup` when ``Tuner.fit`` starts (also after a restore),
-    :meth:`on_trial_result` per reported epoch, :meth:`on_trial_complete` / :meth:`on_trial_error`
-    once per finished trial, :meth:`on_experiment_end` at the end. The runner calls :meth:`prepare`
-    before ``fit`` and :meth:`close` in its ``finally``.
-
-    Args:
-        tracking_uri: resolved MLflow URI (absolute sqlite path or server URL).
-        experiment_name: MLflow experiment (the study name).
-        key: the study's stable key (:func:`study_key` of the experiment path).
-        base_config: the plan's base trial config; child params are the resolved trial config.
-        metric_whitelist: prefixes of result keys logged as metrics (``epoch`` always is).
-        artifact_location: artifact root for a newly created experiment.
-        parent_tags / parent_params / artifacts: written on the parent run at :meth:`prepare`.
-        expected_trials: planned number of trials (parent param ``expected_trials``).
-        retry: retry policy for MLflow calls.
+class MlflowWriter:
+    """Every MLflow write of a study goes through one of these: a lazily built client, retries with
+    exponential back-off (:class:`RetryPolicy`), the sqlite schema created safely, the experiment
+    found or created. :class:`MlflowTrackingCallback` (per-trial runs) and :class:`StudyTracker`
+    (the study's own run and its outputs) are the two writers.
     """
 
-    def __init__(
-        self,
-        *,
-        tracking_uri: str,
-        experiment_name: str,
-        key: str,
-        base_config: Mapping[str, Any],
-        metric_whitelist: Sequence[str],
-        artifact_location: str | None = None,
-        parent_tags: Mapping[str, str] | None = None,
-        parent_params: Mapping[str, str] | None = None,
-        artifacts: Mapping[str, str] | None = None,
-        expected_trials: int | None = None,
-        retry: RetryPolicy | None = None,
-        study_name: str | None = None,
-    ) -> None:
-        self.tracking_uri = tracking_uri
-        self.experiment_name = experiment_name
-        self.key = key
-        self.base_config = dict(base_config)
-        self.metric_whitelist = tuple(metric_whitelist)
-        self.artifact_location = artifact_location
-        self.parent_tags = dict(parent_tags or {})
-        self.parent_params = dict(parent_params or {})
-        self.artifacts = dict(artifacts or {})
-        self.expected_trials = expected_trials
-        self.retry = retry or RetryPolicy()
-        self.study_name = study_name or experiment_name
-        self._reset_runtime()
-
-    # ---------------------------------------------------------------------------------- pickling
-
-    def _reset_runtime(self) -> None:
-        self._client: MlflowClient | None = None
-        self._experiment_id: str | None = None
-        self._parent_id: str | None = None
-        self._children: dict[str, _ChildRun] = {}
-        self._pending: dict[str, list[tuple[float, dict[str, float], int]]] = {}
-        self._uncreated: set[str] = set()
-        self._artifacts_logged = False
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Tune pickles callbacks into its experiment state; a restored copy must not trust anything
-        # learnt at runtime (the run map may be stale), so only the configuration travels.
-        state = self.__dict__.copy()
-        for name in (
-            "_client",
-            "_experiment_id",
-            "_parent_id",
-            "_children",
-            "_pending",
-            "_uncreated",
-            "_artifacts_logged",
-        ):
-            state.pop(name, None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._reset_runtime()
-
-    # ------------------------------------------------------------------------------------ MLflow
+    tracking_uri: str
+    experiment_name: str
+    artifact_location: str | None
+    retry: RetryPolicy
+    _client: MlflowClient | None
+    _experiment_id: str | None
 
     @property
     def client(self) -> MlflowClient:
@@ -253,10 +180,6 @@ class MlflowTrackingCallback(Callback):  # type: ignore[misc]
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
         return self._client
-
-    @property
-    def parent_run_id(self) -> str | None:
-        return self._parent_id
 
     def _call(self, fn: Callable[..., _T], *args: Any, attempts: int | None = None, **kwargs: Any) -> _T:
         """``fn(*args, **kwargs)`` with retries and exponential back-off; re-raises the last error."""
@@ -314,8 +237,108 @@ class MlflowTrackingCallback(Callback):  # type: ignore[misc]
                 self._experiment_id = experiment.experiment_id
         return self._experiment_id
 
+
+@dataclass
+class _ChildRun:
+    run_id: str
+    last_epoch: float = -math.inf
+    status: str = "RUNNING"
+
+
+class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
+    """Tune callback writing the study's parent run and one child run per trial.
+
+    Tune calls (in the driver): :meth:`setup` when ``Tuner.fit`` starts (also after a restore),
+    :meth:`on_trial_result` per reported epoch, :meth:`on_trial_complete` / :meth:`on_trial_error`
+    once per finished trial, :meth:`on_experiment_end` at the end. The runner calls :meth:`prepare`
+    before ``fit`` and :meth:`close` in its ``finally``.
+
+    Args:
+        tracking_uri: resolved MLflow URI (absolute sqlite path or server URL).
+        experiment_name: MLflow experiment (the study name).
+        key: the study's stable key (:func:`study_key` of the experiment path).
+        base_config: the plan's base trial config; child params are the resolved trial config.
+        metric_whitelist: prefixes of result keys logged as metrics (``epoch`` always is).
+        artifact_location: artifact root for a newly created experiment.
+        parent_tags / parent_params / artifacts: written on the parent run at :meth:`prepare`.
+        expected_trials: planned number of trials (parent param ``expected_trials``).
+        retry: retry policy for MLflow calls.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str,
+        experiment_name: str,
+        key: str,
+        base_config: Mapping[str, Any],
+        metric_whitelist: Sequence[str],
+        artifact_location: str | None = None,
+        parent_tags: Mapping[str, str] | None = None,
+        parent_params: Mapping[str, str] | None = None,
+        artifacts: Mapping[str, str] | None = None,
+        expected_trials: int | None = None,
+        retry: RetryPolicy | None = None,
+        study_name: str | None = None,
+        role: str = ROLE_STUDY,
+        nest_under: str | None = None,
+    ) -> None:
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.key = key
+        self.base_config = dict(base_config)
+        self.metric_whitelist = tuple(metric_whitelist)
+        self.artifact_location = artifact_location
+        self.parent_tags = dict(parent_tags or {})
+        self.parent_params = dict(parent_params or {})
+        self.artifacts = dict(artifacts or {})
+        self.expected_trials = expected_trials
+        self.retry = retry or RetryPolicy()
+        self.study_name = study_name or experiment_name
+        # A phase of a multi-plan study: its run is nested under the study's run (``nest_under``).
+        self.role = role
+        self.nest_under = nest_under
+        self._reset_runtime()
+
+    # ---------------------------------------------------------------------------------- pickling
+
+    def _reset_runtime(self) -> None:
+        self._client: MlflowClient | None = None
+        self._experiment_id: str | None = None
+        self._parent_id: str | None = None
+        self._children: dict[str, _ChildRun] = {}
+        self._pending: dict[str, list[tuple[float, dict[str, float], int]]] = {}
+        self._uncreated: set[str] = set()
+        self._artifacts_logged = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles callbacks into its experiment state; a restored copy must not trust anything
+        # learnt at runtime (the run map may be stale), so only the configuration travels.
+        state = self.__dict__.copy()
+        for name in (
+            "_client",
+            "_experiment_id",
+            "_parent_id",
+            "_children",
+            "_pending",
+            "_uncreated",
+            "_artifacts_logged",
+        ):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_runtime()
+
+    # ------------------------------------------------------------------------------------ MLflow
+
+    @property
+    def parent_run_id(self) -> str | None:
+        return self._parent_id
+
     def _find_parent(self) -> Any | None:
-        runs = self._search(f"tags.`{TAG_STUDY_KEY}` = '{self.key}' and tags.`{TAG_ROLE}` = '{ROLE_STUDY}'")
+        runs = self._search(f"tags.`{TAG_STUDY_KEY}` = '{self.key}' and tags.`{TAG_ROLE}` = '{self.role}'")
         if not runs:
             return None
         return min(runs, key=lambda r: r.info.start_time or 0)
@@ -345,7 +368,9 @@ class MlflowTrackingCallback(Callback):  # type: ignore[misc]
                 self._call(self.client.set_terminated, old, "KILLED")
             parent = None
         if parent is None:
-            tags = {TAG_ROLE: ROLE_STUDY, TAG_STUDY_KEY: self.key, **self.parent_tags}
+            tags = {TAG_ROLE: self.role, TAG_STUDY_KEY: self.key, **self.parent_tags}
+            if self.nest_under:
+                tags[TAG_PARENT] = self.nest_under
             run = self._call(self.client.create_run, experiment_id, tags=tags, run_name=self.study_name)
             parent_id = self._parent_id = run.info.run_id
             params = dict(self.parent_params)
@@ -627,3 +652,102 @@ def _trial_outcome(trial: Trial, *, errored: bool) -> str:
         return "error"
     status = (trial.last_result or {}).get("status")
     return str(status) if status in ("completed", "diverged") else "pruned"
+
+
+class StudyTracker(MlflowWriter):
+    """The study's own MLflow run: parent of every phase run (or of the trial runs of a one-plan
+    study), carrier of the study-level outputs (spec, verdict, reports, plots, verdict tags).
+
+    Found again by its stable ``key`` (:func:`study_key` of the study directory), never remembered,
+    so a rerun after a crash re-opens the same run.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str,
+        experiment_name: str,
+        key: str,
+        artifact_location: str | None = None,
+        retry: RetryPolicy | None = None,
+        run_name: str | None = None,
+    ) -> None:
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.key = key
+        self.artifact_location = artifact_location
+        self.retry = retry or RetryPolicy()
+        self.run_name = run_name or experiment_name
+        self._client = None
+        self._experiment_id = None
+        self.run_id: str | None = None
+
+    def open(
+        self,
+        *,
+        tags: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+        artifacts: Mapping[str, str] | None = None,
+    ) -> str:
+        """Find (or create) the study run, mark it RUNNING, add missing params, write ``artifacts``."""
+        from mlflow.entities import Param, RunTag
+
+        experiment_id = self._ensure_experiment()
+        found = self._search(f"tags.`{TAG_STUDY_KEY}` = '{self.key}' and tags.`{TAG_ROLE}` = '{ROLE_STUDY}'")
+        if found:
+            run = min(found, key=lambda r: r.info.start_time or 0)
+            self.run_id = run.info.run_id
+            existing = dict(run.data.params)
+            if run.info.status != "RUNNING":
+                self._call(self.client.update_run, self.run_id, status="RUNNING")
+        else:
+            all_tags = {TAG_ROLE: ROLE_STUDY, TAG_STUDY_KEY: self.key, **dict(tags or {})}
+            run = self._call(self.client.create_run, experiment_id, tags=all_tags, run_name=self.run_name)
+            self.run_id = run.info.run_id
+            existing = {}
+        # Params are immutable in MLflow: only the ones the run does not have yet.
+        new_params = [Param(k, str(v)[:6000]) for k, v in (params or {}).items() if k not in existing]
+        tag_items = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+        for i in range(0, max(len(new_params), 1), 100):
+            self._call(self.client.log_batch, self.run_id, params=new_params[i : i + 100], tags=tag_items)
+            tag_items = []
+        for name, text in (artifacts or {}).items():
+            self._call(self.client.log_text, self.run_id, text, name)
+        return self.run_id
+
+    def log_outputs(
+        self,
+        *,
+        files: Iterable[Path] = (),
+        tags: Mapping[str, str] | None = None,
+        metrics: Mapping[str, float] | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> None:
+        """Study outputs on the study run: files at the artifact root, tags, final metrics (step 0)."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        if self.run_id is None:
+            raise RuntimeError("StudyTracker.open() first")
+        attempts = self.retry.final_attempts
+        for path in files:
+            self._call(self.client.log_artifact, self.run_id, str(path), attempts=attempts)
+        now = int(time.time() * 1000)
+        metric_items = [
+            Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if math.isfinite(float(v))
+        ]
+        tag_items = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+        existing = self._call(self.client.get_run, self.run_id).data.params
+        param_items = [Param(k, str(v)[:6000]) for k, v in (params or {}).items() if k not in existing]
+        for i in range(0, max(len(metric_items), 1), 1000):
+            self._call(
+                self.client.log_batch,
+                self.run_id,
+                metrics=metric_items[i : i + 1000],
+                tags=tag_items if i == 0 else [],
+                params=param_items if i == 0 else [],
+                attempts=attempts,
+            )
+
+    def close(self, status: str) -> None:
+        if self.run_id is not None:
+            self._call(self.client.set_terminated, self.run_id, status, attempts=self.retry.final_attempts)
