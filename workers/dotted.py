@@ -11,9 +11,13 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["PathError", "format_path", "get_path", "set_path", "split_path", "with_values"]
+__all__ = ["ROOT", "PathError", "format_path", "get_path", "set_path", "split_path", "with_values"]
 
 Part = str | int
+
+ROOT = "@"
+"""A parameter named ``@`` holds a partial config merged at the root, leaf by leaf: a grid axis whose
+points set several coupled values at once (an arm and the learning rate tuned for it)."""
 
 
 class PathError(KeyError):
@@ -93,6 +97,9 @@ def set_path(doc: dict[str, Any], dotted: str | Sequence[Part], value: Any) -> N
 def _leaves(params: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     items: list[tuple[str, Any]] = []
     for key, value in params.items():
+        if key == ROOT and not prefix and isinstance(value, Mapping):
+            items.extend(_leaves(value))
+            continue
         path = f"{prefix}{key}"
         if isinstance(value, Mapping):
             items.extend(_leaves(value, prefix=f"{path}."))

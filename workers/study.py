@@ -1,0 +1,227 @@
+"""A study of one or more plans under one MLflow run: what every study kind runs through.
+
+A study kind (``studies.kinds``) turns a spec into phases, each one or more :class:`StudyPlan`. This
+module runs them: one Ray session for the whole study, one MLflow *study run* (found again by a
+stable key of the study directory, so a rerun re-opens it), each plan either as the study run itself
+(``nested=False``: a one-plan search, whose trial runs are the study run's children) or as a *phase
+run* nested under it (``nested=True``), the plan's Tune experiment in a subdirectory of the study
+directory. Study outputs (spec, verdict, reports, plots, tags) go on the study run through
+:class:`workers.tracking.StudyTracker`, with the same retry policy as every other MLflow write.
+
+Nothing here knows what a phase means; it knows only where things go.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from workers.plan import StorageConfig, StudyPlan, TrackingConfig
+from workers.runner import StudyResult, run_study
+from workers.session import ray_session
+from workers.storage import ResolvedStorage, resolve_storage
+from workers.trainable import TrialFunction
+
+__all__ = ["StudyRunner", "study_dir_uri"]
+
+logger = logging.getLogger(__name__)
+
+
+def study_dir_uri(storage: StorageConfig, name: str) -> str:
+    """``<storage>/<name>`` as a user-facing location (absolute path or ``s3://...``)."""
+    return resolve_storage(storage).experiment_uri(name)
+
+
+class StudyRunner:
+    """Context manager holding the Ray session and the study's MLflow run for every phase.
+
+    Args:
+        name: the study name (directory ``<storage>/<name>``, MLflow run name).
+        storage / tracking: the study's storage and tracking sections (from any of its plans).
+        expected_trials: every trial of every phase (the study run's ``expected_trials`` param).
+        tags / params / artifacts: written on the study run when it is opened.
+        trainable: trial function for every plan (tests inject one).
+        progress: print progress lines.
+        ray_address / ray_init_kwargs: see :func:`workers.session.ray_session`.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        storage: StorageConfig,
+        tracking: TrackingConfig,
+        expected_trials: int,
+        tags: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+        artifacts: Mapping[str, str] | None = None,
+        trainable: TrialFunction | None = None,
+        progress: bool = True,
+        ray_address: str | None = None,
+        ray_init_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        from workers.runner import _artifact_location, _tracking_uri
+        from workers.tracking import StudyTracker, study_key
+
+        self.name = name
+        self.storage: ResolvedStorage = resolve_storage(storage)
+        self._storage_config = storage
+        self.study_uri = self.storage.experiment_uri(name)
+        self.expected_trials = expected_trials
+        probe = StudyPlan(name=name, base_config={}, storage=storage, tracking=tracking)
+        self.tracking_uri = _tracking_uri(probe, self.storage)
+        self.artifact_location = _artifact_location(probe, self.storage, self.tracking_uri)
+        self.experiment = tracking.experiment
+        self.tracker = StudyTracker(
+            tracking_uri=self.tracking_uri,
+            experiment_name=self.experiment,
+            key=study_key(self.study_uri),
+            artifact_location=self.artifact_location,
+            run_name=name,
+        )
+        self._tags = dict(tags or {})
+        self._params = {**dict(params or {}), "expected_trials": str(expected_trials)}
+        self._artifacts = dict(artifacts or {})
+        self._trainable = trainable
+        self._progress = progress
+        self._ray_address = ray_address
+        self._ray_init_kwargs = ray_init_kwargs
+        self._session: Any = None
+        self.results: list[tuple[str, StudyPlan, StudyResult]] = []
+        self.started = time.monotonic()
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    @property
+    def run_id(self) -> str | None:
+        return self.tracker.run_id
+
+    def __enter__(self) -> StudyRunner:
+        self._session = ray_session(
+            self._ray_address, self._ray_init_kwargs, env_vars={"MLFLOW_TRACKING_URI": self.tracking_uri}
+        )
+        self._session.__enter__()
+        try:
+            self.tracker.open(tags=self._tags, params=self._params, artifacts=self._artifacts)
+        except Exception as exc:
+            # An MLflow outage must not stop the study: phases attach when MLflow answers again.
+            logger.error("MLflow not reachable at study start (%s); tracking will catch up later", exc)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        status = "FINISHED" if exc_type is None else "KILLED" if exc_type is KeyboardInterrupt else "FAILED"
+        try:
+            if self.tracker.run_id is None and exc_type is None:
+                self.tracker.open(tags=self._tags, params=self._params, artifacts=self._artifacts)
+            self.tracker.close(status)
+        except Exception as close_exc:
+            logger.error("could not close the study's MLflow run: %s", close_exc)
+        finally:
+            session, self._session = self._session, None
+            if session is not None:
+                session.__exit__(exc_type, exc, tb)
+
+    # -------------------------------------------------------------------------------- phases
+
+    def phase_plan(self, plan: StudyPlan) -> StudyPlan:
+        """``plan`` placed inside the study: its Tune experiment in ``<study dir>/<plan.name>`` and
+        its MLflow runs in the study's tracking store."""
+        storage = dataclasses.replace(self._storage_config, path=self.study_uri)
+        tracking = TrackingConfig(
+            uri=self.tracking_uri, experiment=self.experiment, artifact_location=self.artifact_location
+        )
+        return dataclasses.replace(plan, storage=storage, tracking=tracking)
+
+    def run(self, plan: StudyPlan, *, phase: str, nested: bool = True) -> StudyResult:
+        """Run (or resume) one plan of the study.
+
+        Args:
+            plan: the plan; with ``nested`` its storage/tracking are replaced (:meth:`phase_plan`).
+            phase: the phase name (``autonorm.phase`` tag on the plan's run).
+            nested: the plan is a phase (its run nested under the study run). ``False``: the plan
+                *is* the study (its experiment directory is the study directory, its run the study
+                run); only for a study whose only plan is this one.
+        """
+        tags = dict(plan.tags)
+        tags["autonorm.phase"] = phase
+        if nested:
+            plan = self.phase_plan(plan)
+        else:
+            tracking = TrackingConfig(
+                uri=self.tracking_uri, experiment=self.experiment, artifact_location=self.artifact_location
+            )
+            plan = dataclasses.replace(plan, tracking=tracking)
+        plan = dataclasses.replace(plan, tags=tuple(tags.items()))
+        result = run_study(
+            plan,
+            trainable=self._trainable,
+            progress=self._progress,
+            nest_under=self.run_id if nested else None,
+        )
+        if not nested and result.parent_run_id:
+            self.tracker.run_id = result.parent_run_id
+        self.results.append((phase, plan, result))
+        return result
+
+    def log_outputs(
+        self,
+        *,
+        files: Iterable[Path] = (),
+        tags: Mapping[str, str] | None = None,
+        metrics: Mapping[str, float] | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> None:
+        """Study outputs on the study run; an MLflow failure is logged, the files stay on disk."""
+        try:
+            if self.tracker.run_id is None:
+                self.tracker.open(tags=self._tags, params=self._params, artifacts=self._artifacts)
+            self.tracker.log_outputs(files=files, tags=tags, metrics=metrics, params=params)
+        except Exception as exc:
+            logger.error("could not log the study outputs to MLflow (%s); they are in %s", exc, self.study_uri)
+
+    # ------------------------------------------------------------------------------- outputs
+
+    def local_dir(self) -> Path:
+        """Where to write output files: the study directory, or a scratch directory for S3 storage
+        (then :meth:`publish` copies them into the study directory)."""
+        if self.storage.is_local:
+            path = Path(self.storage.experiment_path(self.name))
+        else:
+            import tempfile
+
+            path = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def publish(self, files: Iterable[Path]) -> None:
+        """Copy output files into the study directory when it is remote (no-op for local storage)."""
+        if self.storage.is_local:
+            return
+        fs = self.storage.filesystem
+        target = self.storage.experiment_path(self.name)
+        assert fs is not None
+        fs.create_dir(target, recursive=True)
+        for path in files:
+            with fs.open_output_stream(f"{target}/{path.name}") as out:
+                out.write(path.read_bytes())
+
+    def resource_hours(self) -> tuple[float, float]:
+        """CPU and GPU hours spent by every trial so far (trial time × per-trial resources)."""
+        cpu_h = gpu_h = 0.0
+        for _, plan, result in self.results:
+            res = dict(plan.resources)
+            seconds = sum(float(t.metrics.get("time_total_s") or 0.0) for t in result.trials)
+            cpu_h += seconds * res.get("cpu", 0.0) / 3600.0
+            gpu_h += seconds * res.get("gpu", 0.0) / 3600.0
+        return cpu_h, gpu_h
+
+    @property
+    def wall_time_s(self) -> float:
+        return time.monotonic() - self.started
