@@ -1,6 +1,6 @@
 """Search: a plan's space compiled to an Optuna define-by-run function, samplers, schedulers.
 
-Three Ray/Optuna behaviours shape this module (see DESIGN.md):
+Four Ray/Optuna behaviours shape this module (see docs/architecture.md):
 
 * ``OptunaSearch`` with a define-by-run space ignores ``TuneConfig(metric, mode)``, so metric and
   mode go on the searcher (and on the scheduler), never on ``TuneConfig``.
@@ -12,6 +12,14 @@ Three Ray/Optuna behaviours shape this module (see DESIGN.md):
   share a storage; every study gets its own name here. The Optuna study lives in memory and is
   pickled with Tune's searcher state, so ``Tuner.restore`` brings back exactly the trials Tune's
   snapshot knows (an external database would run ahead of that snapshot after a crash).
+* A diverged trial reports its search metric as NaN (Tune ends the study at a result without it).
+  Optuna rejects NaN as an intermediate value, so :class:`PruningAwareOptunaSearch` never forwards a
+  non-finite one and tells the trial FAIL. Ray's ASHA and median rule survive NaN (ASHA takes
+  ``nanpercentile`` over a rung, the median rule drops non-finite running means) but raise
+  ``TypeError`` on ``None``, and an infinite value makes ASHA's rung cutoff NaN (``-inf`` + ``inf``
+  in the percentile interpolation), so that rung stops nothing. :class:`FiniteASHAScheduler` and
+  :class:`FiniteMedianStoppingRule` hand them NaN for every non-finite or missing value: a trial
+  without a finite metric never moves another trial's cutoff.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ __all__ = [
     "SAMPLERS",
     "SCHEDULERS",
     "DefineByRunSpace",
+    "FiniteASHAScheduler",
+    "FiniteMedianStoppingRule",
     "PruningAwareOptunaSearch",
     "create_sampler",
     "create_scheduler",
@@ -296,6 +306,44 @@ def grid_param_space(plan: StudyPlan) -> dict[str, Any]:
     return space
 
 
+def _finite_metric(result: dict[str, Any], metric: str | None) -> dict[str, Any]:
+    """``result`` with a non-finite or ``None`` ``metric`` replaced by NaN (a copy only when changed).
+
+    A result without the metric is returned unchanged: Ray's schedulers ignore such results.
+    """
+    if metric is None or metric not in result or _is_finite_number(result[metric]):
+        return result
+    return {**result, metric: math.nan}
+
+
+class FiniteASHAScheduler(ASHAScheduler):  # type: ignore[misc]
+    """Ray's ASHA, fed NaN for every non-finite search metric (see the module docstring).
+
+    NaN is recorded at the rung (so the trial is not re-judged there) and ignored by the rung's
+    ``nanpercentile`` cutoff; ``None`` would raise ``TypeError`` and ``inf`` would make the cutoff NaN.
+    """
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
+        return str(super().on_trial_result(tune_controller, trial, _finite_metric(result, self._metric)))
+
+    def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
+        super().on_trial_complete(tune_controller, trial, _finite_metric(result, self._metric))
+
+
+class FiniteMedianStoppingRule(MedianStoppingRule):  # type: ignore[misc]
+    """Ray's median stopping rule, fed NaN for every non-finite search metric.
+
+    A trial with a NaN epoch has a NaN running mean, which the rule leaves out of the median; ``None``
+    would raise ``TypeError`` when the rule compares values.
+    """
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
+        return str(super().on_trial_result(tune_controller, trial, _finite_metric(result, self._metric)))
+
+    def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
+        super().on_trial_complete(tune_controller, trial, _finite_metric(result, self._metric))
+
+
 def create_scheduler(config: SchedulerConfig, *, metric: str, mode: str, max_t: int) -> TrialScheduler:
     """The trial scheduler; ``max_t`` is the number of epochs (one report per epoch).
 
@@ -305,7 +353,7 @@ def create_scheduler(config: SchedulerConfig, *, metric: str, mode: str, max_t: 
     if config.type == "fifo":
         return FIFOScheduler()
     if config.type == "asha":
-        return ASHAScheduler(
+        return FiniteASHAScheduler(
             time_attr="training_iteration",
             metric=metric,
             mode=mode,
@@ -314,7 +362,7 @@ def create_scheduler(config: SchedulerConfig, *, metric: str, mode: str, max_t: 
             reduction_factor=config.reduction_factor,
         )
     if config.type == "median":
-        return MedianStoppingRule(
+        return FiniteMedianStoppingRule(
             time_attr="training_iteration",
             metric=metric,
             mode=mode,

@@ -5,12 +5,17 @@ the sampled dotted-path parameters applied) and a :class:`TrialSession` through 
 result per epoch, with the whole training state as a checkpoint. :func:`autonorm_trial` is the
 default; tests and benchmarks inject their own, and get the same reporting/resume path.
 
-Why it looks like this (DESIGN.md):
+Why it looks like this (docs/architecture.md):
 
 * ``ray.tune.report`` only -- ``ray.train.report`` inside a Tune trial fails the trial.
 * Every report carries ``status``: ``running`` until the last epoch, then ``completed`` or
   ``diverged``. The searcher tells Optuna PRUNED for a trial whose last result is not final, so the
   one field separates "a scheduler stopped it" from "it finished".
+* Every report carries the study's search metric. Tune checks each result for it and a result
+  without it raises inside ``Tuner.fit``, ending the whole study (and every restore of it): a trial
+  that diverged before finishing an epoch reports the metric as NaN; the searcher tells Optuna FAIL.
+* Every report carries the resolved trial config as JSON (:data:`CONFIG_RESULT_KEY`), so the driver
+  reads it from ``trial.last_result`` instead of resolving it again.
 * A new trial process costs ~10 s here (torch import, first optimizer). Tune reuses actors
   (``reuse_actors=True``); torch is imported once per worker process, inside the trial, so the
   driver never pays for it, and loaded data sets are memoised per process (see :func:`_load_splits`).
@@ -18,70 +23,105 @@ Why it looks like this (DESIGN.md):
 
 from __future__ import annotations
 
-import copy
 import functools
+import json
+import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from workers.dotted import with_values
+
 __all__ = [
     "CHECKPOINT_FILE",
+    "CONFIG_RESULT_KEY",
     "TrialFunction",
     "TrialSession",
     "autonorm_trial",
+    "config_from_result",
     "resolve_trial_config",
-    "set_dotted",
+    "tune_entry",
 ]
 
 #: File name of the training state inside a Tune checkpoint directory.
 CHECKPOINT_FILE = "state.pt"
 
-
-def set_dotted(config: dict[str, Any], path: str, value: Any) -> None:
-    """Set ``config["a"]["b"]["c"] = value`` for ``path="a.b.c"``, creating missing mappings.
-
-    Raises:
-        ValueError: when a path component exists but is not a mapping.
-    """
-    parts = path.split(".")
-    node = config
-    for i, key in enumerate(parts[:-1]):
-        child = node.get(key)
-        if child is None:
-            child = {}
-            node[key] = child
-        elif not isinstance(child, dict):
-            raise ValueError(
-                f"cannot set {path!r}: {'.'.join(parts[: i + 1])!r} is a {type(child).__name__}, not a mapping"
-            )
-        node = child
-    node[parts[-1]] = value
+#: Result key of the resolved trial config, as JSON text: one string column in Tune's logs, never a
+#: number, so the MLflow callback (numbers only) never logs it. Read it with :func:`config_from_result`.
+CONFIG_RESULT_KEY = "config_resolved"
 
 
 def resolve_trial_config(base_config: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
     """The config a trial runs: a deep copy of ``base_config`` with each dotted-path param applied.
 
     ``params`` are Tune's trial config: Optuna's suggested values or one grid point, keyed by dotted
-    path (``"model.norm.tau"``, ``"seed"``). Nested mappings (Tune's own unflattening of ``a/b`` keys)
-    are applied leaf by leaf.
+    path (``"model.norm.tau"``, ``"model.hidden.0"``, ``"seed"``). Nested mappings (Tune's own
+    unflattening of ``a/b`` keys) are applied leaf by leaf. A thin alias of
+    :func:`workers.dotted.with_values`, the one implementation spec validation uses too.
+
+    Raises:
+        workers.dotted.PathError: a path descends into a single value, or a list index is out of range.
     """
-    config = copy.deepcopy(dict(base_config))
-    for path, value in _flatten(params):
-        set_dotted(config, path, value)
-    return config
+    return with_values(base_config, params)
 
 
-def _flatten(params: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    items: list[tuple[str, Any]] = []
-    for key, value in params.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            items.extend(_flatten(value, prefix=f"{path}."))
-        else:
-            items.append((path, value))
-    return items
+def config_from_result(
+    result: Mapping[str, Any] | None, base_config: Mapping[str, Any], params: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The resolved trial config, read from a trial's result when the trial put it there.
+
+    Every report made through a :class:`TrialSession` started by :func:`tune_entry` carries the
+    config as JSON under :data:`CONFIG_RESULT_KEY`, so the driver (runner, tracking) reads it from
+    ``trial.last_result`` instead of resolving it again. A trial that never reported (it errored
+    first) falls back to :func:`resolve_trial_config`.
+    """
+    text = (result or {}).get(CONFIG_RESULT_KEY)
+    if isinstance(text, str):
+        try:
+            config = json.loads(text)
+        except ValueError:
+            config = None
+        if isinstance(config, dict):
+            return config
+    return resolve_trial_config(base_config, params)
+
+
+def _with_search_metric(payload: dict[str, Any], metric: str | None) -> None:
+    """Tune's strict metric check ends the whole study at a result without the search metric: a
+    trial with nothing finite to report (diverged in its first epoch) reports NaN instead."""
+    if metric is not None and payload.get(metric) is None:
+        payload[metric] = math.nan
+
+
+_DIVERGED_LOSS = re.compile(r"non-finite (training|validation) loss (\S+)")
+
+
+def _diverged_report(result: Any) -> dict[str, Any]:
+    """The last report of a diverged fit: the last whole epoch's metrics (``epoch`` 0 when none
+    finished) with the loss that blew up as ``train_loss`` (or ``val_loss``), NaN/inf as observed.
+
+    ``FitResult`` carries the observed value only in its message; NaN when it cannot be read.
+    """
+    metrics: dict[str, Any] = dict(result.final)
+    metrics["epoch"] = metrics.get("epoch", 0)
+    observed = math.nan
+    which = "training"
+    match = _DIVERGED_LOSS.search(str(getattr(result, "message", "")))
+    if match:
+        which = match.group(1)
+        try:
+            observed = float(match.group(2).rstrip(",;"))
+        except ValueError:
+            observed = math.nan
+    if which == "validation":
+        metrics["val_loss"] = observed
+        metrics["train_loss"] = math.nan  # the epoch did not finish: no whole-epoch training loss
+    else:
+        metrics["train_loss"] = observed
+    return metrics
 
 
 class TrialSession:
@@ -95,6 +135,10 @@ class TrialSession:
         checkpoint: the checkpoint Tune hands back (``ray.tune.get_checkpoint()``), or ``None``.
         tracking_uri: the study's resolved MLflow URI (passed explicitly: a relative or default URI
             would resolve differently in each worker).
+        metric: the study's search metric. Every report carries it; NaN when the trial function
+            left it out (or reported ``None``), so Tune's strict metric check never ends the study.
+        config: the resolved trial config, added to every report as JSON under
+            :data:`CONFIG_RESULT_KEY`.
     """
 
     def __init__(
@@ -103,8 +147,13 @@ class TrialSession:
         report_fn: Callable[..., None] | None = None,
         checkpoint: Any = None,
         tracking_uri: str | None = None,
+        metric: str | None = None,
+        config: Mapping[str, Any] | None = None,
     ) -> None:
         self._report_fn = report_fn
+        self.metric = metric
+        # Serialised once: a few hundred bytes per report, no work per epoch.
+        self._config_json = None if config is None else json.dumps(config, sort_keys=True, default=str)
         #: The study's MLflow URI, for trial functions that log artifacts of their own. Runs and
         #: metrics are written by the driver; a trial never needs it for those.
         self.tracking_uri = tracking_uri
@@ -169,13 +218,17 @@ class TrialSession:
         """Report one epoch (``metrics["epoch"]`` is the trial's own epoch) to Tune.
 
         Args:
-            metrics: JSON-able numbers; ``epoch`` should be present (MLflow steps use it).
+            metrics: JSON-able numbers; ``epoch`` should be present (MLflow steps use it, and a trial's
+                MLflow run is created at its first result with an ``epoch``).
             state: the whole training state, saved as this epoch's checkpoint.
             status: ``running``, or on the last report ``completed`` / ``diverged``.
         """
         payload = dict(metrics)
         payload["status"] = status
         payload["node_id"] = self.node_id
+        _with_search_metric(payload, self.metric)
+        if self._config_json is not None:
+            payload[CONFIG_RESULT_KEY] = self._config_json
         report_fn = self._report_fn
         if report_fn is None:
             from ray import tune
@@ -305,11 +358,15 @@ def autonorm_trial(config: dict[str, Any], session: TrialSession) -> None:
         checkpoint_fn=reporter.checkpoint_fn,
     )
     reporter.finish()
-    final = "diverged" if result.status == "diverged" else "completed"
-    if session.last_status != final:
-        # The fit ended before its planned last epoch (divergence mid-epoch, early stop): one more
-        # report, with the last whole epoch's metrics, so the trial's final status is on record.
-        session.report(dict(result.final), status=final)
+    if result.status == "diverged":
+        # Always one more report: the fit stopped inside an epoch (or at its validation), so no
+        # report says so yet. It has the last whole epoch's metrics (none: epoch 0, the search
+        # metric NaN) and the loss that blew up.
+        session.report(_diverged_report(result), status="diverged")
+    elif session.last_status != "completed":
+        # An early stop before the planned last epoch: the last whole epoch's metrics, once more,
+        # so the trial's final status is on record.
+        session.report(dict(result.final), status="completed")
 
 
 def tune_entry(
@@ -318,13 +375,25 @@ def tune_entry(
     trial_fn: TrialFunction,
     base_config: Mapping[str, Any],
     tracking_uri: str | None = None,
+    metric: str | None = None,
 ) -> None:
     """Tune function trainable: resolve the trial config, hand the checkpoint over, run ``trial_fn``.
 
     Wrapped with ``tune.with_parameters`` by the runner so ``trial_fn`` and ``base_config`` travel
     through the object store once, not inside every trial config.
+
+    Args:
+        config: Tune's trial config (sampled parameters by dotted path).
+        trial_fn: the trial function.
+        base_config: the plan's base trial config.
+        tracking_uri: the study's MLflow URI, for the session.
+        metric: the plan's search metric (``plan.metric``). Every report then carries it (NaN when
+            the trial has no value), which Tune requires of every result; ``None`` adds nothing.
     """
     from ray import tune
 
-    session = TrialSession(checkpoint=tune.get_checkpoint(), tracking_uri=tracking_uri)
-    trial_fn(resolve_trial_config(base_config, config), session)
+    resolved = resolve_trial_config(base_config, config)
+    session = TrialSession(
+        checkpoint=tune.get_checkpoint(), tracking_uri=tracking_uri, metric=metric, config=resolved
+    )
+    trial_fn(resolved, session)

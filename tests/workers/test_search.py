@@ -1,8 +1,10 @@
-"""Search-space compilation, samplers and the PRUNED completion hook (no Ray cluster needed)."""
+"""Search-space compilation, samplers, the PRUNED/FAIL completion hook and schedulers fed non-finite
+metrics (no Ray cluster needed)."""
 
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import optuna
 import pytest
@@ -12,6 +14,8 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule
 from workers.plan import ParamDef, SamplerConfig, SchedulerConfig, StudyPlan
 from workers.search import (
     DefineByRunSpace,
+    FiniteASHAScheduler,
+    FiniteMedianStoppingRule,
     PruningAwareOptunaSearch,
     classify_completion,
     create_sampler,
@@ -44,9 +48,19 @@ def _plan(**kwargs: object) -> StudyPlan:
     return StudyPlan(**defaults)  # type: ignore[arg-type]
 
 
+def _ot_study(searcher: PruningAwareOptunaSearch) -> optuna.Study:
+    """The searcher's in-memory Optuna study (Ray annotates the attribute as ``None``)."""
+    return cast(optuna.Study, searcher._ot_study)
+
+
 def _sample(space: DefineByRunSpace, *, seed: int, n: int) -> list[dict[str, object]]:
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    study.optimize(lambda t: space(t) or 0.0, n_trials=n)
+
+    def objective(trial: optuna.Trial) -> float:
+        space(trial)
+        return 0.0
+
+    study.optimize(objective, n_trials=n)
     return [t.params for t in study.trials]
 
 
@@ -74,9 +88,10 @@ def test_searcher_is_reproducible_for_a_seed(sampler: str) -> None:
     def suggestions(seed: int) -> list[dict[str, object]]:
         plan = _plan(sampler=SamplerConfig(type=sampler, seed=seed, n_startup_trials=2))  # type: ignore[arg-type]
         searcher = create_searcher(plan, study_key="k" * 16)
-        out = []
+        out: list[dict[str, object]] = []
         for i in range(6):
             config = searcher.suggest(f"t{i}")
+            assert config is not None
             out.append(config)
             searcher.on_trial_complete(f"t{i}", {"status": "completed", "val_accuracy": 0.1 * i})
         return out
@@ -91,8 +106,8 @@ def test_searcher_uses_plan_metric_mode_and_unique_study_name() -> None:
     searcher = create_searcher(plan, study_key="abcdef0123456789")
     assert searcher.metric == "val_loss"
     assert searcher.mode == "min"
-    assert searcher._ot_study.direction == optuna.study.StudyDirection.MINIMIZE
-    assert searcher._ot_study.study_name == optuna_study_name("s", "abcdef0123456789")
+    assert _ot_study(searcher).direction == optuna.study.StudyDirection.MINIMIZE
+    assert _ot_study(searcher).study_name == optuna_study_name("s", "abcdef0123456789")
     assert optuna_study_name("s", "abcdef0123456789") != optuna_study_name("s", "0123456789abcdef")
 
 
@@ -115,7 +130,7 @@ def test_completion_hook_tells_optuna_pruned_complete_and_fail() -> None:
     searcher.on_trial_complete("nan", {"val_accuracy": float("nan"), "status": "completed"})
     # A second completion for the same trial is ignored, not told twice.
     searcher.on_trial_complete("finished", {"val_accuracy": 0.1, "status": "completed"})
-    states = {t.number: (t.state, t.value) for t in searcher._ot_study.trials}
+    states = {t.number: (t.state, t.value) for t in _ot_study(searcher).trials}
     state = optuna.trial.TrialState
     assert states[0][0] == state.PRUNED
     assert states[1] == (state.COMPLETE, 0.9)
@@ -124,14 +139,30 @@ def test_completion_hook_tells_optuna_pruned_complete_and_fail() -> None:
     assert states[4][0] == state.FAIL
 
 
-def test_non_finite_intermediate_values_do_not_reach_optuna() -> None:
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), float("-inf"), None, "missing"])
+def test_non_finite_intermediate_values_do_not_reach_optuna(bad: object) -> None:
     searcher = create_searcher(_plan(), study_key="0" * 16)
     searcher.suggest("t")
-    searcher.on_trial_result("t", {"val_accuracy": float("inf"), "training_iteration": 1})
+    first: dict[str, object] = {"training_iteration": 1}
+    if bad != "missing":
+        first["val_accuracy"] = bad
+    searcher.on_trial_result("t", first)
     searcher.on_trial_result("t", {"val_accuracy": 0.4, "training_iteration": 2})
     assert searcher._ot_trials["t"].storage.get_trial(
         searcher._ot_trials["t"]._trial_id
     ).intermediate_values == {2: 0.4}
+
+
+def test_a_trial_diverged_in_its_first_epoch_is_told_fail() -> None:
+    """What a diverged-in-epoch-1 trial sends: one result, metric NaN, status diverged."""
+    searcher = create_searcher(_plan(), study_key="0" * 16)
+    searcher.suggest("t")
+    last = {"val_accuracy": float("nan"), "status": "diverged", "epoch": 0, "training_iteration": 1}
+    searcher.on_trial_result("t", last)
+    searcher.on_trial_complete("t", last)
+    [trial] = _ot_study(searcher).trials
+    assert trial.state == optuna.trial.TrialState.FAIL
+    assert trial.intermediate_values == {}
 
 
 @pytest.mark.parametrize(
@@ -144,6 +175,11 @@ def test_non_finite_intermediate_values_do_not_reach_optuna() -> None:
         ({"status": "completed", "m": 1.0}, False, ("complete", 1.0)),
         ({"status": "completed", "m": float("inf")}, False, ("fail", None)),
         ({"status": "diverged", "m": 0.7}, False, ("fail", None)),
+        ({"status": "diverged", "m": float("nan")}, False, ("fail", None)),
+        ({"status": "diverged"}, False, ("fail", None)),
+        ({"status": "completed", "m": float("nan")}, False, ("fail", None)),
+        ({"status": "completed"}, False, ("fail", None)),
+        ({"status": "completed", "m": 1.0}, True, ("fail", None)),
     ],
 )
 def test_classify_completion(
@@ -195,9 +231,10 @@ def test_schedulers() -> None:
     asha = create_scheduler(SchedulerConfig(type="asha", grace_period=2), metric="m", mode="max", max_t=9)
     median = create_scheduler(SchedulerConfig(type="median"), metric="m", mode="min", max_t=5)
     assert isinstance(fifo, FIFOScheduler)
-    assert isinstance(asha, ASHAScheduler)
+    assert isinstance(asha, ASHAScheduler) and isinstance(asha, FiniteASHAScheduler)
     assert asha.metric == "m" and asha._time_attr == "training_iteration"
-    assert isinstance(median, MedianStoppingRule) and median._mode == "min"
+    assert isinstance(median, MedianStoppingRule) and isinstance(median, FiniteMedianStoppingRule)
+    assert median._mode == "min"
     with pytest.raises(ValueError, match="valid: fifo, asha, median"):
         create_scheduler(SchedulerConfig(type="hyperband"), metric="m", mode="max", max_t=5)  # type: ignore[arg-type]
 
@@ -223,3 +260,63 @@ def test_pruning_aware_searcher_is_an_optuna_search() -> None:
     searcher = create_searcher(_plan(), study_key="0" * 16)
     for name in ("_ot_trials", "_ot_study", "_completed_trials"):
         assert hasattr(searcher, name), name
+
+
+class _Controller:
+    """The one thing the median rule asks Tune's controller (when samples are too few)."""
+
+    def get_live_trials(self) -> list[object]:
+        return []
+
+
+def _stub_trial(trial_id: str) -> object:
+    from ray.tune.experiment import Trial
+
+    return Trial("__fake", trial_id=trial_id, stub=True)
+
+
+@pytest.mark.parametrize("kind", ["asha", "median"])
+@pytest.mark.parametrize("mode", ["max", "min"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), None])
+def test_a_trial_without_a_finite_metric_never_moves_another_trials_cutoff(
+    kind: str, mode: str, bad: object
+) -> None:
+    """Decisions for the other trials equal those made when the bad trial never reported at all.
+
+    Ray's own ASHA raises TypeError on ``None`` and, for an infinite value, interpolates a NaN rung
+    cutoff that stops nothing; the median rule raises on ``None``.
+    """
+    sign = 1.0 if mode == "max" else -1.0
+    good = [("a", 0.9), ("c", 0.8), ("d", 0.1), ("e", 0.85), ("f", 0.05)]
+
+    def decisions(with_bad: bool) -> dict[str, list[str]]:
+        config = SchedulerConfig(type=kind, grace_period=1, reduction_factor=2)  # type: ignore[arg-type]
+        scheduler: Any = create_scheduler(config, metric="m", mode=mode, max_t=4)
+        controller = _Controller()
+        trials = {name: _stub_trial(name) for name in ["a", "b", "c", "d", "e", "f"]}
+        for trial in trials.values():
+            scheduler.on_trial_add(controller, trial)
+        out: dict[str, list[str]] = {}
+
+        def report(name: str, trial: object, result: dict[str, object]) -> None:
+            if "STOP" not in out.get(name, []):  # Tune sends nothing more to a stopped trial
+                out.setdefault(name, []).append(scheduler.on_trial_result(controller, trial, result))
+
+        for it in (1, 2):
+            if with_bad:
+                report("b", trials["b"], {"training_iteration": it, "m": bad, "status": "running"})
+            for name, value in good:
+                report(name, trials[name], {"training_iteration": it, "m": sign * value * it})
+        if with_bad:
+            final = {"training_iteration": 3, "m": bad, "status": "diverged"}
+            scheduler.on_trial_complete(controller, trials["b"], final)
+        late = _stub_trial("g")
+        scheduler.on_trial_add(controller, late)
+        for it in (1, 2):
+            report("g", late, {"training_iteration": it, "m": sign * 0.5})
+        return out
+
+    with_bad = decisions(True)
+    without = decisions(False)
+    assert {k: v for k, v in with_bad.items() if k != "b"} == without
+    assert "STOP" in [a for v in without.values() for a in v]  # the comparison is not vacuous

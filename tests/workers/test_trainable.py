@@ -1,7 +1,10 @@
-"""Trial config resolution, the trial session (report + checkpoint + resume), epoch pairing."""
+"""Trial config resolution, the trial session (report + checkpoint + resume), epoch pairing, the
+reports of a diverged trial."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -11,12 +14,15 @@ import pytest
 import torch
 from ray import tune
 
+from workers.dotted import PathError
 from workers.trainable import (
     CHECKPOINT_FILE,
+    CONFIG_RESULT_KEY,
     TrialSession,
     _EpochReporter,
+    config_from_result,
     resolve_trial_config,
-    set_dotted,
+    tune_entry,
 )
 
 BASE = {
@@ -45,10 +51,15 @@ def test_resolve_accepts_nested_params() -> None:
     assert config["model"]["norm"]["type"] == "autonorm"
 
 
-def test_set_dotted_refuses_to_descend_into_a_scalar() -> None:
-    config: dict[str, Any] = {"seed": 0}
-    with pytest.raises(ValueError, match="'seed' is a int"):
-        set_dotted(config, "seed.x", 1)
+def test_resolve_goes_through_workers_dotted_list_indices_included() -> None:
+    base = {"model": {"hidden": [64, 64, 32]}, "seed": 0}
+    config = resolve_trial_config(base, {"model.hidden.1": 128, "model.hidden.-1": 16})
+    assert config["model"]["hidden"] == [64, 128, 16]
+    assert base["model"]["hidden"] == [64, 64, 32]  # type: ignore[index]
+    with pytest.raises(PathError, match="index 3 out of range"):
+        resolve_trial_config(base, {"model.hidden.3": 1})
+    with pytest.raises(PathError, match="seed is a single value"):
+        resolve_trial_config(base, {"seed.x": 1})
 
 
 class _Recorder:
@@ -72,7 +83,7 @@ def test_session_reports_status_node_and_a_resumable_checkpoint(tmp_path: Path) 
     recorder = _Recorder(tmp_path)
     session = TrialSession(report_fn=recorder)
     assert session.resume_state is None
-    state = {"epoch": 1, "weights": torch.arange(4.0)}
+    state: dict[str, Any] = {"epoch": 1, "weights": torch.arange(4.0)}
     session.report({"epoch": 1, "val_accuracy": 0.5}, state=state)
     session.report({"epoch": 2, "val_accuracy": 0.6}, status="completed")
     (first, ckpt), (second, no_ckpt) = recorder.calls
@@ -221,3 +232,127 @@ def test_trial_ending_early_reports_its_final_status(
     assert [c["status"] for c in calls] == expected
     if history:
         assert calls[-1]["val_accuracy"] == history[-1]["val_accuracy"]
+
+
+# ------------------------------------------------------------------ search metric, resolved config
+
+
+def test_every_report_carries_the_search_metric_nan_when_missing() -> None:
+    calls: list[dict[str, Any]] = []
+    session = TrialSession(report_fn=lambda m, checkpoint=None: calls.append(m), metric="val_rmse")
+    session.report({"epoch": 1, "val_rmse": 0.25})
+    session.report({"epoch": 2})
+    session.report({"epoch": 3, "val_rmse": None}, status="diverged")
+    assert calls[0]["val_rmse"] == 0.25
+    assert math.isnan(calls[1]["val_rmse"]) and math.isnan(calls[2]["val_rmse"])
+    # Without a metric nothing is added (the trial function's keys only).
+    bare: list[dict[str, Any]] = []
+    TrialSession(report_fn=lambda m, checkpoint=None: bare.append(m)).report({"epoch": 1})
+    assert set(bare[0]) == {"epoch", "status", "node_id"}
+
+
+def test_resolved_config_travels_in_every_report_and_is_read_back() -> None:
+    config = resolve_trial_config(BASE, {"model.norm.tau": 0.1, "seed": 4})
+    calls: list[dict[str, Any]] = []
+    session = TrialSession(report_fn=lambda m, checkpoint=None: calls.append(m), config=config)
+    session.report({"epoch": 1})
+    session.report({"epoch": 2}, status="completed")
+    assert all(isinstance(c[CONFIG_RESULT_KEY], str) for c in calls)  # text: no metric logger takes it
+    assert json.loads(calls[-1][CONFIG_RESULT_KEY]) == config
+    # The driver reads it back without resolving; a trial that never reported falls back to resolving.
+    sentinel_base = {"never": "used"}
+    assert config_from_result(calls[-1], sentinel_base, {}) == config
+    assert config_from_result(None, BASE, {"seed": 4}) == resolve_trial_config(BASE, {"seed": 4})
+    assert config_from_result({CONFIG_RESULT_KEY: "{not json"}, BASE, {}) == resolve_trial_config(BASE, {})
+
+
+def test_tune_entry_resolves_once_and_gives_the_session_metric_and_config() -> None:
+    seen: list[tuple[dict[str, Any], TrialSession]] = []
+    tune_entry(
+        {"model.norm.tau": 0.2, "training": {"epochs": 5}},
+        trial_fn=lambda config, session: seen.append((config, session)),
+        base_config=BASE,
+        tracking_uri="sqlite:////tmp/x.db",
+        metric="val_accuracy",
+    )
+    [(config, session)] = seen
+    assert config == resolve_trial_config(BASE, {"model.norm.tau": 0.2, "training.epochs": 5})
+    assert session.metric == "val_accuracy" and session.tracking_uri == "sqlite:////tmp/x.db"
+    assert session.resume_state is None
+
+
+DIABETES_SGD: dict[str, Any] = {
+    "data": {"type": "diabetes"},
+    "model": {"type": "mlp", "preset": "tiny"},
+    "training": {"epochs": 2, "batch_size": 32, "lr": 5.0, "optimizer": "sgd", "grad_clip": None},
+    "seed": 0,
+}
+
+
+def test_real_divergence_in_epoch_one_reports_epoch_zero_nan_metric_and_the_loss() -> None:
+    """The reproduction of the study crash: diabetes, plain SGD at lr 5, no clipping."""
+    from workers.trainable import autonorm_trial
+
+    calls: list[dict[str, Any]] = []
+    session = TrialSession(
+        report_fn=lambda m, checkpoint=None: calls.append(m), metric="val_rmse", config=DIABETES_SGD
+    )
+    autonorm_trial(resolve_trial_config(DIABETES_SGD, {}), session)
+    [final] = calls
+    assert final["status"] == "diverged"
+    assert final["epoch"] == 0
+    assert math.isnan(final["val_rmse"])
+    assert not math.isfinite(final["train_loss"])
+    assert json.loads(final[CONFIG_RESULT_KEY]) == DIABETES_SGD
+
+
+@pytest.mark.parametrize(
+    ("history", "message", "expected"),
+    [
+        # no whole epoch: epoch 0, the training loss as observed, the metric NaN
+        ([], "non-finite training loss inf at epoch 1, update 3", {"epoch": 0, "train_loss": math.inf}),
+        ([], "non-finite training loss nan at epoch 1, update 0", {"epoch": 0, "train_loss": math.nan}),
+        # epoch 1 finished: its metrics (the search metric included), the blown-up loss on top
+        (
+            [{"epoch": 1.0, "val_accuracy": 0.3, "train_loss": 0.9}],
+            "non-finite training loss -inf at epoch 2, update 40",
+            {"epoch": 1.0, "val_accuracy": 0.3, "train_loss": -math.inf},
+        ),
+        # the validation loss blew up after epoch 2: no whole-epoch training loss for epoch 2
+        (
+            [{"epoch": 1.0, "val_accuracy": 0.3, "train_loss": 0.9}],
+            "non-finite validation loss inf after epoch 2",
+            {"epoch": 1.0, "val_accuracy": 0.3, "train_loss": math.nan, "val_loss": math.inf},
+        ),
+        # an unreadable message: NaN, never the last finite epoch's loss
+        (
+            [{"epoch": 1.0, "val_accuracy": 0.3, "train_loss": 0.9}],
+            "",
+            {"epoch": 1.0, "train_loss": math.nan},
+        ),
+    ],
+)
+def test_diverged_final_report(
+    monkeypatch: pytest.MonkeyPatch, history: list[dict[str, float]], message: str, expected: dict[str, float]
+) -> None:
+    import autonorm_core.training as training
+    from workers.trainable import autonorm_trial
+
+    def fake_fit(model: Any, splits: Any, cfg: Any, *, callbacks: Any, checkpoint_fn: Any, **kw: Any) -> Any:
+        for row in history:
+            checkpoint_fn(int(row["epoch"]), {"epoch": row["epoch"]})
+            for cb in callbacks:
+                cb.on_epoch_end(int(row["epoch"]), model, dict(row))
+        return training.FitResult(status="diverged", history=list(history), message=message)
+
+    monkeypatch.setattr(training, "fit", fake_fit)
+    calls: list[dict[str, Any]] = []
+    session = TrialSession(report_fn=lambda m, checkpoint=None: calls.append(m), metric="val_accuracy")
+    autonorm_trial(resolve_trial_config(AUTONORM_CONFIG, {}), session)
+    final = calls[-1]
+    assert final["status"] == "diverged"
+    assert len(calls) == len(history) + 1
+    for key, value in expected.items():
+        assert (math.isnan(final[key]) and math.isnan(value)) or final[key] == value, (key, final[key])
+    if not history:
+        assert math.isnan(final["val_accuracy"])
