@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from tests.deploy.exposure import (
     launcher_problems,
     pod_templates,
 )
+from tests.deploy.static_checks import entrypoint_problems, parse_dockerfile, rayjob_entrypoints
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -157,11 +159,32 @@ def test_raycluster_has_cpu_head_and_autoscaling_gpu_workers() -> None:
         )  # extended resources: requests == limits
 
 
+def _image_app_dir() -> str:
+    """Where deploy/Dockerfile puts the checkout (the final WORKDIR)."""
+    _, stages = parse_dockerfile((DEPLOY / "Dockerfile").read_text())
+    return stages[-1].args("WORKDIR")[-1]
+
+
+def _local_command(entrypoint: str) -> list[str]:
+    """The entrypoint's words, image paths mapped to this checkout and python to the venv's."""
+    app = _image_app_dir().rstrip("/") + "/"
+    words = [str(ROOT / w[len(app) :]) if w.startswith(app) else w for w in shlex.split(entrypoint)]
+    assert words[0] == "python"
+    return [str(ROOT / ".venv" / "bin" / "python"), *words[1:]]
+
+
 def test_rayjob_runs_the_study_with_spec_from_configmap_and_secrets() -> None:
     job = _rayjob()["spec"]
     entrypoint = job["entrypoint"]
-    assert "python studies/batchsize_correlation.py" in entrypoint
+    words = shlex.split(entrypoint)
+    # The study script by absolute path inside the image's checkout, which the image really holds.
+    app = _image_app_dir()
+    assert words[:2] == ["python", f"{app}/studies/batchsize_correlation.py"]
     assert (ROOT / "studies" / "batchsize_correlation.py").exists()
+    final_stage = parse_dockerfile((DEPLOY / "Dockerfile").read_text())[1][-1]
+    assert ["studies/", "studies/"] in [c.split()[-2:] for c in final_stage.args("COPY")]
+    # The driver runs on the head (where the spec is mounted) only if it reserves no resources.
+    assert not {"entrypointNumCpus", "entrypointNumGpus", "entrypointResources"} & set(job)
     spec_path = re.search(r"--spec\s+(\S+)", entrypoint)
     assert spec_path is not None
     head_pod = job["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
@@ -184,17 +207,161 @@ def test_rayjob_runs_the_study_with_spec_from_configmap_and_secrets() -> None:
 
 
 def test_rayjob_entrypoint_parses_with_the_shipped_spec(tmp_path: Path) -> None:
-    """The exact entrypoint (paths mapped to this checkout) is accepted by the study's CLI."""
-    entrypoint = _rayjob()["spec"]["entrypoint"]
-    command = entrypoint.split("&&", 1)[1].split()
-    assert command[:2] == ["python", "studies/batchsize_correlation.py"]
-    command = [str(ROOT / ".venv" / "bin" / "python"), *command[1:]]
+    """The exact entrypoint (image paths mapped to this checkout) is accepted by the study's CLI,
+    from a working directory that is not the checkout (the job's driver starts wherever Ray puts it)."""
+    command = _local_command(_rayjob()["spec"]["entrypoint"])
     command[command.index("--spec") + 1] = str(ROOT / "studies" / "specs" / "batchsize_correlation.yaml")
     result = subprocess.run(
-        [*command, "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+        [*command, "--dry-run"], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "s3://autonorm-runs/batchsize_correlation" in result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# RayJob entrypoints as KubeRay submits them
+
+OLD_ENTRYPOINT = (
+    "cd /home/ray/app && python studies/batchsize_correlation.py --spec /home/ray/spec/study.yaml "
+    "--set storage_path=s3://autonorm-runs/batchsize_correlation"
+)
+"""The entrypoint before the fix: KubeRay submitted only `cd /home/ray/app`."""
+
+_RAYJOB_ENTRYPOINTS = list(rayjob_entrypoints(DEPLOY))
+
+
+def test_every_rayjob_in_deploy_is_checked() -> None:
+    assert [where for where, _ in _RAYJOB_ENTRYPOINTS] == ["kuberay/rayjob.yaml:RayJob/batchsize-correlation"]
+
+
+@pytest.mark.parametrize(
+    ("where", "entrypoint"), _RAYJOB_ENTRYPOINTS, ids=[w for w, _ in _RAYJOB_ENTRYPOINTS]
+)
+def test_rayjob_entrypoint_is_one_plain_command(where: str, entrypoint: Any) -> None:
+    assert entrypoint_problems(entrypoint, where) == []
+
+
+def test_entrypoint_check_rejects_the_old_entrypoint() -> None:
+    problems = entrypoint_problems(OLD_ENTRYPOINT)
+    assert len(problems) == 1 and "`&&`" in problems[0], problems
+
+
+@pytest.mark.parametrize(
+    ("operator", "named"),
+    [
+        (" && ", "`&&`"),
+        (" || ", "`||`"),
+        (" ; ", "`;`"),
+        ("; ", "`;`"),
+        (" | tee log", "`|`"),
+        (" &", "`&`"),
+        (" `hostname`", "backquote"),
+        (" $(hostname)", "`$(`"),
+        (" > log", "`>`"),
+        (" 2>&1", "`>`"),
+        (" < /dev/null", "`<`"),
+        ("\n", "newline"),
+        (" $HOME", "shell syntax"),
+        (" --set 'seeds=[0,1]'", "shell syntax"),
+        (" # comment", "shell syntax"),
+    ],
+)
+def test_entrypoint_check_rejects_every_shell_operator(operator: str, named: str) -> None:
+    entrypoint = _rayjob()["spec"]["entrypoint"] + operator + " echo done"
+    problems = entrypoint_problems(entrypoint)
+    assert any(named in p for p in problems), problems
+
+
+def test_entrypoint_check_reads_the_parsed_yaml_not_the_text(tmp_path: Path) -> None:
+    """The old command, as a folded YAML block in a second document of a nested .yml, is found and rejected."""
+    doc = copy.deepcopy(_rayjob())
+    doc["spec"]["entrypoint"] = OLD_ENTRYPOINT
+    nested = tmp_path / "a" / "b"
+    nested.mkdir(parents=True)
+    text = yaml.safe_dump({"kind": "ConfigMap", "metadata": {"name": "x"}})
+    body = yaml.safe_dump(doc, width=10_000).replace(
+        f"entrypoint: {OLD_ENTRYPOINT}\n",
+        "entrypoint: >-\n    cd /home/ray/app &&\n    " + OLD_ENTRYPOINT[20:] + "\n",
+    )
+    assert "entrypoint: >-" in body
+    (nested / "job.yml").write_text(f"{text}---\n{body}")
+    found = list(rayjob_entrypoints(tmp_path))
+    assert found == [("a/b/job.yml:RayJob/batchsize-correlation", OLD_ENTRYPOINT)]
+    assert entrypoint_problems(found[0][1], found[0][0])
+
+
+def _kuberay_submit(entrypoint: str, tmp_path: Path) -> tuple[list[str] | None, list[str]]:
+    """Run KubeRay's K8sJobMode submitter command (job.go, BuildJobSubmitCommand) under bash.
+
+    ``ray`` and every external program are stubs. Returns the words that reached
+    ``ray job submit ... --`` (None if it was never called) and the programs bash ran in the submitter.
+    """
+    address = "http://batchsize-correlation-head-svc.autonorm.svc.cluster.local:8265"
+    job_id = "batchsize-correlation-abcde"
+    words = [
+        *[
+            "until",
+            "true",
+            ">/dev/null",
+            "2>&1",
+            ";",
+            "do",
+            "echo",
+            "waiting",
+            ";",
+            "sleep",
+            "2",
+            ";",
+            "done",
+            ";",
+        ],
+        *["if", "!", "ray", "job", "status", "--address", address, job_id, ">/dev/null", "2>&1", ";", "then"],
+        *["ray", "job", "submit", "--address", address, "--no-wait", "--submission-id", job_id],
+        *["--", entrypoint.strip(), ";", "fi", ";"],
+        *["ray", "job", "logs", "--address", address, "--follow", job_id],
+    ]
+    stubs = r"""
+ray() {
+  case "$2" in
+    status) return 1 ;;
+    submit) shift 2; while [ "$1" != "--" ]; do shift; done; shift; printf '%s\0' "$@" > "$OUT/submitted" ;;
+  esac
+  return 0
+}
+command_not_found_handle() { printf '%s\n' "$1" >> "$OUT/ran"; return 0; }
+"""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    result = subprocess.run(
+        ["/bin/bash", "-c", stubs + " ".join(words)],
+        env={"PATH": str(empty), "OUT": str(tmp_path), "HOME": "/home/submitter"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "syntax error" not in result.stderr, result.stderr
+    submitted = tmp_path / "submitted"
+    ran = tmp_path / "ran"
+    return (
+        submitted.read_text().split("\0")[:-1] if submitted.exists() else None,
+        ran.read_text().split() if ran.exists() else [],
+    )
+
+
+def test_kuberay_submits_the_whole_entrypoint(tmp_path: Path) -> None:
+    entrypoint = _rayjob()["spec"]["entrypoint"]
+    submitted, ran_in_submitter = _kuberay_submit(entrypoint, tmp_path)
+    assert submitted == shlex.split(entrypoint) == entrypoint.split()
+    assert ran_in_submitter == []
+
+
+def test_kuberay_submitter_would_run_the_old_entrypoint_itself(tmp_path: Path) -> None:
+    """The failure the static check prevents, reproduced: only `cd` is submitted, python runs locally."""
+    submitted, ran_in_submitter = _kuberay_submit(OLD_ENTRYPOINT, tmp_path)
+    assert submitted == ["cd", "/home/ray/app"]
+    assert ran_in_submitter == ["python"]
 
 
 # --------------------------------------------------------------------------------------------------
