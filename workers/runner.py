@@ -7,10 +7,11 @@ checkpoints; finished trials are not run again and MLflow runs are re-attached, 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -22,7 +23,16 @@ from workers.storage import ResolvedStorage, resolve_storage
 from workers.tracking import ROLE_PHASE, ROLE_STUDY, MlflowTrackingCallback, default_tracking_uri, study_key
 from workers.trainable import TrialFunction, autonorm_trial, tune_entry
 
-__all__ = ["StudyResult", "TrialRecord", "TrialStatus", "expected_trials", "run_study"]
+__all__ = [
+    "StudyResult",
+    "TrialRecord",
+    "TrialStatus",
+    "best_trial",
+    "expected_trials",
+    "read_trials",
+    "run_study",
+    "trial_status",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +52,7 @@ class TrialRecord:
         metrics: the trial's last reported result (Tune bookkeeping keys included).
         node_id: Ray node of the last report, when any.
         mlflow_run_id: its child run, when one was created.
+        history: every reported result in order (filled by :func:`read_trials`).
     """
 
     trial_id: str
@@ -51,6 +62,39 @@ class TrialRecord:
     metrics: dict[str, Any]
     node_id: str | None = None
     mlflow_run_id: str | None = None
+    history: tuple[dict[str, Any], ...] = ()
+
+
+def trial_status(tune_status: str, last_result: Mapping[str, Any] | None) -> TrialStatus:
+    """The one decision of a trial's status, from Tune's status and the trial's own last report.
+
+    ``ERROR`` -> ``error``; a last report whose ``status`` is ``completed`` / ``diverged`` -> that;
+    anything else (a scheduler stopped it, it never started, the study was cut short) -> ``pruned``.
+    """
+    if tune_status == "ERROR":
+        return "error"
+    status = (last_result or {}).get("status")
+    if status in FINAL_STATUSES:
+        return status  # type: ignore[no-any-return]
+    return "pruned"
+
+
+def best_trial(trials: Sequence[TrialRecord], metric: str, mode: str) -> TrialRecord | None:
+    """The one "best" rule: the COMPLETED trial with the best finite ``metric`` (``None`` if none).
+
+    Pruned, diverged and errored trials never win, whatever their last reported value.
+    """
+    candidates = [
+        t
+        for t in trials
+        if t.status == "completed"
+        and isinstance(t.metrics.get(metric), int | float)
+        and math.isfinite(t.metrics[metric])
+    ]
+    if not candidates:
+        return None
+    pick = max if mode == "max" else min
+    return pick(candidates, key=lambda t: t.metrics[metric])
 
 
 @dataclass(frozen=True)
@@ -75,18 +119,8 @@ class StudyResult:
         return sum(t.status == status for t in self.trials)
 
     def best(self, metric: str, mode: Literal["min", "max"]) -> TrialRecord | None:
-        """The completed trial with the best finite ``metric`` (``None`` when there is none)."""
-        candidates = [
-            t
-            for t in self.trials
-            if t.status == "completed"
-            and isinstance(t.metrics.get(metric), int | float)
-            and math.isfinite(t.metrics[metric])
-        ]
-        if not candidates:
-            return None
-        pick = max if mode == "max" else min
-        return pick(candidates, key=lambda t: t.metrics[metric])
+        """:func:`best_trial` over this study's trials."""
+        return best_trial(self.trials, metric, mode)
 
 
 def _max_epochs(plan: StudyPlan) -> int:
@@ -160,21 +194,15 @@ def _stop_credential_propagation() -> None:
 
 
 def _record(trial: Any, run_ids: Mapping[str, str], base_config: Mapping[str, Any]) -> TrialRecord:
-    from workers.trainable import resolve_trial_config
+    from workers.trainable import config_from_result
 
     last = dict(trial.last_result or {})
-    if trial.status == "ERROR":
-        status: TrialStatus = "error"
-    elif last.get("status") in FINAL_STATUSES:
-        status = last["status"]
-    else:
-        status = "pruned"
     params = dict(trial.config or {})
     return TrialRecord(
         trial_id=trial.trial_id,
         params=params,
-        config=resolve_trial_config(base_config, params),
-        status=status,
+        config=config_from_result(last, base_config, params),
+        status=trial_status(trial.status, last),
         metrics=last,
         node_id=last.get("node_id"),
         mlflow_run_id=run_ids.get(trial.trial_id),
@@ -312,7 +340,11 @@ def _fit(
         resources = {k: float(v) for k, v in plan.resources}
         entry = tune.with_resources(
             tune.with_parameters(
-                tune_entry, trial_fn=trial_fn, base_config=plan.base_config, tracking_uri=tracker.tracking_uri
+                tune_entry,
+                trial_fn=trial_fn,
+                base_config=plan.base_config,
+                tracking_uri=tracker.tracking_uri,
+                metric=plan.metric,
             ),
             resources,
         )
@@ -373,13 +405,38 @@ def _summary(trials: list[Any] | None, total: int) -> dict[str, float] | None:
         return None
     counts = {"completed": 0, "diverged": 0, "pruned": 0, "error": 0}
     for trial in trials:
-        last = trial.last_result or {}
-        if trial.status == "ERROR":
-            counts["error"] += 1
-        elif last.get("status") in FINAL_STATUSES:
-            counts[str(last["status"])] += 1
-        else:
-            counts["pruned"] += 1
+        counts[trial_status(trial.status, trial.last_result)] += 1
     summary = {f"trials_{k}": float(v) for k, v in counts.items()}
     summary["trials_expected"] = float(total)
     return summary
+
+
+def read_trials(plan: StudyPlan, *, history: bool = True) -> list[TrialRecord]:
+    """A study's trials read back from its Tune experiment directory (no Ray cluster needed).
+
+    Same records as :func:`run_study` returns (``mlflow_run_id`` excepted), so status and reports
+    use one vocabulary. Empty when the study has not written its state yet.
+    """
+    from ray.tune import ExperimentAnalysis
+
+    storage = resolve_storage(plan.storage)
+    path = storage.experiment_path(plan.name)
+    # Trials that never reported have no result file yet; Tune warns about each.
+    quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        analysis = ExperimentAnalysis(path, storage_filesystem=storage.filesystem)
+    except (ValueError, FileNotFoundError):
+        return []
+    finally:
+        quiet.setLevel(level)
+    frames = analysis.trial_dataframes if history else {}
+    records = []
+    for trial in analysis.trials:
+        record = _record(trial, {}, plan.base_config)
+        df = frames.get(trial.trial_id)
+        if df is not None and not df.empty:
+            record = dataclasses.replace(record, history=tuple(df.to_dict(orient="records")))
+        records.append(record)
+    return records

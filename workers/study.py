@@ -184,7 +184,9 @@ class StudyRunner:
                 self.tracker.open(tags=self._tags, params=self._params, artifacts=self._artifacts)
             self.tracker.log_outputs(files=files, tags=tags, metrics=metrics, params=params)
         except Exception as exc:
-            logger.error("could not log the study outputs to MLflow (%s); they are in %s", exc, self.study_uri)
+            logger.error(
+                "could not log the study outputs to MLflow (%s); they are in %s", exc, self.study_uri
+            )
 
     # ------------------------------------------------------------------------------- outputs
 
