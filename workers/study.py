@@ -177,12 +177,15 @@ class StudyRunner:
         tags: Mapping[str, str] | None = None,
         metrics: Mapping[str, float] | None = None,
         params: Mapping[str, str] | None = None,
+        artifact_path: str | None = None,
     ) -> None:
         """Study outputs on the study run; an MLflow failure is logged, the files stay on disk."""
         try:
             if self.tracker.run_id is None:
                 self.tracker.open(tags=self._tags, params=self._params, artifacts=self._artifacts)
-            self.tracker.log_outputs(files=files, tags=tags, metrics=metrics, params=params)
+            self.tracker.log_outputs(
+                files=files, tags=tags, metrics=metrics, params=params, artifact_path=artifact_path
+            )
         except Exception as exc:
             logger.error(
                 "could not log the study outputs to MLflow (%s); they are in %s", exc, self.study_uri

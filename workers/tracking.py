@@ -722,15 +722,17 @@ class StudyTracker(MlflowWriter):
         tags: Mapping[str, str] | None = None,
         metrics: Mapping[str, float] | None = None,
         params: Mapping[str, str] | None = None,
+        artifact_path: str | None = None,
     ) -> None:
-        """Study outputs on the study run: files at the artifact root, tags, final metrics (step 0)."""
+        """Study outputs on the study run: files (at the artifact root unless ``artifact_path``),
+        tags, final metrics (step 0), params not yet set."""
         from mlflow.entities import Metric, Param, RunTag
 
         if self.run_id is None:
             raise RuntimeError("StudyTracker.open() first")
         attempts = self.retry.final_attempts
         for path in files:
-            self._call(self.client.log_artifact, self.run_id, str(path), attempts=attempts)
+            self._call(self.client.log_artifact, self.run_id, str(path), artifact_path, attempts=attempts)
         now = int(time.time() * 1000)
         metric_items = [
             Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if math.isfinite(float(v))
