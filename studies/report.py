@@ -1,14 +1,22 @@
-"""Reports for hypothesis studies: ``verdict.json``, ``report.md``, ``report.html`` and PNG plots.
+"""Reports for hypothesis studies: ``verdict.json``, ``report.md``, ``report.html``, ``trials.csv`` and plots.
 
 Every function here takes data and output paths and writes files; nothing logs to MLflow (the study
 entry point does that with the parent run's id), nothing reads global state. Plots use matplotlib's
 Agg canvas through ``matplotlib.figure.Figure`` (never pyplot), so they render on head-less cluster
 nodes and from threads, and touch no global figure state.
+
+The HTML report is rendered from a Jinja2 template with autoescaping on, and every image is embedded
+as a ``data:image/png;base64`` URI: MLflow's UI shows HTML artifacts in a sandboxed iframe where
+relative image paths never resolve. The study verdict is the first line of ``report.md`` and the
+first element of the HTML page.
+
+Colours: a supported claim is drawn in blue, refuted in orange and inconclusive in grey; no verdict
+is drawn in red (red reads as "bad" or "alarm", and neither outcome is).
 """
 
 from __future__ import annotations
 
-import html
+import base64
 import json
 import math
 import re
@@ -16,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import matplotlib
 import numpy as np
 import pandas as pd
@@ -25,26 +34,40 @@ from matplotlib.lines import Line2D
 from matplotlib.transforms import blended_transform_factory
 from scipy import stats
 
-from studies.analysis import DIVERGENCE_FIXES, normalize_table
+from studies.analysis import normalize_table
 
 __all__ = [
+    "VERDICT_COLORS",
     "cell_summary",
-    "cell_values",
+    "control_table",
+    "metric_range",
     "plot_forest",
     "plot_gate_entropy",
     "plot_metric_vs_batch_size",
+    "render_html",
     "render_markdown",
+    "sensitivity_table",
     "verdict_table",
     "write_batchsize_report",
 ]
 
-_VERDICT_COLORS = {"supported": "#c0392b", "refuted": "#2471a3", "inconclusive": "#7f8c8d"}
+#: Verdict and control-label colours (blue / orange / grey; never red for "supported").
+VERDICT_COLORS = {
+    "supported": "#1f5fa8",
+    "refuted": "#d9822b",
+    "inconclusive": "#8a8f94",
+    "stable": "#2a9d8f",
+    "declines": "#d9822b",
+    "unclear": "#8a8f94",
+}
 _GATE_KEY = re.compile(r"^gate_entropy[/._](?:layer[_.]?)?(?P<layer>[A-Za-z0-9_.]+)$")
 
 
 def _fmt(v: Any, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–"
+    if isinstance(v, bool):
+        return str(v)
     if isinstance(v, float):
         return f"{v:.{digits}g}"
     return str(v)
@@ -69,75 +92,199 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
-def verdict_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
-    """Rows of the paper-style table: one per arm, control first, values formatted as text."""
+# --------------------------------------------------------------------------------------------------
+# Tables (rows of text, shared by Markdown and HTML)
+
+
+def _ordered_arms(result: Mapping[str, Any]) -> list[str]:
     control = result["control"]
-    arms = sorted(result["arms"], key=lambda a: (a != control, a))
+    controls = list(result.get("control_arms") or [control])
+    rest = sorted(a for a in result["arms"] if a not in controls)
+    return [a for a in controls if a in result["arms"]] + rest
+
+
+def _outcome(r: Mapping[str, Any]) -> str:
+    return str(r.get("verdict") or r.get("label") or "–")
+
+
+def verdict_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
+    """One row per arm of a single-budget result: controls first, then the fix arms.
+
+    Columns: arm, role, verdict (a fix arm's verdict or a control's label), reasons, slope,
+    slope CI, interaction, interaction CI, p, p (Holm), spearman ρ, n, failed.
+    """
+    control = result["control"]
     rows = []
-    for arm in arms:
+    for arm in _ordered_arms(result):
         r = result["arms"][arm]
         rows.append(
             {
                 "arm": f"{arm} (control)" if arm == control else arm,
-                "claim predicts": "control"
-                if arm == control
-                else ("worse with B" if arm in DIVERGENCE_FIXES else "no trend"),
-                "n": str(r["n"]),
-                "failed": str(r["n_failed"]),
-                "spearman ρ": _fmt(r["spearman_rho"], 3),
-                "slope / log2 B": _fmt(r["slope"]),
-                "slope CI": _fmt_ci(r["slope_ci"]),
-                "interaction": _fmt(r["interaction"]),
-                "interaction CI": _fmt_ci(r["interaction_ci"]),
-                "p": _fmt(r["p_value"]),
-                "p (Holm)": _fmt(r["p_value_holm"]),
-                "verdict": result["verdict"][arm],
+                "role": str(r.get("role", "control" if arm == control else "fix")),
+                "verdict": _outcome(r),
+                "reasons": "; ".join(r.get("reasons") or []) or "–",
+                "slope / log2 B": _fmt(r.get("slope")),
+                "slope CI": _fmt_ci(r.get("slope_ci")),
+                "interaction": _fmt(r.get("interaction")),
+                "interaction CI": _fmt_ci(r.get("interaction_ci")),
+                "p": _fmt(r.get("p_value")),
+                "p (Holm)": _fmt(r.get("p_value_holm")),
+                "spearman ρ": _fmt(r.get("spearman_rho")),
+                "n": _fmt(r.get("n")),
+                "failed": _fmt(r.get("n_failed")),
             }
         )
     return rows
 
 
-def cell_values(table: pd.DataFrame, *, metric: str, control: str | None = None) -> pd.DataFrame:
-    """The per-trial values the plots and summaries use, over completed trials.
+def control_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The control labels of a single-budget result: label, slope with CI, the −δ threshold, reasons."""
+    delta = float(result.get("delta", 0.005))
+    sign = 1.0 if result.get("higher_is_better", True) else -1.0
+    rows = []
+    for arm, label in result["controls"].items():
+        r = result["arms"][arm]
+        rows.append(
+            {
+                "control": arm,
+                "label": str(label),
+                "slope / log2 B": _fmt(r.get("slope")),
+                "slope CI": _fmt_ci(r.get("slope_ci")),
+                "threshold": f"{_fmt(-sign * delta)} per doubling",
+                "reasons": "; ".join(r.get("reasons") or []) or "–",
+            }
+        )
+    return rows
 
-    Columns ``kind, arm, batch_size, seed, value``: ``kind="metric"`` rows are the metric itself;
-    with ``control``, ``kind="difference"`` rows are the paired differences ``arm - control`` per
-    (batch size, seed) cell where both completed (the control has none).
-    """
-    df = normalize_table(table, metric)
-    ok = df[df["ok"]]
-    cols = ["kind", "arm", "batch_size", "seed", "value"]
-    frames = [ok.assign(kind="metric")[cols]]
-    if control is not None:
-        cell = ok.groupby(["arm", "batch_size", "seed"], as_index=False)["value"].mean()
-        ctrl = cell[cell["arm"] == control].drop(columns="arm").rename(columns={"value": "ctrl"})
-        paired = cell[cell["arm"] != control].merge(ctrl, on=["batch_size", "seed"], how="inner")
-        frames.append(paired.assign(value=paired["value"] - paired["ctrl"], kind="difference")[cols])
-    return pd.concat(frames, ignore_index=True)
+
+def sensitivity_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The sensitivity analysis of a single-budget result (failed trials dropped, not scored at chance)."""
+    rows = []
+    for arm in _ordered_arms(result):
+        r = result["arms"][arm]
+        s = r.get("sensitivity") or {}
+        rows.append(
+            {
+                "arm": arm,
+                "verdict (failures dropped)": _outcome(s),
+                "verdict (primary)": _outcome(r),
+                "n": _fmt(s.get("n")),
+                "slope / log2 B": _fmt(s.get("slope")),
+                "slope CI": _fmt_ci(s.get("slope_ci")),
+                "interaction": _fmt(s.get("interaction")),
+                "interaction CI": _fmt_ci(s.get("interaction_ci")),
+                "p (Holm)": _fmt(s.get("p_value_holm")),
+                "reasons": "; ".join(s.get("reasons") or []) or "–",
+            }
+        )
+    return rows
+
+
+def cell_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Failed trials / trials and median final train loss per (arm, batch size) cell."""
+    rows = []
+    for arm in _ordered_arms(result):
+        r = result["arms"][arm]
+        fails = r.get("failures_by_cell") or {}
+        ns = r.get("n_by_cell") or {}
+        losses = r.get("median_train_loss_by_cell") or {}
+        row = {"arm": arm}
+        for cell in fails:
+            row[f"B={cell}"] = f"{fails[cell]}/{ns.get(cell, '?')} · {_fmt(losses.get(cell))}"
+        rows.append(row)
+    return rows
+
+
+def budget_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
+    """For a result with budgets: one row per arm with the combined and the per-budget outcomes."""
+    names = list(result["budgets"] or {})
+    rows = []
+    for arm in _ordered_arms(result):
+        r = result["arms"][arm]
+        row = {
+            "arm": arm,
+            "role": str(r.get("role", "")),
+            "combined": _outcome(r),
+            "reasons": "; ".join(r.get("reasons") or []) or "–",
+        }
+        for b in names:
+            row[b] = _outcome(r["by_budget"][b])
+        rows.append(row)
+    return rows
+
+
+def _single_results(result: Mapping[str, Any]) -> list[tuple[str | None, Mapping[str, Any]]]:
+    budgets = result.get("budgets")
+    if budgets:
+        return [(str(b), r) for b, r in budgets.items()]
+    return [(None, result)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Plots
+
+
+def metric_range(metric: str, values: np.ndarray | None = None) -> tuple[float, float] | None:
+    """The range a metric can take: ``(0, 1)`` for an accuracy (its name contains ``acc``) or when every
+    value lies in [0, 1]; else ``None`` (unbounded)."""
+    if "acc" in metric.lower():
+        return (0.0, 1.0)
+    if values is not None:
+        v = np.asarray(values, dtype=float)
+        v = v[np.isfinite(v)]
+        if v.size and float(v.min()) >= 0.0 and float(v.max()) <= 1.0:
+            return (0.0, 1.0)
+    return None
 
 
 def cell_summary(
-    table: pd.DataFrame, *, metric: str, control: str | None = None, confidence: float = 0.95
+    table: pd.DataFrame,
+    *,
+    metric: str,
+    control: str | None = None,
+    confidence: float = 0.95,
+    clip: tuple[float, float] | None = None,
 ) -> pd.DataFrame:
-    """Mean and t-interval over seeds of the metric (``kind="metric"``) and of the paired difference
-    to ``control`` (``kind="difference"``) per (arm, batch size), over completed trials.
+    """Mean and t-interval over seeds, per (budget, arm, batch size), over completed trials, of the
+    metric (``kind="metric"``, band clipped to ``clip``) and of the paired difference to ``control``
+    (``kind="difference"``, never clipped).
 
-    Columns: ``kind, arm, batch_size, n, mean, lo, hi`` (``lo``/``hi`` NaN when ``n < 2``).
+    Columns: ``kind, budget, arm, batch_size, n, mean, lo, hi`` (``lo``/``hi`` NaN when ``n < 3``:
+    the band of two points says little; the plot shows the points instead).
     """
-    values = cell_values(table, metric=metric, control=control)
+    df = normalize_table(table, metric)
+    ok = df[df["ok"]]
+    cell = ok.groupby(["budget", "arm", "batch_size", "seed"], as_index=False)["value"].mean()
+    frames = [cell.assign(kind="metric")]
+    if control is not None:
+        ctrl = cell[cell["arm"] == control].drop(columns="arm").rename(columns={"value": "ctrl"})
+        paired = cell[cell["arm"] != control].merge(ctrl, on=["budget", "batch_size", "seed"], how="inner")
+        frames.append(paired.assign(value=paired["value"] - paired["ctrl"], kind="difference"))
+    values = pd.concat(frames, ignore_index=True)
     rows = []
-    for (kind, arm, b), g in values.groupby(["kind", "arm", "batch_size"]):
+    for (kind, budget, arm, b), g in values.groupby(["kind", "budget", "arm", "batch_size"]):
         v = g["value"].to_numpy(dtype=float)
         mean = float(v.mean())
-        if v.size >= 2:
+        lo = hi = math.nan
+        if v.size >= 3:
             half = float(stats.t.ppf(0.5 + confidence / 2, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
             lo, hi = mean - half, mean + half
-        else:
-            lo = hi = math.nan
+            if kind == "metric" and clip is not None:
+                lo, hi = max(lo, clip[0]), min(hi, clip[1])
         rows.append(
-            {"kind": kind, "arm": arm, "batch_size": b, "n": v.size, "mean": mean, "lo": lo, "hi": hi}
+            {
+                "kind": kind,
+                "budget": budget,
+                "arm": arm,
+                "batch_size": b,
+                "n": v.size,
+                "mean": mean,
+                "lo": lo,
+                "hi": hi,
+            }
         )
-    return pd.DataFrame(rows, columns=["kind", "arm", "batch_size", "n", "mean", "lo", "hi"])
+    cols = ["kind", "budget", "arm", "batch_size", "n", "mean", "lo", "hi"]
+    return pd.DataFrame(rows, columns=cols)
 
 
 def _finite(value: Any) -> bool:
@@ -146,7 +293,8 @@ def _finite(value: Any) -> bool:
 
 def _arm_colors(arms: Sequence[str]) -> dict[str, Any]:
     cmap = matplotlib.colormaps["tab10"]
-    return {arm: cmap(i % 10) for i, arm in enumerate(arms)}
+    palette = [cmap(i) for i in range(10) if i != 3]  # tab10's index 3 is red
+    return {arm: palette[i % len(palette)] for i, arm in enumerate(arms)}
 
 
 def plot_metric_vs_batch_size(
@@ -158,53 +306,81 @@ def plot_metric_vs_batch_size(
     result: Mapping[str, Any] | None = None,
     confidence: float = 0.95,
 ) -> Path:
-    """Metric vs batch size per arm (mean over seeds, t-interval band, log2 x-axis).
+    """Metric vs batch size per arm (mean over completed seeds, t-interval band, log2 x-axis), and
+    with ``control`` the paired difference to it; one row of panels per budget.
 
-    With ``control``, a second panel shows the paired difference to the control per arm — the
-    quantity whose slope is the interaction. With ``result``, the legend carries each arm's verdict.
+    Bands are drawn only for cells with n >= 3 and are clipped to the metric's range (accuracy in
+    [0, 1]); every completed trial is a dot, so a cell with one or two seeds shows its points. Failed
+    trials are crosses at the chance level the analysis scored them at (``result["chance_metric"]``).
     """
-    summary = cell_summary(table, metric=metric, control=control, confidence=confidence)
-    values = cell_values(table, metric=metric, control=control)
-    arms = sorted(summary["arm"].unique(), key=lambda a: (a != control, a))
+    df = normalize_table(table, metric)
+    clip = metric_range(metric, df.loc[df["ok"], "value"].to_numpy())
+    summary = cell_summary(table, metric=metric, control=control, confidence=confidence, clip=clip)
+    budgets = sorted(df["budget"].unique())
+    arms = sorted(df["arm"].unique(), key=lambda a: (a != control, a))
     colors = _arm_colors(arms)
-    panels = ["metric", "difference"] if control is not None else ["metric"]
-    fig = Figure(figsize=(6.2 * len(panels), 4.6))
-    axes = fig.subplots(1, len(panels), squeeze=False)
-    for ax, kind in zip(axes[0], panels):
-        sub = summary[summary["kind"] == kind]
-        for arm in arms:
-            g = sub[sub["arm"] == arm].sort_values("batch_size")
-            if g.empty:
-                continue
-            label = arm
-            if result is not None and arm in result.get("verdict", {}):
-                label = f"{arm} ({result['verdict'][arm]})"
-            b = g["batch_size"].to_numpy(dtype=float)
-            ax.plot(b, g["mean"], marker="o", ms=4, color=colors[arm], label=label)
-            ax.fill_between(b, g["lo"], g["hi"], color=colors[arm], alpha=0.18, linewidth=0)
-            pts = values[(values["kind"] == kind) & (values["arm"] == arm)]
-            ax.scatter(pts["batch_size"], pts["value"], s=7, color=colors[arm], alpha=0.45, linewidths=0)
-        # Limits from the trials themselves: with few seeds a t-band can be far wider than the data.
-        kind_values = values.loc[values["kind"] == kind, "value"].to_numpy(dtype=float)
-        if kind_values.size:
-            lo_v, hi_v = float(kind_values.min()), float(kind_values.max())
-            pad = 0.15 * (hi_v - lo_v) if hi_v > lo_v else 0.05 * max(1.0, abs(hi_v))
-            ax.set_ylim(lo_v - pad, hi_v + pad)
-        ax.set_xscale("log", base=2)
-        ticks = sorted(summary["batch_size"].unique())
-        ax.set_xticks(ticks)
-        ax.set_xticklabels([str(int(t)) for t in ticks])
-        ax.minorticks_off()
-        ax.set_xlabel("batch size B (log2 scale)")
-        ax.grid(alpha=0.3)
-        if kind == "metric":
-            ax.set_ylabel(metric)
-            ax.set_title(f"{metric} vs batch size (mean, {confidence:.0%} CI over seeds, dots = trials)")
-        else:
-            ax.axhline(0.0, color="black", lw=0.8)
-            ax.set_ylabel(f"{metric}(arm) − {metric}({control})")
-            ax.set_title("paired difference to the control")
-        ax.legend(fontsize=8, loc="best")
+    kinds = ["metric", "difference"] if control is not None else ["metric"]
+    fig = Figure(figsize=(6.2 * len(kinds), 4.6 * len(budgets)))
+    axes = fig.subplots(len(budgets), len(kinds), squeeze=False)
+    chance = result.get("chance_metric") if result is not None else None
+    labels: dict[str, str] = {}
+    if result is not None:
+        labels = {
+            a: f"{a} ({v})" for a, v in {**result.get("controls", {}), **result.get("verdict", {})}.items()
+        }
+    ok = df[df["ok"]]
+    for row, budget in enumerate(budgets):
+        for ax, kind in zip(axes[row], kinds):
+            sub = summary[(summary["kind"] == kind) & (summary["budget"] == budget)]
+            for arm in arms:
+                g = sub[sub["arm"] == arm].sort_values("batch_size")
+                if g.empty:
+                    continue
+                b = g["batch_size"].to_numpy(dtype=float)
+                ax.plot(b, g["mean"], marker="o", ms=4, color=colors[arm], label=labels.get(arm, arm))
+                ax.fill_between(b, g["lo"], g["hi"], color=colors[arm], alpha=0.18, linewidth=0)
+                if kind == "metric":
+                    pts = ok[(ok["arm"] == arm) & (ok["budget"] == budget)]
+                    ax.scatter(
+                        pts["batch_size"], pts["value"], s=9, color=colors[arm], alpha=0.5, linewidths=0
+                    )
+                    failed = df[(df["arm"] == arm) & (df["budget"] == budget) & ~df["ok"]]
+                    if chance is not None and len(failed):
+                        ax.scatter(
+                            failed["batch_size"],
+                            np.full(len(failed), float(chance)),
+                            marker="x",
+                            s=22,
+                            color=colors[arm],
+                        )
+            if kind == "metric" and clip is not None:
+                lo_v, hi_v = clip
+                vals = ok.loc[ok["budget"] == budget, "value"].to_numpy(dtype=float)
+                if vals.size:
+                    pad = 0.05 * max(float(np.ptp(vals)), 0.01)
+                    lo_v = max(clip[0], float(vals.min()) - pad)
+                    hi_v = min(clip[1], float(vals.max()) + pad)
+                    if chance is not None and clip[0] <= float(chance) <= clip[1]:
+                        lo_v = min(lo_v, float(chance))
+                ax.set_ylim(lo_v - 0.01 * (hi_v - lo_v), hi_v + 0.01 * (hi_v - lo_v))
+            ax.set_xscale("log", base=2)
+            ticks = sorted(df["batch_size"].unique())
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([str(int(t)) if float(t).is_integer() else str(t) for t in ticks])
+            ax.minorticks_off()
+            ax.set_xlabel("batch size B (log2 scale)")
+            ax.grid(alpha=0.3)
+            where = f" [{budget}]" if budget else ""
+            if kind == "metric":
+                ax.set_ylabel(metric)
+                ax.set_title(
+                    f"{metric} vs B{where}: mean, {confidence:.0%} CI (n≥3), dots = trials", fontsize=9
+                )
+            else:
+                ax.axhline(0.0, color="black", lw=0.8)
+                ax.set_ylabel(f"{metric}(arm) − {metric}({control})")
+                ax.set_title(f"paired difference to the control{where}", fontsize=9)
+            ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -213,18 +389,22 @@ def plot_metric_vs_batch_size(
 
 
 def plot_forest(result: Mapping[str, Any], path: str | Path) -> Path:
-    """Forest plot: each arm's slope and interaction vs log2 B with their bootstrap CIs, coloured by verdict."""
+    """Forest plot: each arm's slope and interaction vs log2 B with their CIs, coloured by verdict
+    (fix arms) or label (controls); one line per budget when the result has budgets."""
+    entries: list[tuple[str, Mapping[str, Any]]] = []
+    for budget, single in _single_results(result):
+        for arm in _ordered_arms(single):
+            name = arm if budget is None else f"{arm} [{budget}]"
+            entries.append((name, single["arms"][arm]))
     control = result["control"]
-    arms = sorted(result["arms"], key=lambda a: (a != control, a))
-    fig = Figure(figsize=(11, 0.55 * len(arms) + 1.8))
+    fig = Figure(figsize=(11, 0.5 * len(entries) + 2.0))
     axes = fig.subplots(1, 2, sharey=True)
-    ypos = np.arange(len(arms))[::-1]
+    ypos = np.arange(len(entries))[::-1]
     for ax, (key, title) in zip(
         axes, [("slope", "slope vs log2 B"), ("interaction", f"interaction (arm − {control}) vs log2 B")]
     ):
-        for y, arm in zip(ypos, arms):
-            r = result["arms"][arm]
-            color = _VERDICT_COLORS.get(result["verdict"][arm], "black")
+        for y, (_name, r) in zip(ypos, entries):
+            color = VERDICT_COLORS.get(_outcome(r), "black")
             est, ci = r.get(key), r.get(f"{key}_ci")
             if ci is not None:
                 ax.plot(ci, [y, y], color=color, lw=2.2)
@@ -232,25 +412,19 @@ def plot_forest(result: Mapping[str, Any], path: str | Path) -> Path:
                 ax.plot([est], [y], "o", color=color, ms=6)
             elif key == "interaction":
                 trans = blended_transform_factory(ax.transAxes, ax.transData)
-                ax.text(
-                    0.02,
-                    y,
-                    "n/a (control)" if arm == control else "n/a",
-                    transform=trans,
-                    ha="left",
-                    va="center",
-                    fontsize=8,
-                    color="gray",
-                )
+                ax.text(0.02, y, "n/a", transform=trans, ha="left", va="center", fontsize=8, color="gray")
         ax.axvline(0.0, color="black", lw=0.8, ls="--")
+        if key == "slope":
+            d = float(result.get("delta", 0.005)) * (1.0 if result.get("higher_is_better", True) else -1.0)
+            ax.axvline(-d, color="gray", lw=0.8, ls=":")
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(f"Δ {result['metric']} per doubling of B")
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(ypos)
-    axes[0].set_yticklabels([f"{a} (control)" if a == control else a for a in arms])
-    handles = [Line2D([], [], color=c, lw=2.2, label=v) for v, c in _VERDICT_COLORS.items()]
-    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
-    fig.suptitle(f"{result.get('confidence', 0.95):.0%} bootstrap CIs (seeds resampled)", fontsize=10)
+    axes[0].set_yticklabels([name for name, _ in entries])
+    handles = [Line2D([], [], color=c, lw=2.2, label=v) for v, c in VERDICT_COLORS.items() if v != "unclear"]
+    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    fig.suptitle(f"{result.get('confidence', 0.95):.0%} CIs over seeds (dotted: −δ)", fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -332,20 +506,42 @@ def plot_gate_entropy(
     return out
 
 
-def _md_table(rows: Sequence[Mapping[str, str]]) -> str:
-    if not rows:
-        return "_no arms_\n"
-    cols = list(rows[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join(r[c].replace("|", "\\|") for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+# --------------------------------------------------------------------------------------------------
+# Markdown and HTML
 
 
-def _md_warnings(result: Mapping[str, Any]) -> str:
-    warns = result.get("warnings") or []
-    if not warns:
-        return ""
-    return "\n**Warnings**\n\n" + "".join(f"- {w}\n" for w in warns)
+def _headline(result: Mapping[str, Any]) -> str:
+    reasons = result.get("study_reasons") or []
+    text = f"Study verdict: {result['study_verdict']}"
+    return text + (f" ({'; '.join(reasons)})" if reasons else "")
+
+
+_BANNER = (
+    "Exploratory — underpowered: at least one arm failed the power gate (too few seeds with data in "
+    "every cell, too few batch sizes, or a design that cannot reach significance). Its verdicts are "
+    "not confirmatory."
+)
+
+
+def _method_lines(result: Mapping[str, Any]) -> list[str]:
+    return [
+        "slope: mean over seeds of the per-seed OLS slope of the metric vs log2 B; CI: t-interval over "
+        "the per-seed slopes (K − 1 df) below 10 seeds, seed bootstrap "
+        f"({result.get('n_boot')} resamples) from 10 seeds; {result.get('confidence', 0.95):.0%} level.",
+        "interaction: the same per-seed slope of the paired differences arm − control per (B, seed) cell.",
+        "p: one-sided (predicted direction), the larger of the within-seed permutation p of the batch-size "
+        f"labels (exact when ≤ 100,000 permutations, else {result.get('n_perm')} draws) and the t-test p "
+        "over seeds; Holm over the fix arms only.",
+        f"failed trials are scored at chance ({_fmt(result.get('chance_metric'))}; train loss "
+        f"{_fmt(result.get('chance_loss'))}); the sensitivity table drops them instead.",
+        "gates (→ inconclusive): > 20 % failures in a cell (failures), median final train loss > 0.9 × "
+        "chance loss in a cell (optimisation-limited), tuned lr at its range edge (lr-at-range-edge), "
+        f"fewer than {result.get('min_seeds')} complete seeds, fewer than 4 batch sizes or a smallest "
+        "attainable p × family ≥ α (underpowered).",
+        f"verdict: supported iff Holm p < α = {_fmt(result.get('alpha'))} and the slope and interaction "
+        "CIs both lie in the predicted direction of 0; refuted iff either lies entirely on the other "
+        f"side; controls: declines / stable / unclear against −δ, δ = {_fmt(result.get('delta'))}.",
+    ]
 
 
 def _resources_lines(
@@ -358,6 +554,61 @@ def _resources_lines(
     ]
 
 
+def _sections(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The report body as sections of paragraphs and tables, shared by Markdown and HTML."""
+    sections: list[dict[str, Any]] = []
+    singles = _single_results(result)
+    if result.get("budgets"):
+        sections.append(
+            {
+                "heading": "Verdicts across budgets",
+                "text": [
+                    "A fix arm is supported only when it is supported under every budget; supported under "
+                    "some budgets only is reported as budget-dependent (inconclusive)."
+                ],
+                "tables": [("", budget_table(result))],
+            }
+        )
+    for budget, single in singles:
+        prefix = f"Budget {budget}: " if budget is not None else ""
+        text = [_headline(single)] if budget is not None else []
+        sections.append(
+            {
+                "heading": f"{prefix}per-arm results",
+                "text": text,
+                "tables": [("", verdict_table(single))],
+            }
+        )
+        sections.append(
+            {"heading": f"{prefix}control labels", "text": [], "tables": [("", control_table(single))]}
+        )
+        sens = single.get("sensitivity") or {}
+        sections.append(
+            {
+                "heading": f"{prefix}sensitivity (failed trials dropped)",
+                "text": [f"Study verdict with failures dropped: {sens.get('study_verdict', '–')}."],
+                "tables": [("", sensitivity_table(single))],
+            }
+        )
+        sections.append(
+            {
+                "heading": f"{prefix}failures and median train loss per cell",
+                "text": ["failed/trials · median final train loss (failures at chance loss)."],
+                "tables": [("", cell_table(single))],
+            }
+        )
+    return sections
+
+
+def _md_table(rows: Sequence[Mapping[str, str]]) -> str:
+    if not rows:
+        return "_none_\n"
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(str(r.get(c, "")).replace("|", "\\|") for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def render_markdown(
     result: Mapping[str, Any],
     *,
@@ -368,97 +619,119 @@ def render_markdown(
     gpu_hours: float | None = None,
     plots: Sequence[str] = (),
 ) -> str:
-    """The Markdown report: hypothesis, verdict table, method, resources, protocol, plots."""
-    direction = "decreases" if result.get("higher_is_better", True) else "increases"
-    parts = [
+    """The Markdown report. Its first line is the study verdict; then the exploratory banner (when
+    any arm is underpowered), the hypothesis, per-arm, control, sensitivity and cell tables (per
+    budget when there are budgets), method, resources, protocol and plots."""
+    hib = result.get("higher_is_better", True)
+    parts = [f"**{_headline(result)}**\n\n"]
+    if result.get("exploratory"):
+        parts.append(f"> **{_BANNER}**\n\n")
+    parts += [
         f"# {title}\n\n",
-        f"**Hypothesis.** {result['hypothesis']}\n\n",
-        f"Metric `{result['metric']}` (higher is {'better' if result.get('higher_is_better', True) else 'worse'});"
-        f' control arm `{result["control"]}`. "Worse as B grows" means the metric {direction} with B, i.e. a '
-        f"{result.get('direction', 'negative')} slope.\n\n",
-        "## Results\n\n",
-        _md_table(verdict_table(result)),
-        _md_warnings(result),
-        "\n## Method\n\n",
-        f"- slope: OLS of {result['metric']} on log2 B over all completed trials of the arm; "
-        f"{result.get('confidence', 0.95):.0%} percentile bootstrap CI, {result.get('n_boot')} resamples of seeds.\n"
-        f"- interaction: OLS slope on log2 B of the paired differences arm − control per (B, seed) cell "
-        f"where both completed; same bootstrap.\n"
-        f"- p: one-sided permutation p-value of the interaction in the hypothesis direction, "
-        f"{result.get('n_perm')} permutations of the batch-size labels within seeds; Holm-adjusted across arms.\n"
-        f"- verdict: `supported` when the slope CI and the interaction CI both lie on the hypothesis side of 0; "
-        f"`refuted` when the slope CI lies at or beyond 0 on the other side; else `inconclusive`.\n"
-        f"- failed: trials not completed or with a non-finite metric, counted and excluded from the fits.\n",
-        "\n## Resources\n\n",
-        "".join(f"- {line}\n" for line in _resources_lines(wall_time_s, cpu_hours, gpu_hours)),
+        f"**Hypothesis.** {result.get('hypothesis', '')}\n\n",
+        f"Metric `{result['metric']}` (higher is {'better' if hib else 'worse'}); control arm "
+        f'`{result["control"]}`. "Worse as B grows" means a {result.get("direction", "negative")} slope '
+        "vs log2 B.\n\n",
     ]
+    for sec in _sections(result):
+        parts.append(f"## {sec['heading']}\n\n")
+        parts += [f"{t}\n\n" for t in sec["text"]]
+        parts += [_md_table(rows) + "\n" for _, rows in sec["tables"]]
+    parts.append("## Method\n\n" + "".join(f"- {line}\n" for line in _method_lines(result)))
+    parts.append(
+        "\n## Resources\n\n"
+        + "".join(f"- {line}\n" for line in _resources_lines(wall_time_s, cpu_hours, gpu_hours))
+    )
     if protocol:
-        parts += [
-            "\n## Protocol\n\n",
-            "```yaml\n" + yaml.safe_dump(_json_safe(dict(protocol)), sort_keys=False) + "```\n",
-        ]
+        parts.append(
+            "\n## Protocol\n\n```yaml\n"
+            + yaml.safe_dump(_json_safe(dict(protocol)), sort_keys=False, allow_unicode=True)
+            + "```\n"
+        )
     if plots:
-        parts += ["\n## Plots\n\n", "".join(f"![{Path(p).stem}]({p})\n\n" for p in plots)]
+        parts.append("\n## Plots\n\n" + "".join(f"![{Path(p).stem}]({Path(p).name})\n\n" for p in plots))
     return "".join(parts)
 
 
-def _render_html(
+_HTML_TEMPLATE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{{ headline }} — {{ title }}</title><style>
+body{font-family:sans-serif;max-width:1250px;margin:2em auto;padding:0 1em}
+table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
+td:first-child,th:first-child{text-align:left}
+.study{font-size:1.3em;font-weight:bold;padding:.5em;border-left:6px solid {{ colors[study] }}}
+.banner{background:#fff4d6;border:1px solid #d9a400;padding:.6em;font-weight:bold}
+{% for name, color in colors.items() %}.v-{{ name }}{color:{{ color }};font-weight:bold}
+{% endfor %}img{max-width:100%}pre{background:#f6f6f6;padding:.6em}
+</style></head><body>
+<p class="study" id="study-verdict">{{ headline }}</p>
+{% if exploratory %}<p class="banner" id="exploratory">{{ banner }}</p>
+{% endif %}<h1>{{ title }}</h1>
+<p><b>Hypothesis.</b> {{ hypothesis }}</p>
+<p>Metric <code>{{ metric }}</code> (higher is {{ "better" if higher_is_better else "worse" }}), control
+<code>{{ control }}</code>; "worse as B grows" is a {{ direction }} slope vs log2 B.</p>
+{% for sec in sections %}<h2>{{ sec.heading }}</h2>
+{% for t in sec.text %}<p>{{ t }}</p>
+{% endfor %}{% for caption, rows in sec.tables %}{% if rows %}<table>
+<tr>{% for col in rows[0] %}<th>{{ col }}</th>{% endfor %}</tr>
+{% for row in rows %}<tr>{% for col, val in row.items() %}{% if col.startswith("verdict") or col in ("label", "combined") or col in budget_names %}<td class="v-{{ val }}">{{ val }}</td>{% else %}<td>{{ val }}</td>{% endif %}{% endfor %}</tr>
+{% endfor %}</table>
+{% endif %}{% endfor %}{% endfor %}<h2>Method</h2><ul>
+{% for line in method %}<li>{{ line }}</li>
+{% endfor %}</ul>
+<h2>Resources</h2><ul>
+{% for line in resources %}<li>{{ line }}</li>
+{% endfor %}</ul>
+{% if protocol %}<h2>Protocol</h2><pre>{{ protocol }}</pre>
+{% endif %}{% if images %}<h2>Plots</h2>
+{% for name, uri in images %}<figure><img src="{{ uri }}" alt="{{ name }}"><figcaption>{{ name }}</figcaption></figure>
+{% endfor %}{% endif %}</body></html>
+"""
+
+_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+
+
+def _data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def render_html(
     result: Mapping[str, Any],
     *,
-    title: str,
-    protocol: Mapping[str, Any] | None,
-    wall_time_s: float | None,
-    cpu_hours: float | None,
-    gpu_hours: float | None,
-    plots: Sequence[str],
+    title: str = "Batch-size correlation study",
+    protocol: Mapping[str, Any] | None = None,
+    wall_time_s: float | None = None,
+    cpu_hours: float | None = None,
+    gpu_hours: float | None = None,
+    images: Sequence[str | Path] = (),
 ) -> str:
-    rows = verdict_table(result)
-    esc = html.escape
-    head = "".join(f"<th>{esc(c)}</th>" for c in (rows[0] if rows else []))
-    body = ""
-    for r in rows:
-        cells = "".join(
-            f'<td class="v-{esc(v)}">{esc(v)}</td>' if k == "verdict" else f"<td>{esc(v)}</td>"
-            for k, v in r.items()
-        )
-        body += f"<tr>{cells}</tr>\n"
-    resources = "".join(
-        f"<li>{esc(line)}</li>" for line in _resources_lines(wall_time_s, cpu_hours, gpu_hours)
+    """The HTML report from a Jinja2 template (autoescaped). The study verdict is the first element of
+    the body; ``images`` (PNG files) are embedded as ``data:image/png;base64`` URIs."""
+    proto = (
+        yaml.safe_dump(_json_safe(dict(protocol)), sort_keys=False, allow_unicode=True) if protocol else ""
     )
-    proto = ""
-    if protocol:
-        proto = (
-            "<h2>Protocol</h2><pre>"
-            + esc(yaml.safe_dump(_json_safe(dict(protocol)), sort_keys=False))
-            + "</pre>"
-        )
-    warns = result.get("warnings") or []
-    warn_html = (
-        ("<p><b>Warnings</b></p><ul>" + "".join(f"<li>{esc(w)}</li>" for w in warns) + "</ul>")
-        if warns
-        else ""
-    )
-    imgs = "".join(f'<figure><img src="{esc(p)}" alt="{esc(Path(p).stem)}"></figure>' for p in plots)
-    style = (
-        "body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
-        "td:first-child{text-align:left}.v-supported{color:#c0392b;font-weight:bold}"
-        ".v-refuted{color:#2471a3;font-weight:bold}.v-inconclusive{color:#7f8c8d}img{max-width:100%}"
-    )
-    return (
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(title)}</title><style>{style}</style></head>"
-        f"<body><h1>{esc(title)}</h1><p><b>Hypothesis.</b> {esc(result['hypothesis'])}</p>"
-        f"<p>Metric <code>{esc(str(result['metric']))}</code>, control <code>{esc(str(result['control']))}</code>, "
-        f"hypothesis direction: {esc(str(result.get('direction', 'negative')))} slope vs log2 B; "
-        f"{result.get('confidence', 0.95):.0%} bootstrap CIs over seeds ({result.get('n_boot')} resamples), "
-        f"one-sided permutation p ({result.get('n_perm')} permutations within seeds), Holm across arms.</p>"
-        f"<h2>Results</h2><table><tr>{head}</tr>\n{body}</table>{warn_html}"
-        f"<h2>Resources</h2><ul>{resources}</ul>{proto}<h2>Plots</h2>{imgs}</body></html>\n"
+    return _ENV.from_string(_HTML_TEMPLATE).render(
+        headline=_headline(result),
+        study=result["study_verdict"],
+        colors=VERDICT_COLORS,
+        exploratory=bool(result.get("exploratory")),
+        banner=_BANNER,
+        title=title,
+        hypothesis=result.get("hypothesis", ""),
+        metric=result["metric"],
+        higher_is_better=result.get("higher_is_better", True),
+        control=result["control"],
+        direction=result.get("direction", "negative"),
+        sections=_sections(result),
+        budget_names=list(result.get("budgets") or {}),
+        method=_method_lines(result),
+        resources=_resources_lines(wall_time_s, cpu_hours, gpu_hours),
+        protocol=proto,
+        images=[(Path(p).stem, _data_uri(Path(p))) for p in images],
     )
 
 
 def write_batchsize_report(
-    result: Mapping[str, Any],
+    verdict: Mapping[str, Any],
     table: pd.DataFrame,
     out_dir: str | Path,
     *,
@@ -468,12 +741,13 @@ def write_batchsize_report(
     cpu_hours: float | None = None,
     gpu_hours: float | None = None,
 ) -> dict[str, Path]:
-    """Write ``verdict.json``, ``trials.csv``, ``report.md``, ``report.html`` and the plots into ``out_dir``.
+    """Write ``verdict.json``, ``trials.csv``, ``report.md``, ``report.html``,
+    ``metric_vs_batch_size.png`` and ``forest.png`` into ``out_dir``.
 
     Args:
-        result: the dictionary returned by :func:`studies.analysis.batchsize_trend`; written verbatim
+        verdict: the dictionary returned by :func:`studies.analysis.batchsize_trend`; written verbatim
             (NaN as null) to ``verdict.json``.
-        table: the trial table the result was computed from (for the plots and ``trials.csv``).
+        table: the trial table the result was computed from; ``trials.csv`` keeps every column.
         out_dir: the study's output directory (created when missing).
         title: report heading.
         protocol: the protocol used (the resolved study spec or its relevant part), shown as YAML.
@@ -493,26 +767,25 @@ def write_batchsize_report(
         "plot_metric": out / "metric_vs_batch_size.png",
         "plot_forest": out / "forest.png",
     }
-    paths["verdict"].write_text(json.dumps(_json_safe(result), indent=2, allow_nan=False) + "\n")
+    paths["verdict"].write_text(json.dumps(_json_safe(verdict), indent=2, allow_nan=False) + "\n")
     table.to_csv(paths["trials"], index=False)
     plot_metric_vs_batch_size(
         table,
         paths["plot_metric"],
-        metric=str(result["metric"]),
-        control=str(result["control"]),
-        result=result,
-        confidence=float(result.get("confidence", 0.95)),
+        metric=str(verdict["metric"]),
+        control=str(verdict["control"]),
+        result=verdict,
+        confidence=float(verdict.get("confidence", 0.95)),
     )
-    plot_forest(result, paths["plot_forest"])
-    plots = [paths["plot_metric"].name, paths["plot_forest"].name]
+    plot_forest(verdict, paths["plot_forest"])
+    plots = [paths["plot_metric"], paths["plot_forest"]]
     common: dict[str, Any] = {
         "title": title,
         "protocol": protocol,
         "wall_time_s": wall_time_s,
         "cpu_hours": cpu_hours,
         "gpu_hours": gpu_hours,
-        "plots": plots,
     }
-    paths["markdown"].write_text(render_markdown(result, **common))
-    paths["html"].write_text(_render_html(result, **common))
+    paths["markdown"].write_text(render_markdown(verdict, plots=[p.name for p in plots], **common))
+    paths["html"].write_text(render_html(verdict, images=plots, **common))
     return paths

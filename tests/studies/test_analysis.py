@@ -1,9 +1,11 @@
-"""Tests of ``studies.analysis`` against numpy/scipy on data with known answers."""
+"""Tests of ``studies.analysis`` on synthetic trial tables with known truth (docs/science.md §2)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -11,304 +13,397 @@ import pytest
 from scipy import stats
 
 from studies.analysis import (
+    HYPOTHESIS,
     batchsize_trend,
     gate_entropy,
     holm_adjust,
     normalize_table,
     ols_slope,
+    permutation_p_value,
     verdict_for,
 )
 
-BATCH_SIZES = (8, 16, 32, 64, 128)
-SEEDS = tuple(range(6))
-TRUE_SLOPE = -0.02  # accuracy lost per doubling of B by the planted arm
+CHANCE_ACC = 0.1
+CHANCE_LOSS = math.log(10)
+CONTROLS = ("linear", "linear_batchnorm")
+ARGS: dict[str, Any] = {
+    "control": "linear",
+    "controls": CONTROLS,
+    "metric": "test_accuracy",
+    "higher_is_better": True,
+    "chance_metric": CHANCE_ACC,
+    "chance_loss": CHANCE_LOSS,
+}
 
 
-def planted_table(
+def make_table(
     *,
     slopes: dict[str, float] | None = None,
-    seeds: tuple[int, ...] = SEEDS,
+    batch_sizes: tuple[int, ...] = (8, 16, 32, 64, 128),
+    seeds: int = 8,
     noise: float = 0.004,
     rng_seed: int = 0,
+    train_loss: float = 0.3,
 ) -> pd.DataFrame:
-    """Accuracy = 0.9 + slope * log2 B + seed effect (shared by all arms, as with common random
-    numbers) + arm level + noise."""
-    slopes = (
-        slopes if slopes is not None else {"linear": 0.0, "linear_batchnorm": 0.0, "corrected": TRUE_SLOPE}
-    )
+    """Accuracy = 0.85 - 0.01 k + slope * log2 B + seed effect (shared by all arms: common random
+    numbers) + noise; a healthy train loss everywhere."""
+    slopes = slopes if slopes is not None else {"linear": 0.0, "linear_batchnorm": 0.0, "corrected": -0.02}
     rng = np.random.default_rng(rng_seed)
-    seed_effect = {s: rng.normal(0, 0.01) for s in seeds}
+    seed_effect = rng.normal(0, 0.01, size=seeds)
     rows = []
     for k, (arm, slope) in enumerate(slopes.items()):
-        for b in BATCH_SIZES:
-            for s in seeds:
-                value = 0.9 - 0.01 * k + slope * math.log2(b) + seed_effect[s] + rng.normal(0, noise)
+        for b in batch_sizes:
+            for s in range(seeds):
+                acc = 0.85 - 0.01 * k + slope * math.log2(b) + seed_effect[s] + rng.normal(0, noise)
                 rows.append(
-                    {"arm": arm, "batch_size": b, "seed": s, "test_accuracy": value, "status": "completed"}
+                    {
+                        "arm": arm,
+                        "batch_size": b,
+                        "seed": s,
+                        "status": "completed",
+                        "test_accuracy": acc,
+                        "train_loss": train_loss + rng.normal(0, 0.01),
+                    }
                 )
     return pd.DataFrame(rows)
 
 
-def damaged_table() -> pd.DataFrame:
-    """The planted table with two failed trials, one NaN metric and one missing cell."""
-    df = planted_table()
-
-    def at(arm: str, b: int, s: int) -> pd.Index:
-        return df.index[(df["arm"] == arm) & (df["batch_size"] == b) & (df["seed"] == s)]
-
-    df.loc[at("corrected", 128, 0), "status"] = "failed"
-    df.loc[at("linear", 16, 3), "status"] = "error"
-    df.loc[at("corrected", 64, 2), "test_accuracy"] = float("nan")
-    return df.drop(index=at("corrected", 8, 5)).reset_index(drop=True)
+def _at(df: pd.DataFrame, arm: str, b: int, s: int | None = None) -> pd.Series:
+    mask = (df["arm"] == arm) & (df["batch_size"] == b)
+    return mask if s is None else mask & (df["seed"] == s)
 
 
 @pytest.fixture(scope="module")
-def damaged_result() -> dict:
-    return batchsize_trend(damaged_table(), n_boot=1000, n_perm=9999, seed=3)
+def planted() -> dict[str, Any]:
+    return batchsize_trend(make_table(), n_perm=1999, **ARGS)
 
 
-def _completed(df: pd.DataFrame, arm: str) -> pd.DataFrame:
-    return df[(df["arm"] == arm) & (df["status"] == "completed") & df["test_accuracy"].notna()]
+def test_tiny_design_is_underpowered_even_with_a_strong_effect() -> None:
+    df = make_table(batch_sizes=(8, 64, 512), seeds=2, slopes={"linear": 0.0, "corrected": -0.05})
+    res = batchsize_trend(
+        df,
+        control="linear",
+        controls=["linear"],
+        **{k: ARGS[k] for k in ("metric", "chance_metric", "chance_loss")},
+    )
+    arm = res["arms"]["corrected"]
+    assert res["verdict"]["corrected"] == "inconclusive"
+    assert "underpowered" in arm["reasons"]
+    assert arm["slope_ci"][1] < 0  # the effect itself is visible, the design just cannot decide
+    assert arm["permutation"] == "exact" and arm["n_permutations"] == 36  # 3! per seed, 2 seeds
+    assert res["exploratory"] is True
+    assert res["study_verdict"] == "inconclusive" and "underpowered" in res["study_reasons"]
 
 
-def test_counts_completed_and_failed(damaged_result: dict) -> None:
-    arms = damaged_result["arms"]
-    # corrected: 30 cells, one missing row, one failed status, one NaN metric.
-    assert (arms["corrected"]["n"], arms["corrected"]["n_failed"]) == (27, 2)
-    assert (arms["linear"]["n"], arms["linear"]["n_failed"]) == (29, 1)
-    assert (arms["linear_batchnorm"]["n"], arms["linear_batchnorm"]["n_failed"]) == (30, 0)
+def test_planted_effect_is_supported(planted: dict[str, Any]) -> None:
+    arm = planted["arms"]["corrected"]
+    assert planted["verdict"] == {"corrected": "supported"}
+    assert arm["reasons"] == []
+    assert arm["p_value_holm"] < 0.05
+    assert arm["slope_ci"][0] <= -0.02 <= arm["slope_ci"][1]
+    assert arm["interaction_ci"][1] < 0
+    assert arm["permutation"] == "monte-carlo"  # 120^8 within-seed permutations
+    assert planted["controls"] == {"linear": "stable", "linear_batchnorm": "stable"}
+    assert planted["study_verdict"] == "supported" and planted["study_reasons"] == []
+    assert planted["exploratory"] is False
+    assert planted["arms"]["linear"]["interaction"] is None
+    assert planted["arms"]["linear"]["interaction_ci"] is None
+    assert planted["arms"]["linear_batchnorm"]["p_value_holm"] is None  # controls: not in the family
 
 
-def test_slope_and_spearman_match_scipy(damaged_result: dict) -> None:
-    df = damaged_table()
-    for arm, res in damaged_result["arms"].items():
-        good = _completed(df, arm)
-        lr = stats.linregress(np.log2(good["batch_size"]), good["test_accuracy"])
-        rho = stats.spearmanr(good["batch_size"], good["test_accuracy"]).statistic
-        assert res["slope"] == pytest.approx(lr.slope, rel=1e-9, abs=1e-12)
-        assert res["spearman_rho"] == pytest.approx(rho, rel=1e-9)
-    assert damaged_result["arms"]["corrected"]["slope"] == pytest.approx(TRUE_SLOPE, abs=0.002)
+def test_holm_is_over_fix_arms_only() -> None:
+    df = make_table(slopes={"linear": 0.0, "linear_batchnorm": 0.0, "corrected": -0.02, "prenorm_l2": -0.003})
+    res = batchsize_trend(df, n_perm=999, **ARGS)
+    arms = res["arms"]
+    expected = holm_adjust({a: arms[a]["p_value"] for a in ("corrected", "prenorm_l2")})
+    for a, p in expected.items():
+        assert arms[a]["p_value_holm"] == pytest.approx(p)
+    assert set(res["verdict"]) == {"corrected", "prenorm_l2"}
 
 
-def test_interaction_is_slope_of_paired_differences(damaged_result: dict) -> None:
-    df = damaged_table()
-    ctrl = _completed(df, "linear").set_index(["batch_size", "seed"])["test_accuracy"]
-    for arm in ("corrected", "linear_batchnorm"):
-        mine = _completed(df, arm).set_index(["batch_size", "seed"])["test_accuracy"]
-        both = mine.index.intersection(ctrl.index)
-        diff = mine.loc[both] - ctrl.loc[both]
-        x = np.log2(diff.index.get_level_values("batch_size").to_numpy(dtype=float))
-        lr = stats.linregress(x, diff.to_numpy())
-        res = damaged_result["arms"][arm]
-        assert res["n_pairs"] == len(both)
-        assert res["interaction"] == pytest.approx(lr.slope, rel=1e-9, abs=1e-12)
-    # corrected loses 3 cells itself, linear loses (16, 3): 30 - 4 pairs.
-    assert damaged_result["arms"]["corrected"]["n_pairs"] == 26
+def test_arm_whose_large_batches_did_not_learn_is_optimisation_limited() -> None:
+    df = make_table(slopes={"linear": 0.0, "linear_batchnorm": 0.0, "corrected": -0.06})
+    big = (df["arm"] == "corrected") & (df["batch_size"] >= 64)
+    df.loc[big, "train_loss"] = CHANCE_LOSS * 0.98  # at chance: it never trained there
+    res = batchsize_trend(df, n_perm=499, **ARGS)
+    arm = res["arms"]["corrected"]
+    assert res["verdict"]["corrected"] == "inconclusive"
+    assert "optimisation-limited" in arm["reasons"]
+    assert arm["median_train_loss_by_cell"]["128"] > 0.9 * CHANCE_LOSS
+    assert arm["median_train_loss_by_cell"]["8"] < 0.5
+    assert res["study_verdict"] == "inconclusive"
 
 
-def test_control_has_no_interaction(damaged_result: dict) -> None:
-    ctrl = damaged_result["arms"]["linear"]
-    for key in ("interaction", "interaction_ci", "p_value", "p_value_holm", "n_pairs"):
-        assert ctrl[key] is None
+def test_control_that_did_not_learn_makes_the_study_inconclusive() -> None:
+    df = make_table()
+    df.loc[df["arm"] == "linear_batchnorm", "train_loss"] = CHANCE_LOSS
+    res = batchsize_trend(df, n_perm=499, **ARGS)
+    assert res["verdict"]["corrected"] == "supported"
+    assert res["controls"]["linear_batchnorm"] == "unclear"
+    assert "optimisation-limited" in res["arms"]["linear_batchnorm"]["reasons"]
+    assert res["study_verdict"] == "inconclusive"
+    assert "control unclear" in res["study_reasons"]
 
 
-def test_verdicts_on_planted_trend(damaged_result: dict) -> None:
-    assert damaged_result["verdict"]["corrected"] == "supported"
-    assert damaged_result["verdict"]["linear_batchnorm"] != "supported"
-    lo, hi = damaged_result["arms"]["corrected"]["slope_ci"]
-    assert lo <= TRUE_SLOPE <= hi
-    assert damaged_result["arms"]["corrected"]["interaction_ci"][1] < 0
+def test_fix_arms_inherit_the_gates_of_their_control() -> None:
+    df = make_table()
+    df.loc[_at(df, "linear", 128), "train_loss"] = CHANCE_LOSS
+    res = batchsize_trend(df, n_perm=499, **ARGS)
+    assert res["controls"]["linear"] == "unclear"
+    assert "optimisation-limited" in res["arms"]["linear"]["reasons"]
+    assert res["verdict"]["corrected"] == "inconclusive"
+    assert "control optimisation-limited" in res["arms"]["corrected"]["reasons"]
+    assert res["study_verdict"] == "inconclusive"
 
 
-def test_permutation_p_value_small_for_planted_trend_large_for_none(damaged_result: dict) -> None:
-    p = damaged_result["arms"]["corrected"]["p_value"]
-    assert p == pytest.approx(1 / 10000)  # no permutation reaches a 26-point trend this strong
-    assert damaged_result["arms"]["linear_batchnorm"]["p_value"] > 0.05
+def test_declining_controls_are_labelled_and_block_the_study() -> None:
+    df = make_table(slopes={"linear": -0.02, "linear_batchnorm": -0.02, "corrected": -0.05})
+    res = batchsize_trend(df, n_perm=499, **ARGS)
+    assert res["controls"] == {"linear": "declines", "linear_batchnorm": "declines"}
+    assert res["verdict"]["corrected"] == "supported"  # declines more than the control
+    assert res["study_verdict"] == "inconclusive"
+    assert "controls decline" in res["study_reasons"]
 
 
-def test_permutation_p_values_are_roughly_uniform_under_the_null() -> None:
-    ps = []
-    for rep in range(120):
-        df = planted_table(slopes={"linear": 0.0, "corrected": 0.0}, seeds=(0, 1, 2, 3), rng_seed=100 + rep)
-        res = batchsize_trend(df, n_boot=20, n_perm=199, seed=rep)
-        ps.append(res["arms"]["corrected"]["p_value"])
-    ps_arr = np.asarray(ps)
-    assert 0.4 < ps_arr.mean() < 0.6
-    # Rejections at 5 %: expected 6 of 120; binomial 99.9 % upper bound is about 15.
-    assert np.count_nonzero(ps_arr <= 0.05) <= 15
-    assert stats.kstest(ps_arr, "uniform").pvalue > 0.001
+def test_control_label_thresholds_use_delta() -> None:
+    # A control declining by 0.002 per doubling is within delta = 0.005: stable; with delta = 0 it
+    # declines.
+    df = make_table(slopes={"linear": -0.002, "linear_batchnorm": 0.0, "corrected": -0.03}, noise=0.0005)
+    assert batchsize_trend(df, n_perm=199, **ARGS)["controls"]["linear"] == "stable"
+    assert batchsize_trend(df, n_perm=199, delta=0.0, **ARGS)["controls"]["linear"] == "declines"
 
 
-def test_p_value_is_one_sided_in_the_hypothesis_direction() -> None:
-    # An arm that gets *better* with B has a large p for "gets worse".
-    df = planted_table(slopes={"linear": 0.0, "corrected": 0.02})
-    res = batchsize_trend(df, n_boot=200, n_perm=999)
-    assert res["arms"]["corrected"]["p_value"] > 0.95
+def test_opposite_trend_is_refuted() -> None:
+    df = make_table(slopes={"linear": 0.0, "linear_batchnorm": 0.0, "corrected": 0.02})
+    res = batchsize_trend(df, n_perm=499, **ARGS)
+    arm = res["arms"]["corrected"]
     assert res["verdict"]["corrected"] == "refuted"
+    assert arm["reasons"] and arm["p_value"] > 0.9
+    assert res["study_verdict"] == "refuted"
 
 
-def test_bootstrap_ci_covers_the_true_slope() -> None:
-    hits = 0
-    reps = 60
-    for rep in range(reps):
-        df = planted_table(
-            slopes={"linear": 0.0, "corrected": TRUE_SLOPE}, seeds=tuple(range(8)), rng_seed=rep
-        )
-        lo, hi = batchsize_trend(df, n_boot=400, n_perm=1, seed=rep)["arms"]["corrected"]["slope_ci"]
-        hits += lo <= TRUE_SLOPE <= hi
-    # Nominal 95 %; a percentile bootstrap over 8 clusters under-covers somewhat.
-    assert hits >= 0.8 * reps
+def test_flat_fix_arm_is_inconclusive_with_reasons() -> None:
+    df = make_table(slopes={"linear": 0.0, "linear_batchnorm": 0.0, "corrected": 0.0}, rng_seed=3)
+    res = batchsize_trend(df, n_perm=499, **ARGS)
+    if res["verdict"]["corrected"] == "inconclusive":
+        assert res["arms"]["corrected"]["reasons"]
+    assert res["verdict"]["corrected"] != "supported"
+    assert res["study_verdict"] != "supported"
 
 
-def test_cluster_bootstrap_matches_a_naive_loop() -> None:
-    df = planted_table()
-    res = batchsize_trend(df, n_boot=4000, n_perm=1, seed=1)["arms"]["corrected"]
-    good = df[df["arm"] == "corrected"]
-    by_seed = {
-        s: (np.log2(g["batch_size"].to_numpy(float)), g["test_accuracy"].to_numpy())
-        for s, g in good.groupby("seed")
-    }
-    rng = np.random.default_rng(123)
+def test_failed_trials_are_counted_scored_at_chance_and_gate_the_arm() -> None:
+    df = make_table()
+    df.loc[_at(df, "corrected", 128, 0), "status"] = "diverged"
+    df.loc[_at(df, "corrected", 128, 1), ["status", "test_accuracy"]] = ["completed", float("nan")]
+    res = batchsize_trend(df, n_perm=499, **ARGS)
+    arm = res["arms"]["corrected"]
+    assert arm["n_failed"] == 2 and arm["n"] == 40
+    assert arm["failures_by_cell"] == {"8": 0, "16": 0, "32": 0, "64": 0, "128": 2}
+    # 2 of 8 = 25 % > 20 %.
+    assert res["verdict"]["corrected"] == "inconclusive" and "failures" in arm["reasons"]
+    # Scored at chance in the primary analysis, dropped in the sensitivity check.
+    sens = arm["sensitivity"]
+    assert sens["n"] == 38 and sens["slope"] != pytest.approx(arm["slope"])
+    assert "failures" not in sens["reasons"]
+    assert res["sensitivity"]["verdict"]["corrected"] == "supported"
+    # One failure of 8 (12.5 %) is counted but does not gate.
+    df.loc[_at(df, "corrected", 128, 1), "test_accuracy"] = 0.8
+    res1 = batchsize_trend(df, n_perm=499, **ARGS)
+    assert res1["arms"]["corrected"]["n_failed"] == 1
+    assert "failures" not in res1["arms"]["corrected"]["reasons"]
+
+
+def test_failed_trial_is_scored_at_chance_in_the_primary_analysis() -> None:
+    df = make_table(seeds=5)
+    df.loc[_at(df, "corrected", 128, 4), "status"] = "error"
+    res = batchsize_trend(df, n_perm=199, **ARGS)
+    x = np.log2([8, 16, 32, 64, 128])
     slopes = []
-    for _ in range(4000):
-        pick = rng.choice(SEEDS, size=len(SEEDS), replace=True)
-        x = np.concatenate([by_seed[s][0] for s in pick])
-        y = np.concatenate([by_seed[s][1] for s in pick])
+    for s in range(5):
+        y = df[(df["arm"] == "corrected") & (df["seed"] == s)].sort_values("batch_size")["test_accuracy"]
+        y = y.to_numpy().copy()
+        if s == 4:
+            y[-1] = CHANCE_ACC
         slopes.append(stats.linregress(x, y).slope)
-    naive = np.quantile(slopes, [0.025, 0.975])
-    width = naive[1] - naive[0]
-    assert res["slope_ci"][0] == pytest.approx(naive[0], abs=0.15 * width)
-    assert res["slope_ci"][1] == pytest.approx(naive[1], abs=0.15 * width)
+    assert res["arms"]["corrected"]["slope"] == pytest.approx(np.mean(slopes))
 
 
-def test_holm_matches_hand_computation() -> None:
-    # Ascending: a .01 -> 3*.01 = .03; c .03 -> 2*.03 = .06; b .04 -> 1*.04 = .04, raised to .06.
-    out = holm_adjust({"a": 0.01, "b": 0.04, "c": 0.03, "d": None})
-    assert out == {"a": pytest.approx(0.03), "b": pytest.approx(0.06), "c": pytest.approx(0.06), "d": None}
-    assert holm_adjust({"a": 0.6, "b": 0.9}) == {"a": pytest.approx(1.0), "b": pytest.approx(1.0)}
+def test_lr_at_range_edge_makes_the_arm_inconclusive() -> None:
+    df = make_table().assign(lr_at_edge=False)
+    df.loc[_at(df, "corrected", 8), "lr_at_edge"] = True
+    res = batchsize_trend(df, n_perm=199, **ARGS)
+    assert res["verdict"]["corrected"] == "inconclusive"
+    assert res["arms"]["corrected"]["reasons"] == ["lr-at-range-edge"]
 
 
-def test_holm_is_applied_across_arms(damaged_result: dict) -> None:
-    arms = damaged_result["arms"]
-    expected = holm_adjust({a: arms[a]["p_value"] for a in ("corrected", "linear_batchnorm")})
-    for arm, p in expected.items():
-        assert arms[arm]["p_value_holm"] == pytest.approx(p)
-        assert arms[arm]["p_value_holm"] >= arms[arm]["p_value"]
+def test_no_effect_world_is_rarely_supported() -> None:
+    supported = 0
+    for rep in range(200):
+        df = make_table(
+            slopes={"linear": 0.0, "linear_batchnorm": 0.0, "corrected": 0.0},
+            seeds=5,
+            batch_sizes=(8, 32, 128, 512),
+            rng_seed=1000 + rep,
+        )
+        res = batchsize_trend(df, n_perm=199, n_boot=50, seed=rep, **ARGS)
+        supported += res["verdict"]["corrected"] == "supported"
+    assert supported <= 10  # 5 % of 200
 
 
-@pytest.mark.parametrize(
-    ("slope_ci", "interaction_ci", "higher_is_better", "expected"),
-    [
-        ((-0.3, -0.1), (-0.2, -0.05), True, "supported"),
-        ((-0.3, -0.1), (-0.2, 0.05), True, "inconclusive"),  # interaction CI touches 0
-        ((-0.3, 0.0), (-0.2, -0.05), True, "inconclusive"),  # "below 0" is strict
-        ((0.0, 0.2), (-0.2, -0.05), True, "refuted"),  # "at or above 0"
-        ((0.1, 0.2), None, True, "refuted"),
-        ((-0.3, -0.1), None, True, "inconclusive"),  # control: no interaction
-        (None, None, True, "inconclusive"),
-        ((-0.1, 0.1), (-0.1, 0.1), True, "inconclusive"),
-        # A loss: worse as B grows is a positive slope.
-        ((0.1, 0.3), (0.05, 0.2), False, "supported"),
-        ((-0.2, 0.0), (0.05, 0.2), False, "refuted"),
-        ((-0.3, -0.1), (-0.2, -0.05), False, "refuted"),
-        ((-0.1, 0.1), (0.05, 0.2), False, "inconclusive"),
-    ],
-)
-def test_verdict_rule(slope_ci, interaction_ci, higher_is_better, expected) -> None:
-    assert verdict_for(slope_ci, interaction_ci, higher_is_better=higher_is_better) == expected
+def test_interaction_equals_pooled_ols_of_paired_differences_and_its_t_interval() -> None:
+    df = make_table(seeds=6)
+    res = batchsize_trend(df, n_perm=199, **ARGS)
+    cell = df.set_index(["arm", "batch_size", "seed"])["test_accuracy"]
+    diff = (cell["corrected"] - cell["linear"]).reset_index()
+    x = np.log2(diff["batch_size"].to_numpy(float))
+    pooled = stats.linregress(x, diff["test_accuracy"].to_numpy()).slope
+    arm = res["arms"]["corrected"]
+    assert arm["interaction"] == pytest.approx(pooled, rel=1e-10)
+    per_seed = [
+        stats.linregress(np.log2(g["batch_size"].to_numpy(float)), g["test_accuracy"].to_numpy()).slope
+        for _, g in diff.groupby("seed")
+    ]
+    lo, hi = stats.t.interval(0.95, len(per_seed) - 1, loc=np.mean(per_seed), scale=stats.sem(per_seed))
+    assert arm["interaction_ci"] == [pytest.approx(lo), pytest.approx(hi)]
+    assert arm["ci_method"] == "t"
+    t_p = stats.ttest_1samp(per_seed, 0.0, alternative="less").pvalue
+    assert arm["p_value_t"] == pytest.approx(t_p)
+    assert arm["p_value"] == max(arm["p_value_t"], arm["p_value_permutation"])
+
+
+def test_ten_seeds_use_the_seed_bootstrap() -> None:
+    res = batchsize_trend(make_table(seeds=10), n_perm=199, n_boot=500, **ARGS)
+    arm = res["arms"]["corrected"]
+    assert arm["ci_method"] == "bootstrap"
+    assert arm["slope_ci"][0] < arm["slope"] < arm["slope_ci"][1]
+
+
+def test_exact_permutation_p_matches_brute_force() -> None:
+    rng = np.random.default_rng(4)
+    xs = [np.log2([8.0, 16.0, 32.0]), np.log2([8.0, 16.0, 32.0, 64.0]), np.log2([8.0, 32.0])]
+    ds = [rng.normal(size=x.size) - 0.3 * x for x in xs]
+
+    def stat(perms: tuple[tuple[int, ...], ...]) -> float:
+        return float(np.mean([ols_slope(x[list(p)], d) for x, d, p in zip(xs, ds, perms)]))
+
+    observed = stat(tuple(tuple(range(x.size)) for x in xs))
+    all_stats = [
+        stat(combo) for combo in itertools.product(*(itertools.permutations(range(x.size)) for x in xs))
+    ]
+    brute = np.mean(np.asarray(all_stats) <= observed + 1e-12)
+    p, method, count = permutation_p_value(xs, ds, negative=True, n_perm=99, rng=np.random.default_rng(0))
+    assert method == "exact" and count == 6 * 24 * 2
+    assert p == pytest.approx(brute)
+    p_up, _, _ = permutation_p_value(xs, ds, negative=False, n_perm=99, rng=np.random.default_rng(0))
+    assert p_up == pytest.approx(np.mean(np.asarray(all_stats) >= observed - 1e-12))
+
+
+def test_monte_carlo_permutation_p_has_the_plus_one_correction() -> None:
+    xs = [np.log2([8.0, 16.0, 32.0, 64.0, 128.0])] * 8
+    ds = [-x for x in xs]  # the most extreme arrangement: no permutation beats it
+    p, method, count = permutation_p_value(xs, ds, negative=True, n_perm=999, rng=np.random.default_rng(1))
+    assert method == "monte-carlo" and count == 999
+    assert p == pytest.approx(1 / 1000)
+
+
+def test_budgets_are_analysed_separately_and_must_agree() -> None:
+    epochs = make_table(rng_seed=1).assign(budget="epochs")
+    agree = make_table(rng_seed=2).assign(budget="updates")
+    res = batchsize_trend(pd.concat([epochs, agree]), n_perm=499, **ARGS)
+    assert set(res["budgets"]) == {"epochs", "updates"}
+    assert res["budgets"]["epochs"]["verdict"]["corrected"] == "supported"
+    assert res["verdict"]["corrected"] == "supported" and res["study_verdict"] == "supported"
+    assert res["arms"]["corrected"]["by_budget"]["updates"]["verdict"] == "supported"
+
+    flat = make_table(slopes={"linear": 0.0, "linear_batchnorm": 0.0, "corrected": 0.0}, rng_seed=2)
+    res2 = batchsize_trend(pd.concat([epochs, flat.assign(budget="updates")]), n_perm=499, **ARGS)
+    assert res2["budgets"]["epochs"]["verdict"]["corrected"] == "supported"
+    assert res2["budgets"]["updates"]["verdict"]["corrected"] != "supported"
+    assert res2["verdict"]["corrected"] == "inconclusive"
+    assert "budget-dependent" in res2["arms"]["corrected"]["reasons"]
+    assert res2["study_verdict"] == "inconclusive" and "budget-dependent" in res2["study_reasons"]
+
+    up = make_table(slopes={"linear": 0.0, "linear_batchnorm": 0.0, "corrected": 0.02})
+    res3 = batchsize_trend(
+        pd.concat([up.assign(budget="epochs"), up.assign(budget="updates")]), n_perm=199, **ARGS
+    )
+    assert res3["verdict"]["corrected"] == "refuted" and res3["study_verdict"] == "refuted"
+
+
+def test_single_budget_column_is_one_analysis() -> None:
+    res = batchsize_trend(make_table().assign(budget="epochs"), n_perm=199, **ARGS)
+    assert res["budgets"] is None and res["budget"] == "epochs"
+    assert res["verdict"]["corrected"] == "supported"
 
 
 def test_lower_is_better_mirrors_the_signs() -> None:
-    df = damaged_table()
-    up = batchsize_trend(df, n_boot=300, n_perm=999, seed=5)
+    df = make_table()
+    up = batchsize_trend(df, n_perm=499, seed=5, **ARGS)
     loss = df.assign(test_accuracy=-df["test_accuracy"])
-    down = batchsize_trend(loss, higher_is_better=False, n_boot=300, n_perm=999, seed=5)
+    down = batchsize_trend(
+        loss, n_perm=499, seed=5, **(ARGS | {"higher_is_better": False, "chance_metric": -CHANCE_ACC})
+    )
     assert down["direction"] == "positive" and up["direction"] == "negative"
-    assert down["verdict"] == up["verdict"]
+    assert down["verdict"] == up["verdict"] and down["controls"] == up["controls"]
     for arm in up["arms"]:
         assert down["arms"][arm]["slope"] == pytest.approx(-up["arms"][arm]["slope"])
         assert down["arms"][arm]["p_value"] == up["arms"][arm]["p_value"]
 
 
-def test_deterministic_and_independent_of_other_arms() -> None:
-    df = damaged_table()
-    a = batchsize_trend(df, n_boot=200, n_perm=499, seed=7)
-    b = batchsize_trend(df, n_boot=200, n_perm=499, seed=7)
-    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-    fewer = batchsize_trend(df[df["arm"] != "linear_batchnorm"], n_boot=200, n_perm=499, seed=7)
-    assert fewer["arms"]["corrected"]["slope_ci"] == a["arms"]["corrected"]["slope_ci"]
-    assert fewer["arms"]["corrected"]["p_value"] == a["arms"]["corrected"]["p_value"]
-    other = batchsize_trend(df, n_boot=200, n_perm=499, seed=8)
-    assert other["arms"]["corrected"]["slope_ci"] != a["arms"]["corrected"]["slope_ci"]
+def test_deterministic_strict_json_and_independent_of_other_arms(planted: dict[str, Any]) -> None:
+    df = make_table()
+    again = batchsize_trend(df, n_perm=1999, **ARGS)
+    assert json.dumps(again, sort_keys=True, allow_nan=False) == json.dumps(planted, sort_keys=True)
+    extra = make_table(slopes={"prenorm_l2": -0.01})
+    both = batchsize_trend(pd.concat([df, extra]), n_perm=1999, **ARGS)
+    assert both["arms"]["corrected"]["p_value"] == planted["arms"]["corrected"]["p_value"]
+    assert both["arms"]["corrected"]["interaction_ci"] == planted["arms"]["corrected"]["interaction_ci"]
+    keys = {"verdict", "controls", "study_verdict", "study_reasons", "exploratory", "metric", "control"}
+    keys |= {"alpha", "delta", "arms", "sensitivity"}
+    assert keys <= set(planted) and planted["hypothesis"] == HYPOTHESIS
+    per_arm = {"reasons", "slope", "slope_ci", "interaction", "interaction_ci", "p_value", "p_value_holm"}
+    per_arm |= {"n", "n_failed", "n_seeds", "spearman_rho", "spearman_rho_ci", "failures_by_cell"}
+    per_arm |= {"median_train_loss_by_cell", "sensitivity"}
+    for arm in planted["arms"].values():
+        assert per_arm <= set(arm)
 
 
-def test_result_is_strict_json_with_the_documented_keys(damaged_result: dict) -> None:
-    text = json.dumps(damaged_result, allow_nan=False)
-    back = json.loads(text)
-    assert {"hypothesis", "metric", "control", "arms", "verdict"} <= set(back)
-    keys = {"n", "n_failed", "spearman_rho", "slope", "slope_ci", "interaction", "interaction_ci"}
-    keys |= {"p_value", "p_value_holm"}
-    for arm in ("linear", "linear_batchnorm", "corrected"):
-        assert keys <= set(back["arms"][arm])
-        assert back["verdict"][arm] in {"supported", "refuted", "inconclusive"}
-
-
-def test_arm_with_only_failures_is_inconclusive() -> None:
-    df = planted_table()
-    df.loc[df["arm"] == "corrected", "status"] = "failed"
-    res = batchsize_trend(df, n_boot=100, n_perm=99)
-    arm = res["arms"]["corrected"]
-    assert (arm["n"], arm["n_failed"], arm["slope"], arm["p_value"]) == (0, 30, None, None)
-    assert res["verdict"]["corrected"] == "inconclusive"
-
-
-def test_generic_metric_column_and_validation_errors() -> None:
-    df = planted_table().rename(columns={"test_accuracy": "metric"})
-    res = batchsize_trend(df, n_boot=100, n_perm=99)
-    assert res["metric"] == "test_accuracy" and res["verdict"]["corrected"] == "supported"
-    with pytest.raises(ValueError, match="control arm 'plain'"):
-        batchsize_trend(df, control="plain")
+def test_validation_errors() -> None:
+    df = make_table()
+    with pytest.raises(ValueError, match="control arm"):
+        batchsize_trend(df, **(ARGS | {"control": "plain"}))
     with pytest.raises(ValueError, match="missing columns"):
-        batchsize_trend(df.drop(columns="seed"))
+        batchsize_trend(df.drop(columns="seed"), **ARGS)
     with pytest.raises(ValueError, match="positive"):
-        normalize_table(df.assign(batch_size=0), "metric")
+        normalize_table(df.assign(batch_size=0), "test_accuracy")
     with pytest.raises(ValueError, match="n_boot"):
-        batchsize_trend(df, n_boot=0)
+        batchsize_trend(df, n_boot=0, **ARGS)
 
 
-def test_ols_slope_matches_polyfit_and_is_nan_for_one_x() -> None:
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=20), rng.normal(size=20)
-    assert ols_slope(x, y) == pytest.approx(np.polyfit(x, y, 1)[0])
-    assert math.isnan(ols_slope(np.ones(5), y[:5]))
+@pytest.mark.parametrize(
+    ("slope_ci", "interaction_ci", "higher_is_better", "p_holm", "expected"),
+    [
+        ((-0.3, -0.1), (-0.2, -0.05), True, 0.01, "supported"),
+        ((-0.3, -0.1), (-0.2, -0.05), True, 0.2, "inconclusive"),  # not significant
+        ((-0.3, -0.1), (-0.2, 0.05), True, 0.01, "inconclusive"),  # interaction CI touches 0
+        ((0.0, 0.2), (-0.2, -0.05), True, 0.5, "refuted"),  # "at or above 0"
+        ((-0.3, -0.1), (0.0, 0.1), True, 0.9, "refuted"),  # the interaction alone refutes
+        ((0.1, 0.3), (0.05, 0.2), False, 0.01, "supported"),  # a loss: signs flip
+        ((-0.2, 0.0), (0.05, 0.2), False, 0.01, "refuted"),
+    ],
+)
+def test_verdict_rule(slope_ci, interaction_ci, higher_is_better, p_holm, expected) -> None:
+    got = verdict_for(slope_ci, interaction_ci, higher_is_better=higher_is_better, p_holm=p_holm)
+    assert got == expected
+
+
+def test_holm_matches_hand_computation() -> None:
+    out = holm_adjust({"a": 0.01, "b": 0.04, "c": 0.03, "d": None})
+    assert out == {"a": pytest.approx(0.03), "b": pytest.approx(0.06), "c": pytest.approx(0.06), "d": None}
 
 
 def test_gate_entropy_matches_scipy() -> None:
-    p = np.array([[0.5, 0.5], [1.0, 0.0], [0.9, 0.1], [0.2, 0.3]])
-    p[3] /= p[3].sum()
-    expected = stats.entropy(p, axis=1)
-    assert gate_entropy(p) == pytest.approx(expected)
-    assert gate_entropy([0.5, 0.5]) == pytest.approx(math.log(2))
-    assert gate_entropy([1.0, 0.0]) == 0.0
+    p = np.array([[0.5, 0.5], [1.0, 0.0], [0.9, 0.1]])
+    assert gate_entropy(p) == pytest.approx(stats.entropy(p, axis=1))
     with pytest.raises(ValueError):
         gate_entropy([-0.1, 1.1])
-
-
-def test_warnings_name_failures_and_too_few_seeds(damaged_result: dict) -> None:
-    warns = damaged_result["warnings"]
-    assert any(w.startswith("corrected: 2 of 29 trials failed") for w in warns)
-    assert any(w.startswith("linear: 1 of 30 trials failed") for w in warns)
-    assert not any(w.startswith("linear_batchnorm") for w in warns)  # 6 seeds, no failures
-    few = batchsize_trend(planted_table(seeds=(0, 1, 2)), n_boot=50, n_perm=99)
-    assert {a["n_seeds"] for a in few["arms"].values()} == {3}
-    assert sum("fewer than 5 seeds" in w for w in few["warnings"]) == 3
-
-
-def test_an_arm_left_with_one_seed_gets_no_interval() -> None:
-    df = planted_table()
-    df.loc[(df["arm"] == "corrected") & (df["seed"] != 0), "status"] = "failed"
-    res = batchsize_trend(df, n_boot=100, n_perm=99)
-    arm = res["arms"]["corrected"]
-    assert arm["n_seeds"] == 1 and arm["slope"] == pytest.approx(TRUE_SLOPE, abs=0.01)
-    assert arm["slope_ci"] is None and arm["interaction_ci"] is None
-    assert res["verdict"]["corrected"] == "inconclusive"
