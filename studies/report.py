@@ -31,6 +31,7 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 from scipy import stats
 
@@ -417,6 +418,7 @@ def plot_forest(result: Mapping[str, Any], path: str | Path) -> Path:
         if key == "slope":
             d = float(result.get("delta", 0.005)) * (1.0 if result.get("higher_is_better", True) else -1.0)
             ax.axvline(-d, color="gray", lw=0.8, ls=":")
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(f"Δ {result['metric']} per doubling of B")
         ax.grid(axis="x", alpha=0.3)
