@@ -5,7 +5,13 @@ creates its parameters in ``__init__``, initialises them in ``reset_parameters()
 configuration in ``extra_repr()`` (the timm convention). Every layer accepts ``(B, T, D)`` token
 sequences and ``(B, D)`` vectors and normalizes over the last dimension.
 
-Formulas, defaults and open choices are those of ``PROTOCOL.md`` §1. Modules that draw random numbers
+Every ``forward`` takes an optional keyword ``mask`` of shape ``(B, T)``, True at real tokens: layers
+that pool over tokens (:class:`FiLMNorm`'s conditioning, :class:`AutoNorm`'s selector) average over
+the real tokens only, so that padding, often most of a text batch, does not steer them; per-token
+layers ignore it. ``mask=None`` means every position is real (images, tabular rows) and computes
+exactly the unmasked mean.
+
+Formulas, defaults and open choices are those of ``docs/science.md``. Modules that draw random numbers
 (:class:`AutoNorm`, :class:`RandomSelector`) own a ``torch.Generator`` each, so that a trial is
 reproducible without global seeding and a training loop can save and restore the exact noise stream.
 """
@@ -104,11 +110,26 @@ def _check_dim(dim: int) -> None:
         raise ValueError(f"dim must be a positive int, got {dim!r}")
 
 
-def _pool_tokens(x: Tensor) -> Tensor:
-    """Per-sample summary used by the self-conditioned layers: mean over tokens for (B, T, D)."""
+def _pool_tokens(x: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Per-sample summary used by the self-conditioned layers: mean over the real tokens of (B, T, D).
+
+    ``mask`` (B, T) is True at real tokens; ``None`` averages over every position (bit-identical to
+    ``x.mean(1)``). Padding is excluded with ``where`` rather than a multiplication, so that whatever
+    the padded positions hold (even inf or NaN) cannot reach the result. A sample without any real
+    token pools to zeros.
+    """
     if x.ndim == 3:
-        return x.mean(dim=1)  # (B, D)
+        if mask is None:
+            return x.mean(dim=1)  # (B, D)
+        if mask.shape != x.shape[:2]:
+            raise ValueError(f"mask must have shape {tuple(x.shape[:2])} (B, T), got {tuple(mask.shape)}")
+        keep = mask.to(torch.bool).unsqueeze(-1)  # (B, T, 1)
+        total = torch.where(keep, x, x.new_zeros(())).sum(dim=1)  # (B, D)
+        count = keep.sum(dim=1).clamp_min(1).to(x.dtype)  # (B, 1)
+        return total / count
     if x.ndim == 2:
+        if mask is not None:
+            raise ValueError("a mask applies to (B, T, D) token sequences, not to (B, D) vectors")
         return x
     raise ValueError(f"expected a (B, T, D) or (B, D) input, got shape {tuple(x.shape)}")
 
@@ -135,6 +156,10 @@ class LayerNorm(nn.LayerNorm):
         _check_dim(dim)
         super().__init__(dim, eps=eps, elementwise_affine=elementwise_affine, bias=bias)
 
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
+        """Per-token: ``mask`` is accepted for the common norm interface and ignored."""
+        return super().forward(x)
+
 
 @register_norm("rmsnorm")
 class RMSNorm(nn.RMSNorm):
@@ -147,6 +172,10 @@ class RMSNorm(nn.RMSNorm):
     def __init__(self, dim: int, *, eps: float = 1e-6, elementwise_affine: bool = True):
         _check_dim(dim)
         super().__init__(dim, eps=eps, elementwise_affine=elementwise_affine)
+
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
+        """Per-token: ``mask`` is accepted for the common norm interface and ignored."""
+        return super().forward(x)
 
 
 @register_norm("identity")
@@ -161,7 +190,7 @@ class Identity(nn.Module):
     def reset_parameters(self) -> None:
         """Nothing to reset; present for the registry contract."""
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
         return x
 
     def extra_repr(self) -> str:
@@ -243,7 +272,8 @@ class DyT(nn.Module):
         nn.init.ones_(self.weight)
         nn.init.zeros_(self.bias)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
+        """Per-token: ``mask`` is accepted for the common norm interface and ignored."""
         if self.fused:
             out: Tensor = _DyTFunction.apply(x, self.alpha, self.weight, self.bias)
             return out
@@ -281,7 +311,8 @@ class AdaNorm(nn.Module):
     def reset_parameters(self) -> None:
         """No parameters; present for the registry contract."""
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
+        """Per-token: ``mask`` is accepted for the common norm interface and ignored."""
         mu = x.mean(dim=-1, keepdim=True)
         sigma = x.std(dim=-1, keepdim=True, unbiased=True)
         y = (x - mu) / (sigma + self.eps)
@@ -294,6 +325,9 @@ class AdaNorm(nn.Module):
 @register_norm("film")
 class FiLMNorm(nn.Module):
     """Self-conditioned FiLM: ``(1 + Δγ(x̄)) ⊙ LN(x) + β(x̄)``, ``x̄`` the per-sample token mean.
+
+    ``x̄`` averages over the real tokens when a ``mask`` is given (padding excluded), so a sample's
+    output at its real positions does not depend on how much padding follows it.
 
     The AutoNorm paper never defines its FiLM baseline; this is the protocol's reading. ``LN`` has no
     affine parameters of its own; ``Δγ`` and ``β`` come from a 2-layer MLP (hidden ``dim // 2``, ReLU
@@ -321,8 +355,8 @@ class FiLMNorm(nn.Module):
         nn.init.zeros_(self.fc2.weight)
         nn.init.zeros_(self.fc2.bias)
 
-    def forward(self, x: Tensor) -> Tensor:
-        cond = self.fc2(F.relu(self.fc1(_pool_tokens(x))))  # (B, 2D)
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
+        cond = self.fc2(F.relu(self.fc1(_pool_tokens(x, mask))))  # (B, 2D)
         d_gamma, beta = cond.chunk(2, dim=-1)
         if x.ndim == 3:
             d_gamma, beta = d_gamma.unsqueeze(1), beta.unsqueeze(1)  # (B, 1, D)
@@ -428,9 +462,9 @@ def _at_least_float32(t: Tensor) -> Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def _mix(branches: nn.ModuleList, x: Tensor, weights: Tensor) -> Tensor:
+def _mix(branches: nn.ModuleList, x: Tensor, weights: Tensor, mask: Tensor | None) -> Tensor:
     """``Σ_k w_k · branch_k(x)`` with per-sample weights ``(B, K)`` that sum to 1."""
-    ys = [branch(x) for branch in branches]
+    ys = [branch(x, mask=mask) for branch in branches]
     if len(ys) == 2:
         # lerp(y0, y1, w1) = w0 y0 + w1 y1 when w0 = 1 − w1: one kernel instead of three, and the same
         # gradient through a softmax (whose Jacobian columns sum to zero).
@@ -443,6 +477,9 @@ def _mix(branches: nn.ModuleList, x: Tensor, weights: Tensor) -> Tensor:
 
 class NormSelector(nn.Module):
     """Gate network of AutoNorm: token mean → ``Linear(D, D/2)`` → ReLU → ``Linear(D/2, K)`` → logits.
+
+    The token mean runs over the real tokens of a ``mask`` (padding excluded): otherwise the gate of a
+    padded text batch mostly sees the sentence length.
 
     Args:
         dim: number of input channels ``D``.
@@ -477,9 +514,9 @@ class NormSelector(nn.Module):
         else:
             self.fc2.reset_parameters()
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Logits ``(B, K)`` for a ``(B, T, D)`` or ``(B, D)`` input."""
-        return self.fc2(F.relu(self.fc1(_pool_tokens(x))))
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Logits ``(B, K)`` for a ``(B, T, D)`` or ``(B, D)`` input; ``mask`` (B, T), True = real token."""
+        return self.fc2(F.relu(self.fc1(_pool_tokens(x, mask))))
 
     def extra_repr(self) -> str:
         return f"{self.dim}, num_choices={self.num_choices}, hidden_dim={self.hidden_dim}, init={self.init!r}"
@@ -537,12 +574,13 @@ class RandomSelector(_OwnsGenerator):
         e = -torch.log(u.clamp_min(1e-12))
         return e / e.sum(dim=1, keepdim=True)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
+        """The weights do not depend on ``x``; ``mask`` only reaches candidates that pool."""
         if x.ndim not in (2, 3):
             raise ValueError(f"expected a (B, T, D) or (B, D) input, got shape {tuple(x.shape)}")
         weights = self._weights(x)
         self.last_weights = weights.detach()
-        return _mix(self.branches, x, weights)
+        return _mix(self.branches, x, weights, mask)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, candidates={self.candidates}, eval_mode={self.eval_mode!r}"
@@ -552,11 +590,16 @@ class RandomSelector(_OwnsGenerator):
 class AutoNorm(_OwnsGenerator):
     """AutoNorm: a learned per-sample gate mixing candidate norms, ``Σ_k w_k · norm_k(x)``.
 
-    The gate is a :class:`NormSelector` on the sub-layer input. Training draws the weights with a
-    Gumbel-Softmax at temperature ``tau`` (soft by default, straight-through one-hot with
-    ``hard=True``); the noise is our own float32 implementation (``u.clamp(1e-6, 1 − 1e-6)``, autocast
-    off) from the module's generator, because ``F.gumbel_softmax`` has produced NaNs. Evaluation uses
-    ``eval_mode``: ``"softmax"`` (deterministic), ``"argmax"`` (one-hot) or ``"sample"`` (noisy).
+    The gate is a :class:`NormSelector` on the sub-layer input (its token mean over the real tokens of
+    ``mask``). Training draws the weights with a Gumbel-Softmax at temperature ``tau`` (soft by
+    default, straight-through one-hot with ``hard=True``); the noise is our own float32 implementation
+    (``u.clamp(1e-6, 1 − 1e-6)``, autocast off) from the module's generator, because
+    ``F.gumbel_softmax`` has produced NaNs. Evaluation uses ``eval_mode``: ``"softmax"``
+    (deterministic), ``"argmax"`` (one-hot) or ``"sample"`` (noisy).
+
+    With ``hard=True`` evaluation is always one-hot, never the soft mixture the network was not
+    trained on: ``"softmax"`` and ``"argmax"`` both give the argmax of the noise-free probabilities,
+    ``"sample"`` the one-hot Gumbel-max draw (the argmax of the noisy logits).
 
     AutoNorm-S freezes the gate after a warm-up: :meth:`freeze` stops the selector's parameters for
     good (``requires_grad`` off and stale gradients dropped, so no optimizer moves them) and switches
@@ -567,8 +610,8 @@ class AutoNorm(_OwnsGenerator):
         dim: number of channels.
         candidates: registry names of the mixed norms (default ``("dyt", "layernorm")``).
         tau: Gumbel-Softmax temperature; a plain attribute, so a training loop may anneal it.
-        hard: straight-through one-hot weights in training (and one-hot deterministic weights when
-            frozen).
+        hard: straight-through one-hot weights in training (one-hot deterministic weights when
+            frozen) and one-hot weights in evaluation, whatever ``eval_mode``.
         eval_mode: ``"softmax"``, ``"argmax"`` or ``"sample"``.
         selector_init: ``"zeros"`` (gate starts uniform) or ``"default"``, see :class:`NormSelector`.
         sample_after_freeze: keep drawing Gumbel noise in training after :meth:`freeze`.
@@ -667,15 +710,15 @@ class AutoNorm(_OwnsGenerator):
 
     # -- gate --------------------------------------------------------------------------------------------
 
-    def gate_probs(self, x: Tensor) -> Tensor:
+    def gate_probs(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
         """Noise-free gate probabilities ``softmax(logits)``, at least float32, shape ``(B, K)``."""
         with torch.autocast(device_type=x.device.type, enabled=False):
-            return _at_least_float32(self.selector(x)).softmax(dim=-1)
+            return _at_least_float32(self.selector(x, mask)).softmax(dim=-1)
 
-    def gate_entropy(self, x: Tensor) -> Tensor:
+    def gate_entropy(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
         """Natural-log entropy of :meth:`gate_probs`, shape ``(B,)`` (``ln K`` for a uniform gate)."""
         with torch.autocast(device_type=x.device.type, enabled=False):
-            log_p = _at_least_float32(self.selector(x)).log_softmax(dim=-1)
+            log_p = _at_least_float32(self.selector(x, mask)).log_softmax(dim=-1)
             return -(log_p.exp() * log_p).sum(dim=-1)
 
     def _samples(self) -> bool:
@@ -695,16 +738,19 @@ class AutoNorm(_OwnsGenerator):
         hard = F.one_hot(soft.argmax(dim=-1), soft.shape[-1]).to(soft.dtype)
         return hard - soft.detach() + soft
 
-    def _gate(self, x: Tensor, gumbel: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _gate(self, x: Tensor, gumbel: Tensor | None, mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """Noise-free probabilities and mixing weights, both ``(B, K)`` and at least float32."""
-        logits = self.selector(x)  # (B, K)
+        logits = self.selector(x, mask)  # (B, K)
         with torch.autocast(device_type=x.device.type, enabled=False):
             logits = _at_least_float32(logits)
             probs = logits.softmax(dim=-1)
             if gumbel is not None:
                 soft = ((logits + gumbel) / self.tau).softmax(dim=-1)
-                weights = self._straight_through(soft) if self.hard else soft
-            elif not self.training and self.eval_mode == "argmax":
+                if self.hard and not self.training:  # evaluation: an exact one-hot draw, no graph trick
+                    weights = F.one_hot(soft.argmax(dim=-1), soft.shape[-1]).to(soft.dtype)
+                else:
+                    weights = self._straight_through(soft) if self.hard else soft
+            elif not self.training and (self.hard or self.eval_mode == "argmax"):
                 weights = F.one_hot(probs.argmax(dim=-1), probs.shape[-1]).to(probs.dtype)
             elif self.training and self.hard:  # frozen, noise off: deterministic one-hot
                 weights = self._straight_through(probs)
@@ -725,22 +771,24 @@ class AutoNorm(_OwnsGenerator):
                 return k
         return None
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
+        """Mixture of the candidates; ``mask`` (B, T), True at real tokens, restricts the gate's token
+        mean (and any pooling candidate's) to the real tokens."""
         gumbel = self._gumbel_noise(x.shape[0], x.device) if self._samples() else None
         if not self._frozen:
-            probs, weights = self._gate(x, gumbel)
+            probs, weights = self._gate(x, gumbel, mask)
         else:
             # Decide the fast path without building a graph through the (frozen) gate.
             with torch.no_grad():
-                probs, weights = self._gate(x, gumbel)
+                probs, weights = self._gate(x, gumbel, mask)
             k = self._single_branch(weights)
             if k is not None:
                 self.last_probs, self.last_weights = probs, weights
-                out: Tensor = self.branches[k](x)
+                out: Tensor = self.branches[k](x, mask=mask)
                 return out
             if torch.is_grad_enabled() and x.requires_grad:
                 # The mixture depends on x through the gate too: recompute it with a graph (same noise).
-                probs, weights = self._gate(x, gumbel)
+                probs, weights = self._gate(x, gumbel, mask)
         self.last_probs = probs.detach()
         self.last_weights = weights.detach()
-        return _mix(self.branches, x, weights)
+        return _mix(self.branches, x, weights, mask)

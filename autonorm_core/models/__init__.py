@@ -1,9 +1,9 @@
 """Models of the studies, built from a data set's :class:`~autonorm_core.data.Splits` by name.
 
 ``create_model(name, splits, preset="paper" | "tiny", **overrides)``: the preset gives the sizes
-(PROTOCOL.md's for ``paper``, seconds-on-CPU ones for ``tiny``), every config field can be
-overridden by keyword, and the data decides input shape, classes and vocabulary. Unknown keywords
-raise ``ValueError`` listing the valid ones; nothing is silently dropped.
+(the paper's for ``paper``, see docs/science.md; seconds-on-CPU ones for ``tiny``), every config
+field can be overridden by keyword, and the data decides input shape, classes and vocabulary.
+Unknown keywords raise ``ValueError`` listing the valid ones; nothing is silently dropped.
 
 =============== ============================== ==============================================
 name            data                           output
@@ -162,7 +162,7 @@ def create_model(name: str, splits: Splits, *, preset: str = "paper", **kwargs: 
     Args:
         name: One of :func:`list_models`.
         splits: The data set; gives the input shape, number of classes, vocabulary and task.
-        preset: ``"paper"`` (PROTOCOL.md sizes) or ``"tiny"`` (for CPU tests).
+        preset: ``"paper"`` (the paper's sizes, docs/science.md) or ``"tiny"`` (for CPU tests).
         **kwargs: Overrides of the model's config fields (see :func:`model_defaults`), e.g.
             ``depth=4``, ``norm="autonorm"`` or ``norm={"type": "autonorm", "tau": 1.0}``,
             ``linear={"type": "corrected", "beta": 1.0}``, ``layer="patchnorm"``.

@@ -6,10 +6,15 @@ One block type serves all three (nanoGPT's layout, read top to bottom)::
     x = x + drop_path(layerscale(mlp(norm2(x))))
 
 ``norm1`` and ``norm2`` come from the ``norm`` spec (so ``norm="autonorm"`` gives 2 AutoNorm layers
-per block, PROTOCOL.md §1); the final encoder norm comes from ``final_norm`` (LayerNorm by default,
+per block, see docs/science.md); the final encoder norm comes from ``final_norm`` (LayerNorm by default,
 an open choice). The MLP's two linears (and, with ``linear_in_attention``, the attention projections)
 come from the ``linear`` spec: the divergence-fix variant a search may combine with AutoNorm.
 Patch / token / feature embeddings and the output head stay plain.
+
+Padding: the text encoder's key-padding mask ``(B, T)`` (True at real tokens) reaches the attention
+AND every norm, as ``norm(x, mask=key_mask)``: norms that pool over tokens (AutoNorm's selector,
+FiLMNorm's conditioning) average over the real tokens only; per-token norms ignore it. Images and
+tabular rows have no padding and pass ``mask=None``.
 
 Initialisation (open choice): every layer keeps its own ``reset_parameters`` (PyTorch's defaults for
 linears, each norm's own init, so AutoNorm's zero-initialised selector output is left alone);
@@ -50,7 +55,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Encoder hyperparameters shared by every Transformer here (ViT-Lite defaults of PROTOCOL.md)."""
+    """Encoder hyperparameters shared by every Transformer here (ViT-Lite defaults of docs/science.md)."""
 
     depth: int = 8
     dim: int = 128
@@ -60,7 +65,7 @@ class TransformerConfig:
     layerscale_init: float | None = 1e-4  # None: no LayerScale
     qkv_bias: bool = True
     norm: NormSpec = "layernorm"  # both pre-norm sub-layer norms of every block
-    final_norm: NormSpec = "layernorm"  # PROTOCOL open choice: the final encoder norm stays LayerNorm
+    final_norm: NormSpec = "layernorm"  # open choice: the final encoder norm stays LayerNorm
     linear: LinearSpec = "linear"  # divergence-fix variant of the MLP linears
     linear_in_attention: bool = False  # also use `linear` for the qkv and output projections
 
@@ -143,8 +148,9 @@ class Block(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), key_mask)))  # (B, T, C)
-        x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+        # key_mask (B, T), True at real tokens: masks attention keys and the norms' token pooling.
+        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x, mask=key_mask), key_mask)))  # (B, T, C)
+        x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x, mask=key_mask))))
         return x
 
 
@@ -165,7 +171,7 @@ class Encoder(nn.Module):
     def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
         for block in self.blocks:
             x = block(x, key_mask)
-        return self.norm(x)  # (B, T, C)
+        return self.norm(x, mask=key_mask)  # (B, T, C)
 
 
 def _init_tokens(*params: nn.Parameter) -> None:
@@ -221,7 +227,7 @@ class ViTLite(nn.Module):
 
 @dataclass(frozen=True)
 class TextEncoderConfig(TransformerConfig):
-    """Token tagging (per-token logits) or sentence classification; sizes from PROTOCOL.md."""
+    """Token tagging (per-token logits) or sentence classification; sizes from docs/science.md."""
 
     depth: int = 12
     heads: int = 8
@@ -245,8 +251,9 @@ class TextEncoder(nn.Module):
 
     Input ``(B, T)`` token ids padded with ``pad_index``; output ``(B, T, num_classes)`` for tagging
     (logits at padded positions are meaningless; the targets there are ``ignore_index``) or
-    ``(B, num_classes)`` for classification. AutoNorm's selector averages over all ``T`` positions,
-    padding included (the norm layers see no mask).
+    ``(B, num_classes)`` for classification. The padding mask reaches every norm, so AutoNorm's
+    selector and FiLMNorm's conditioning average over the real tokens (and the CLS token), never over
+    padding: a sentence's outputs do not depend on how much padding the batch adds.
     """
 
     def __init__(self, config: TextEncoderConfig):

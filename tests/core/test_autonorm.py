@@ -74,6 +74,58 @@ def test_selector_pools_tokens_by_mean() -> None:
     torch.testing.assert_close(m.gate_probs(x), m.gate_probs(x.mean(1)))
 
 
+def _lengths_mask(lengths: list[int], t: int) -> Tensor:
+    return torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]  # (B, T), True at real tokens
+
+
+def test_selector_pools_the_real_tokens_only() -> None:
+    m = AutoNorm(DIM, selector_init="default")
+    lengths = [6, 1, 3, 4]
+    mask = _lengths_mask(lengths, 6)
+    x = _input((4, 6, DIM))
+    probs = m.gate_probs(x, mask=mask)
+    for i, n in enumerate(lengths):  # = the gate of each sentence without its padding
+        torch.testing.assert_close(probs[i], m.gate_probs(x[i : i + 1, :n])[0], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(probs[i], m.gate_probs(x[i, :n].mean(0, keepdim=True))[0])
+    padded = torch.where(mask[..., None], x, torch.tensor(float("nan")))
+    assert torch.equal(m.gate_probs(padded, mask=mask), probs)  # whatever the padding holds
+    assert torch.equal(m.gate_entropy(padded, mask=mask), m.gate_entropy(x, mask=mask))
+    assert not torch.allclose(m.gate_probs(x), probs)  # the mean over all positions differs
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_gate_weights_ignore_padding_content(training: bool) -> None:
+    m = AutoNorm(DIM, selector_init="default").train(training)
+    mask = _lengths_mask([5, 2, 3], 5)
+    x = _input((3, 5, DIM))
+    weights = []
+    for fill in (0.0, 1e4, -7.0):
+        m.manual_seed(3)
+        m(torch.where(mask[..., None], x, torch.tensor(fill)), mask=mask)
+        assert m.last_weights is not None
+        weights.append(m.last_weights)
+    assert all(torch.equal(w, weights[0]) for w in weights[1:])
+    m.manual_seed(3)
+    m(torch.where(mask[..., None], x, torch.tensor(1e4)))  # without the mask the padding steers the gate
+    assert m.last_weights is not None and not torch.allclose(m.last_weights, weights[0])
+
+
+def test_mask_must_match_the_token_axes() -> None:
+    m = AutoNorm(DIM)
+    with pytest.raises(ValueError, match="mask"):
+        m(_input((3, 5, DIM)), mask=torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask"):
+        m(_input((3, DIM)), mask=torch.ones(3, 1, dtype=torch.bool))
+
+
+def test_a_sample_without_real_tokens_gets_a_finite_gate() -> None:
+    m = AutoNorm(DIM, selector_init="default")
+    mask = _lengths_mask([0, 3], 3)
+    probs = m.gate_probs(_input((2, 3, DIM)), mask=mask)
+    assert torch.isfinite(probs).all()
+    torch.testing.assert_close(probs[0], m.gate_probs(torch.zeros(1, DIM))[0])  # pools to zeros
+
+
 def test_selector_architecture() -> None:
     s = NormSelector(DIM, 3)
     assert (s.fc1.in_features, s.fc1.out_features, s.fc2.out_features) == (DIM, DIM // 2, 3)
@@ -258,6 +310,33 @@ def test_eval_modes() -> None:
     assert not torch.equal(first, sample(x))
     sample.manual_seed(1)
     assert torch.equal(first, sample(x))
+
+
+@pytest.mark.parametrize("eval_mode", AutoNorm.EVAL_MODES)
+def test_hard_evaluation_is_one_hot_whatever_eval_mode(eval_mode: str) -> None:
+    torch.manual_seed(0)
+    m = AutoNorm(DIM, selector_init="default", hard=True, eval_mode=eval_mode).eval()
+    with torch.no_grad():  # logits (relu(mean of channel 0), 0.5): varied, mostly far from one-hot
+        m.selector.fc1.weight.copy_(torch.eye(DIM // 2, DIM))
+        m.selector.fc1.bias.zero_()
+        m.selector.fc2.weight.zero_()
+        m.selector.fc2.weight[0, 0] = 1.0
+        m.selector.fc2.bias.copy_(torch.tensor([0.0, 0.5]))
+    x = _input((64, 3, DIM))
+    m.manual_seed(0)
+    y = m(x)
+    w, p = m.last_weights, m.last_probs
+    assert w is not None and p is not None
+    assert set(w.unique().tolist()) == {0.0, 1.0} and torch.equal(w.sum(-1), torch.ones(64))
+    assert len(w.argmax(-1).unique()) == 2  # both candidates chosen somewhere: no single-branch path
+    if eval_mode != "sample":  # argmax of the noise-free probabilities, deterministic
+        assert torch.equal(w.argmax(-1), p.argmax(-1))
+        assert torch.equal(m(x), y)
+    ys = [b(x) for b in m.branches]
+    pick = w.argmax(-1)[:, None, None]
+    torch.testing.assert_close(y, torch.where(pick == 0, ys[0], ys[1]), rtol=0, atol=1e-6)
+    soft = p[:, :1, None] * ys[0] + p[:, 1:, None] * ys[1]
+    assert not torch.allclose(y, soft, atol=1e-3)  # never the soft mixture
 
 
 def test_invalid_options_raise_value_error() -> None:

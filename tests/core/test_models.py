@@ -21,7 +21,7 @@ from autonorm_core.models import (
     list_models,
     model_defaults,
 )
-from autonorm_core.norms import AutoNorm, DyT, LayerNorm, get_norm_layer, list_norms
+from autonorm_core.norms import AutoNorm, DyT, FiLMNorm, LayerNorm, get_norm_layer, list_norms
 
 TRANSFORMERS = ("vit_lite", "text_encoder", "tabular")
 
@@ -285,11 +285,25 @@ def test_gradients_reach_every_parameter(
         assert p.grad.abs().sum() > 0, pname
 
 
+def _perturb_zero_init_outputs(model: nn.Module) -> None:
+    """AutoNorm's selector and FiLM's conditioning start at zero output, i.e. input-independent, which
+    would hide whether they see the padding; give their output layers non-zero weights."""
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (AutoNorm, FiLMNorm)):
+                fc2 = m.selector.fc2 if isinstance(m, AutoNorm) else m.fc2
+                fc2.weight.normal_(0.0, 1.0, generator=gen)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "autonorm", "film"])
 @pytest.mark.parametrize("ds", ["ptb", "polarity"])
-def test_text_encoder_ignores_padding(ds: str, data: dict[str, Splits]) -> None:
+def test_text_encoder_ignores_padding(ds: str, norm: str, data: dict[str, Splits]) -> None:
     s = data[ds]
-    # LayerNorm is per token, so masking is exact; no LayerScale, so attention really moves the output.
-    model = create_model("text_encoder", s, preset="tiny", layerscale_init=None).eval()
+    # No LayerScale, so attention and the norms really move the output; the pooling norms average over
+    # real tokens, so the output of a sentence must not depend on the batch's padding.
+    model = create_model("text_encoder", s, preset="tiny", layerscale_init=None, norm=norm).eval()
+    _perturb_zero_init_outputs(model)
     assert isinstance(model, TextEncoder)
     x, _ = _batch(s, 4)
     lengths = (x != s.pad_index).sum(1)
@@ -300,6 +314,50 @@ def test_text_encoder_ignores_padding(ds: str, data: dict[str, Splits]) -> None:
             torch.testing.assert_close(full[i, :n], short[i, :n], rtol=1e-4, atol=1e-5)
     else:
         torch.testing.assert_close(full, short, rtol=1e-4, atol=1e-5)
+
+
+def _record_norm_masks(model: nn.Module) -> list[object]:
+    masks: list[object] = []
+
+    def hook(_: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+        masks.append(kwargs.get("mask", "missing"))
+
+    encoder: Any = model.encoder
+    for m in [*(n for b in encoder.blocks for n in (b.norm1, b.norm2)), encoder.norm]:
+        m.register_forward_pre_hook(hook, with_kwargs=True)
+    return masks
+
+
+@pytest.mark.parametrize("ds", ["ptb", "polarity"])
+def test_every_text_norm_receives_the_padding_mask(ds: str, data: dict[str, Splits]) -> None:
+    s = data[ds]
+    model = create_model("text_encoder", s, preset="tiny", depth=2, norm="autonorm").eval()
+    masks = _record_norm_masks(model)
+    x, _ = _batch(s, 4)
+    model(x)
+    expected = x != s.pad_index
+    if s.task == "classification":  # the CLS token is a real token
+        expected = torch.cat([torch.ones(4, 1, dtype=torch.bool), expected], dim=1)
+    assert len(masks) == 2 * 2 + 1  # both sub-layer norms of each block and the final norm
+    assert all(isinstance(m, torch.Tensor) and torch.equal(m, expected) for m in masks)
+    assert (~expected).any()  # the batch really has padding
+
+
+def test_vision_norms_get_no_mask_and_the_plain_token_mean(data: dict[str, Splits]) -> None:
+    model = create_model("vit_lite", data["digits"], preset="tiny", norm="autonorm").eval()
+    _perturb_zero_init_outputs(model)
+    masks = _record_norm_masks(model)
+    inputs: list[torch.Tensor] = []
+    assert isinstance(model, ViTLite)
+    gate = model.encoder.blocks[1].norm2
+    assert isinstance(gate, AutoNorm)
+    gate.register_forward_pre_hook(lambda _m, args: inputs.append(args[0]))
+    model(_batch(data["digits"], 3)[0])
+    assert len(masks) == 2 * 2 + 1 and all(m is None for m in masks)
+    sel = gate.selector
+    expected = sel.fc2(torch.relu(sel.fc1(inputs[0].mean(1)))).softmax(-1)
+    assert gate.last_probs is not None
+    assert torch.equal(gate.last_probs, expected)  # bit-identical to the unmasked mean over tokens
 
 
 def test_eval_is_deterministic_and_train_mode_draws_noise(data: dict[str, Splits]) -> None:

@@ -199,8 +199,66 @@ def test_torch_compile_matches_eager(name: str) -> None:
     _perturb(module)
     module.eval()
     x = _input((2, 3, DIM))
+    mask = torch.tensor([[True, True, False], [True, True, True]])
     compiled = torch.compile(module)
     torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled(x, mask=mask), module(x, mask=mask), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Padding mask: every norm takes ``mask`` (B, T), True at real tokens; pooling norms average over real
+# tokens only, per-token norms ignore it. The properties below hold for both kinds.
+# ---------------------------------------------------------------------------------------------------------
+
+LENGTHS = [5, 2, 3]  # real tokens per sample of a (3, 5, DIM) batch; sample 0 has no padding
+
+
+def _padding_mask(lengths: list[int], t: int) -> Tensor:
+    return torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
+
+
+def _with_padding(x: Tensor, mask: Tensor, fill: Tensor) -> Tensor:
+    return torch.where(mask[..., None], x, fill)
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_all_true_mask_equals_no_mask(name: str) -> None:
+    module = _make(name)
+    _perturb(module)
+    module.eval()
+    x = _input(SHAPES[0])
+    torch.testing.assert_close(module(x, mask=torch.ones(x.shape[:2], dtype=torch.bool)), module(x))
+
+
+@pytest.mark.parametrize("name", NORMS)
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_padding_content_never_reaches_real_positions(name: str, training: bool) -> None:
+    module = _make(name)
+    _perturb(module)
+    module.train(training)
+    mask = _padding_mask(LENGTHS, 5)
+    x = _input((3, 5, DIM))
+    outs = []
+    for fill in (torch.zeros(()), _input((3, 5, DIM), seed=9) * 1e3, torch.tensor(float("nan"))):
+        if hasattr(module, "manual_seed"):
+            module.manual_seed(5)  # the same noise for every padding content
+        outs.append(module(_with_padding(x, mask, fill), mask=mask))
+    for out in outs[1:]:
+        assert torch.equal(out[mask], outs[0][mask])  # bit-identical, even with NaN padding
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_padded_batch_equals_each_unpadded_sequence(name: str) -> None:
+    module = _make(name).double()
+    _perturb(module)
+    module.eval()
+    mask = _padding_mask(LENGTHS, 5)
+    x = _input((3, 5, DIM), dtype=torch.float64)
+    with torch.no_grad():
+        padded = module(x, mask=mask)
+        for i, n in enumerate(LENGTHS):
+            alone = module(x[i : i + 1, :n])  # no padding, no mask
+            torch.testing.assert_close(padded[i, :n], alone[0], rtol=1e-12, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -366,6 +424,23 @@ def test_adanorm_factor_carries_no_gradient() -> None:
     actual = grad_of(m)
     torch.testing.assert_close(actual, grad_of(lambda xx: reference(xx, detach=True)), rtol=1e-10, atol=1e-10)
     assert not torch.allclose(actual, grad_of(lambda xx: reference(xx, detach=False)), atol=1e-6)
+
+
+def test_film_conditions_on_the_mean_of_real_tokens_only() -> None:
+    film = FiLMNorm(DIM).double()
+    _perturb(film)
+    mask = _padding_mask(LENGTHS, 5)
+    x = _input((3, 5, DIM), dtype=torch.float64)
+    m = mask[..., None].double()
+    real_mean = (x * m).sum(1) / m.sum(1)  # (B, D)
+    cond = _mlp(film.fc1, film.fc2, real_mean)
+    normed = F.layer_norm(x, (DIM,))
+    expected = (1.0 + cond[:, None, :DIM]) * normed + cond[:, None, DIM:]
+    with torch.no_grad():
+        actual = film(x, mask=mask)
+        torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
+        # The plain mean over all positions (padding included) gives another output: the mask matters.
+        assert not torch.allclose(film(x)[mask], actual[mask], atol=1e-6)
 
 
 def test_film_equals_layernorm_at_init() -> None:

@@ -1,0 +1,384 @@
+"""Statistics of the AutoNorm claims study: contrasts, Holm, gate slopes and collapse, verdicts."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from studies.claims import (
+    CONFIRM_COLUMNS,
+    autonorm_claims,
+    collapse_epochs,
+    dyt_depth_slope,
+    holm,
+    paired_contrast,
+)
+
+CLAIM_IDS = ("a", "b", "c", "c_attn", "c_mlp", "d", "e")
+
+
+def _values(k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    b = rng.normal(0.85, 0.01, k)
+    return b + rng.normal(0.004, 0.01, k), b
+
+
+# -- paired_contrast -----------------------------------------------------------------------------------------
+
+
+def test_estimate_is_the_mean_difference_and_ci_is_scipys_t_interval() -> None:
+    a, b = _values(8)
+    res = paired_contrast(a, b, alternative="greater", confidence=0.9)
+    d = a - b
+    assert res["estimate"] == pytest.approx(d.mean(), abs=1e-15)
+    assert res["differences"] == pytest.approx(list(d), abs=1e-15)
+    expected = stats.t.interval(0.9, df=7, loc=d.mean(), scale=stats.sem(d))
+    assert res["ci"] == pytest.approx(list(expected), rel=1e-12, abs=1e-15)
+    assert res["n_seeds"] == 8 and res["method"] == "exact"
+
+
+@pytest.mark.parametrize("alternative", ["greater", "less", "two-sided"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_exact_sign_flip_p_equals_brute_force_enumeration(alternative: str, seed: int) -> None:
+    a, b = _values(6, seed)
+    d = a - b
+    observed = d.sum()
+    hits = 0
+    for signs in itertools.product((1.0, -1.0), repeat=6):
+        t = float(np.dot(signs, d))
+        if alternative == "greater":
+            hits += t >= observed - 1e-12
+        elif alternative == "less":
+            hits += t <= observed + 1e-12
+        else:
+            hits += abs(t) >= abs(observed) - 1e-12
+    res = paired_contrast(a, b, alternative=alternative)  # type: ignore[arg-type]
+    assert res["p_value"] == hits / 64
+
+
+def test_all_positive_differences_reach_the_smallest_exact_p() -> None:
+    a = np.arange(1.0, 8.0)
+    res = paired_contrast(a + 0.5, a, alternative="greater")
+    assert res["p_value"] == 1 / 2**7  # only the identity pattern is as extreme
+    assert res["ci"] == [0.5, 0.5]  # constant differences: the interval is the point
+    assert paired_contrast(a + 0.5, a, alternative="two-sided")["p_value"] == 2 / 2**7
+    assert paired_contrast(a, a, alternative="greater")["p_value"] == 1.0  # no effect at all
+
+
+def test_monte_carlo_above_2_to_the_20_patterns_uses_the_plus_one_correction() -> None:
+    k = 21
+    strong = paired_contrast(np.ones(k), np.zeros(k), alternative="greater", n_mc=999, seed=3)
+    assert strong["method"] == "monte-carlo"
+    assert strong["p_value"] == 1 / 1000  # never 0: the observed pattern counts
+    a, b = _values(k, seed=5)
+    mc = paired_contrast(a, b, alternative="two-sided", n_mc=20_000, seed=1)
+    d = a - b
+    # Exact reference over all 2^21 patterns, in chunks.
+    hits = 0
+    bits = np.arange(k)
+    for start in range(0, 2**k, 2**17):
+        codes = np.arange(start, start + 2**17)[:, None]
+        t = (1.0 - 2.0 * ((codes >> bits) & 1)) @ d
+        hits += int(np.count_nonzero(np.abs(t) >= abs(d.sum()) - 1e-12))
+    assert mc["p_value"] == pytest.approx(hits / 2**k, abs=0.015)  # ~4 Monte-Carlo standard errors
+    again = paired_contrast(a, b, alternative="two-sided", n_mc=20_000, seed=1)
+    assert again["p_value"] == mc["p_value"]  # seeded
+
+
+def test_paired_contrast_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="aligned"):
+        paired_contrast([1.0, 2.0, 3.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="2 seeds"):
+        paired_contrast([1.0], [0.0])
+    with pytest.raises(ValueError, match="finite"):
+        paired_contrast([1.0, math.nan], [0.0, 0.0])
+    with pytest.raises(ValueError, match="alternative"):
+        paired_contrast([1.0, 2.0], [0.0, 0.0], alternative="bigger")  # type: ignore[arg-type]
+
+
+# -- Holm ----------------------------------------------------------------------------------------------------
+
+
+def test_holm_matches_a_hand_computation() -> None:
+    # sorted: a .01 x3 = .03; c .03 x2 = .06; b .04 x1 = .04 -> monotone: .06
+    assert holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
+    assert holm({"x": 0.6, "y": 0.7}) == {"x": 1.0, "y": 1.0}  # capped at 1
+    assert list(holm({"z": 0.5, "a": 0.1})) == ["z", "a"]  # the input's order
+
+
+def test_holm_is_never_below_the_raw_p_and_keeps_their_order() -> None:
+    rng = np.random.default_rng(0)
+    raw = {f"h{i}": float(p) for i, p in enumerate(rng.uniform(0, 0.2, 7))}
+    adj = holm(raw)
+    assert all(adj[k] >= raw[k] for k in raw)
+    ranked = sorted(raw, key=raw.__getitem__)
+    assert all(adj[x] <= adj[y] for x, y in itertools.pairwise(ranked))
+    with pytest.raises(ValueError):
+        holm({"bad": 1.5})
+
+
+# -- gate depth slope (claim c) ------------------------------------------------------------------------------
+
+
+def test_dyt_depth_slope_is_the_per_seed_ols_slope() -> None:
+    rng = np.random.default_rng(2)
+    weights = {s: 0.3 + 0.05 * np.arange(6) + rng.normal(0, 0.03, 6) for s in range(7)}
+    res = dyt_depth_slope(weights)
+    expected = {s: np.polyfit(np.arange(6), w, 1)[0] for s, w in weights.items()}
+    assert res["slopes"] == pytest.approx(expected, abs=1e-12)
+    slopes = np.array(list(expected.values()))
+    assert res["estimate"] == pytest.approx(slopes.mean())
+    ref = paired_contrast(slopes, np.zeros(7), alternative="greater")
+    assert res["ci"] == pytest.approx(ref["ci"]) and res["p_value"] == ref["p_value"] == 1 / 2**7
+    with pytest.raises(ValueError, match="same number"):
+        dyt_depth_slope({0: [0.1, 0.2], 1: [0.1, 0.2, 0.3]})
+
+
+# -- collapse epochs (claim d) -------------------------------------------------------------------------------
+
+
+def test_collapse_epochs_per_layer_with_never_counted() -> None:
+    # 4 epochs, 2 layers. Layer 0 collapses to LN at epochs 2, 3 and never (seed 2: it collapses onto
+    # DyT, LN weight 0.1). Layer 1 never collapses in seed 0 (entropy stays high).
+    high, low = 0.6, 0.05
+    entropy = {
+        0: [[high, high], [low, high], [low, high], [low, high]],
+        1: [[high, high], [high, low], [low, low], [low, low]],
+        2: [[high, high], [low, low], [low, low], [low, low]],
+    }
+    ln = {
+        0: [[0.5, 0.5], [0.9, 0.5], [0.9, 0.5], [0.9, 0.5]],
+        1: [[0.5, 0.5], [0.5, 0.8], [0.9, 0.8], [0.9, 0.8]],
+        2: [[0.5, 0.5], [0.1, 0.9], [0.1, 0.9], [0.1, 0.9]],
+    }
+    res = collapse_epochs(entropy, ln, eps=0.1)
+    layer0, layer1 = res["layers"]
+    assert layer0["epochs"] == {0: 2.0, 1: 3.0, 2: None}
+    assert layer1["epochs"] == {0: None, 1: 2.0, 2: 2.0}
+    assert (layer0["n_never"], layer1["n_never"]) == (1, 1)
+    assert layer0["median"] == 3.0 and layer1["median"] == 2.0  # "never" ranks above every epoch
+    assert layer0["ci"] == [2.0, None]  # 3 seeds: [min, max], max is "never"
+    assert layer0["ci_coverage"] == pytest.approx(0.75)
+    assert res["per_seed_median"] == {0: None, 1: 2.5, 2: None}
+    json.dumps(res, allow_nan=False)
+    strict = collapse_epochs(entropy, ln, eps=0.01)  # nothing falls below 0.01
+    assert all(layer["n_never"] == 3 for layer in strict["layers"])
+
+
+def test_collapse_epochs_rejects_mismatched_inputs() -> None:
+    with pytest.raises(ValueError, match="same seeds"):
+        collapse_epochs({0: [[0.1]]}, {1: [[0.9]]})
+    with pytest.raises(ValueError, match="n_epochs, n_layers"):
+        collapse_epochs({0: [[0.1, 0.2]]}, {0: [[0.9]]})
+
+
+# -- autonorm_claims -----------------------------------------------------------------------------------------
+
+BASE = 0.85
+
+
+def _table(n_seeds: int, effect: float, *, noise: float = 0.004, seed: int = 0) -> dict[str, list[Any]]:
+    """Confirmatory table with random_selector and autonorm_s ``effect`` above autonorm."""
+    rng = np.random.default_rng(seed)
+    offsets = {"frozen_ln": 0.0, "frozen_dyt": -0.01, "random_selector": effect, "autonorm": 0.0}
+    offsets["autonorm_s"] = effect
+    cols: dict[str, list[Any]] = {c: [] for c in CONFIRM_COLUMNS}
+    for s in range(100, 100 + n_seeds):
+        level = BASE + rng.normal(0, 0.02)  # shared by every arm of a seed: pairing removes it
+        for arm, off in offsets.items():
+            acc = level + off + rng.normal(0, noise)
+            row = {
+                "arm": arm,
+                "seed": s,
+                "status": "completed",
+                "test_accuracy": acc,
+                "val_accuracy": acc,
+                "train_loss": 0.3,
+                "lr": 1e-3,
+                "trial_id": f"{arm}_{s}",
+                "mlflow_run_id": f"run{arm}{s}",
+            }
+            for c in CONFIRM_COLUMNS:
+                cols[c].append(row[c])
+    return cols
+
+
+def _gate_logs(
+    n_seeds: int, *, depth: int = 4, epochs: int = 10, dyt_slope: float = 0.0, collapse_at: int | None = 2
+) -> dict[tuple[str, int], list[dict[str, float]]]:
+    """Histories of the autonorm arm: final DyT weight 0.5 + slope·(block − mean); collapse to LN."""
+    rng = np.random.default_rng(1)
+    logs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for s in range(100, 100 + n_seeds):
+        rows = []
+        for epoch in range(1, epochs + 1):
+            row = {"epoch": float(epoch), "test_accuracy": 0.8}
+            for layer in range(2 * depth):
+                block = layer // 2
+                collapsed = collapse_at is not None and epoch >= collapse_at + (s % 2)
+                dyt = 0.02 if collapsed else 0.5 + dyt_slope * (block - (depth - 1) / 2)
+                dyt = float(np.clip(dyt + rng.normal(0, 0.01), 0.001, 0.999))
+                row[f"dyt_weight/layer_{layer}"] = dyt
+                row[f"gate_entropy/layer_{layer}"] = 0.05 if collapsed else 0.6
+            rows.append(row)
+        logs[("autonorm", s)] = rows
+    return logs
+
+
+def _assert_shape(res: dict[str, dict[str, Any]]) -> None:
+    assert tuple(res) == CLAIM_IDS
+    for claim, r in res.items():
+        assert r["verdict"] in ("supported", "refuted", "inconclusive"), claim
+        assert {"estimate", "ci", "p_value", "p_value_holm", "n_seeds", "reasons"} <= set(r), claim
+        if r["verdict"] != "supported":
+            assert r["reasons"], claim  # every non-supported verdict says why
+        if r["p_value_holm"] is not None:
+            assert r["p_value_holm"] >= r["p_value"]
+    json.dumps(res, allow_nan=False)
+
+
+def test_fewer_than_min_seeds_makes_every_claim_inconclusive_and_says_why() -> None:
+    for kind, logs in (("vision", _gate_logs(4)), ("text", _gate_logs(4, collapse_at=None, dyt_slope=0.1))):
+        res = autonorm_claims(_table(4, 0.05), logs, data_kind=kind)  # type: ignore[arg-type]
+        _assert_shape(res)
+        assert all(r["verdict"] == "inconclusive" for r in res.values()), kind
+        applicable = ("a", "b", "d", "e") if kind == "vision" else ("b", "c_attn", "c_mlp", "e")
+        for claim in applicable:
+            assert "underpowered" in res[claim]["reasons"], (kind, claim)
+            assert res[claim]["n_seeds"] == 4
+
+
+def test_planted_effects_with_12_seeds_are_supported_on_vision() -> None:
+    res = autonorm_claims(pd.DataFrame(_table(12, 0.03)), _gate_logs(12), data_kind="vision")
+    _assert_shape(res)
+    for claim in ("a", "b"):
+        assert res[claim]["verdict"] == "supported", res[claim]
+        assert res[claim]["estimate"] == pytest.approx(0.03, abs=0.005)
+        assert res[claim]["ci"][0] > 0 and res[claim]["p_value_holm"] < 0.05
+    assert res["e"]["verdict"] == "supported" and res["e"]["direction"] == "autonorm_s better"
+    assert res["d"]["verdict"] == "supported", res["d"]
+    assert res["d"]["estimate"] == 2.5  # half the seeds collapse at epoch 2, half at 3
+    for claim in ("c", "c_attn", "c_mlp"):
+        assert res[claim]["verdict"] == "inconclusive"
+        assert res[claim]["reasons"] == ["not applicable to vision"]
+
+
+def test_planted_opposite_effects_are_refuted() -> None:
+    vision = autonorm_claims(_table(12, -0.03), _gate_logs(12, collapse_at=None), data_kind="vision")
+    _assert_shape(vision)
+    for claim in ("a", "b", "d"):
+        assert vision[claim]["verdict"] == "refuted", vision[claim]
+    assert vision["a"]["ci"][1] < 0
+    assert vision["d"]["estimate"] is None  # the typical layer never collapses
+    text = autonorm_claims(
+        _table(12, -0.03), _gate_logs(12, collapse_at=None, dyt_slope=-0.08), data_kind="text"
+    )
+    _assert_shape(text)
+    for claim in ("b", "c", "c_attn", "c_mlp"):
+        assert text[claim]["verdict"] == "refuted", text[claim]
+    assert text["c_attn"]["ci"][1] < 0
+
+
+def test_text_gates_preferring_dyt_in_deep_layers_support_claim_c() -> None:
+    res = autonorm_claims(
+        _table(12, 0.0), _gate_logs(12, depth=6, collapse_at=None, dyt_slope=0.05), data_kind="text"
+    )
+    _assert_shape(res)
+    for claim in ("c", "c_attn", "c_mlp"):
+        assert res[claim]["verdict"] == "supported", res[claim]
+        assert res[claim]["estimate"] == pytest.approx(0.05, abs=0.01)
+    assert res["c"]["p_value"] == max(res["c_attn"]["p_value"], res["c_mlp"]["p_value"])
+    assert res["c"]["p_value_holm"] is None  # not in the contrast family
+    for claim in ("a", "d"):
+        assert res[claim]["verdict"] == "inconclusive" and res[claim]["reasons"] == ["not applicable to text"]
+    assert res["a"]["p_value"] is None
+
+
+def test_no_effect_is_inconclusive_not_refuted() -> None:
+    table = _table(12, 0.0)
+    auto = {
+        s: a for arm, s, a in zip(table["arm"], table["seed"], table["test_accuracy"]) if arm == "autonorm"
+    }
+    for i, (arm, s) in enumerate(zip(table["arm"], table["seed"])):
+        if arm == "autonorm_s":  # differences +-0.01 alternating over seeds: mean exactly 0
+            table["test_accuracy"][i] = auto[s] + (0.01 if s % 2 else -0.01)
+    res = autonorm_claims(table, _gate_logs(12), data_kind="vision")
+    b = res["b"]
+    assert b["estimate"] == pytest.approx(0.0, abs=1e-12) and b["p_value"] > 0.5
+    assert b["verdict"] == "inconclusive"
+    assert any(r.startswith("p = ") for r in b["reasons"]) and "CI includes 0" in b["reasons"]
+
+
+def test_only_one_sublayer_type_trending_leaves_c_inconclusive() -> None:
+    logs = _gate_logs(12, depth=6, collapse_at=None, dyt_slope=0.05)
+    rng = np.random.default_rng(7)
+    for rows in logs.values():
+        for row in rows:
+            for layer in range(0, 12, 2):  # pre-attention norms: flat at 0.5 + noise
+                row[f"dyt_weight/layer_{layer}"] = 0.5 + rng.normal(0.0, 0.02)
+    res = autonorm_claims(_table(12, 0.0), logs, data_kind="text")
+    assert res["c_mlp"]["verdict"] == "supported"
+    assert res["c_attn"]["verdict"] != "supported"
+    assert res["c"]["verdict"] == "inconclusive"
+    assert any(r.startswith("c_attn") for r in res["c"]["reasons"])
+
+
+def test_holm_runs_over_the_contrasts_tested_on_this_data() -> None:
+    table = _table(10, 0.01, noise=0.01)
+    vision = autonorm_claims(table, _gate_logs(10), data_kind="vision")
+    raw = {c: vision[c]["p_value"] for c in ("a", "b", "e")}
+    assert {c: vision[c]["p_value_holm"] for c in raw} == pytest.approx(holm(raw))
+    text = autonorm_claims(table, _gate_logs(10, collapse_at=None), data_kind="text")
+    raw_text = {c: text[c]["p_value"] for c in ("b", "e")}
+    assert {c: text[c]["p_value_holm"] for c in raw_text} == pytest.approx(holm(raw_text))
+
+
+def test_failed_trials_are_scored_at_chance_and_counted() -> None:
+    table = _table(12, 0.03)
+    i = table["trial_id"].index("autonorm_105")
+    table["status"][i] = "diverged"
+    table["test_accuracy"][i] = math.nan
+    res = autonorm_claims(table, _gate_logs(12), data_kind="vision", chance=0.1)
+    b = res["b"]
+    assert b["n_failed"] == {"autonorm_s": 0, "autonorm": 1} and b["n_seeds"] == 12
+    diff = b["differences"][b["seeds"].index(105)]
+    expected = table["test_accuracy"][table["trial_id"].index("autonorm_s_105")] - 0.1
+    assert diff == pytest.approx(expected)
+    assert b["sensitivity"]["n_seeds"] == 11  # the analysis without the failed seed
+    excluded = autonorm_claims(table, _gate_logs(12), data_kind="vision")  # no chance level
+    assert excluded["b"]["n_seeds"] == 11
+    assert any("excluded" in r for r in excluded["b"]["reasons"])
+
+
+def test_many_failures_make_a_contrast_inconclusive() -> None:
+    table = _table(12, 0.05)
+    for s in range(100, 104):  # 4 of 12 autonorm trials fail: 33 % > 20 %
+        table["status"][table["trial_id"].index(f"autonorm_{s}")] = "error"
+    res = autonorm_claims(table, _gate_logs(12), data_kind="vision", chance=0.1)
+    for claim in ("a", "b"):
+        assert res[claim]["verdict"] == "inconclusive"
+        assert any(r.startswith("failures") for r in res[claim]["reasons"])
+
+
+def test_invalid_tables_and_options_raise() -> None:
+    table = _table(6, 0.0)
+    with pytest.raises(ValueError, match="data_kind"):
+        autonorm_claims(table, {}, data_kind="audio")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="status"):
+        autonorm_claims({k: v for k, v in table.items() if k != "status"}, {}, data_kind="vision")
+    doubled = {k: v + v[:1] for k, v in table.items()}
+    with pytest.raises(ValueError, match="more than one trial"):
+        autonorm_claims(doubled, {}, data_kind="vision")
+
+
+def test_missing_gate_logs_leave_gate_claims_inconclusive() -> None:
+    res = autonorm_claims(_table(12, 0.03), {}, data_kind="vision")
+    assert res["d"]["verdict"] == "inconclusive" and "underpowered" in res["d"]["reasons"]
+    assert res["a"]["verdict"] == "supported"  # the contrasts do not need gate logs
