@@ -484,6 +484,7 @@ def _analyse(
     n_b = len(bs)
 
     def matrix(mask: np.ndarray) -> np.ndarray:
+        mask = mask & np.isfinite(value)  # a NaN chance level leaves failed trials as missing cells
         total = np.zeros((len(seeds), n_b))
         count = np.zeros((len(seeds), n_b))
         np.add.at(total, (seed_idx[mask], b_idx[mask]), value[mask])
@@ -547,7 +548,9 @@ def _analyse(
         ):
             gates.append("failures")
         losses = list(res["median_train_loss_by_cell"].values())
-        if any(val is not None and val > _NOT_LEARNED * chance_loss for val in losses):
+        if math.isfinite(chance_loss) and any(
+            val is not None and val > _NOT_LEARNED * chance_loss for val in losses
+        ):
             gates.append("optimisation-limited")
         elif loss_missing:
             gates.append("train loss missing")
@@ -728,7 +731,9 @@ def batchsize_trend(
         metric: the metric's name (and column; a column named ``"metric"`` is the fallback).
         higher_is_better: accuracy (True) or a loss (False).
         chance_metric: the metric of a failed trial (1/C for accuracy).
-        chance_loss: the train loss of a failed trial and the convergence gate's scale (ln C).
+        chance_loss: the train loss of a failed trial and the convergence gate's scale (ln C). With
+            NaN for both chance values (a task without a chance level, e.g. regression) failed trials
+            are counted and left out as missing cells, and the convergence gate is not applied.
         alpha: significance level of the Holm-adjusted p-values.
         delta: the control tolerance, metric units per doubling of B.
         min_seeds: minimum seeds with data in every cell.
@@ -756,8 +761,8 @@ def batchsize_trend(
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    if not (math.isfinite(chance_loss) and chance_loss > 0):
-        raise ValueError(f"chance_loss must be positive, got {chance_loss}")
+    if not (math.isnan(chance_loss) or chance_loss > 0):
+        raise ValueError(f"chance_loss must be positive (or NaN: no chance level), got {chance_loss}")
     if min_seeds < 2:
         raise ValueError(f"min_seeds must be >= 2, got {min_seeds}")
     df = normalize_table(table, metric)

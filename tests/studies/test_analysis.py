@@ -228,6 +228,16 @@ def test_failed_trial_is_scored_at_chance_in_the_primary_analysis() -> None:
     assert res["arms"]["corrected"]["slope"] == pytest.approx(np.mean(slopes))
 
 
+def test_without_a_chance_level_failures_are_missing_cells_and_the_gate_is_off() -> None:
+    df = make_table(train_loss=5.0)
+    df.loc[_at(df, "corrected", 128, 0), "status"] = "error"
+    res = batchsize_trend(df, n_perm=199, **(ARGS | {"chance_metric": math.nan, "chance_loss": math.nan}))
+    arm = res["arms"]["corrected"]
+    assert arm["n_failed"] == 1 and arm["n_complete_seeds"] == 7
+    assert "optimisation-limited" not in arm["reasons"]
+    assert res["verdict"]["corrected"] == "supported"
+
+
 def test_lr_at_range_edge_makes_the_arm_inconclusive() -> None:
     df = make_table().assign(lr_at_edge=False)
     df.loc[_at(df, "corrected", 8), "lr_at_edge"] = True
