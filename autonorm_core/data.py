@@ -74,6 +74,7 @@ __all__ = [
     "DatasetNotFoundError",
     "Splits",
     "cache_root",
+    "class_count",
     "list_datasets",
     "load_dataset",
     "pattern_corpora_dir",
@@ -640,6 +641,29 @@ _REGISTRY: dict[str, tuple[_Loader, str]] = {
     "ptb_pos": (_load_ptb_pos, "text"),
 }
 _OFFLINE = ("fashion_mnist", "digits", "diabetes", "ptb_pos_sample", "pang_lee_polarity")
+
+
+# Classes of the sets whose label set is fixed (0 = regression); tagging sets count their tags from the
+# corpus, so they are absent. tests/core/test_data.py checks these against loaded splits.
+_CLASS_COUNTS = {
+    "fashion_mnist": 10,
+    "digits": 10,
+    "diabetes": 0,
+    "pang_lee_polarity": 2,
+    "mnist": 10,
+    "cifar10": 10,
+    "cifar100": 100,
+    "svhn": 10,
+    "sst2": 2,
+}
+
+
+def class_count(name: str) -> int | None:
+    """Number of classes of a data set without loading it (0: regression; ``None``: known only once
+    loaded, e.g. a tagging corpus). What "chance" means for a study's verdict gates."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown data set {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
+    return _CLASS_COUNTS.get(name)
 
 
 def list_datasets(*, offline_only: bool = False) -> tuple[str, ...]:

@@ -1,17 +1,16 @@
-"""The batch-size correlation study's spec: H4's section models composed into :class:`BatchSizeStudySpec`.
+"""The batch-size correlation study's spec (``kind: batchsize``).
 
-The study tests PROTOCOL.md §2's hypothesis with a fixed design, so its spec does not expose a free
-search space: it names *arms* (the value of ``model.layer.type``), *batch sizes*, *seeds* and an
-*LR policy*, and the study builds its plans from them:
+The study tests a fixed design (docs/science.md, "The batch-size hypothesis"), so its spec does not
+expose a free search space: it names *arms* (values of ``model.layer.type``), which arms are
+*controls*, *batch sizes*, *seeds*, *budgets* and an *LR policy*, and :mod:`studies.kinds.batchsize`
+builds its phases from them, each a FIFO grid plan:
 
-* ``lr_policy: constant | linear | sqrt`` -> one confirmatory grid plan over ``model.layer.type x
-  training.batch_size x seed`` with ``training.lr_scaling`` set to the policy;
-* ``lr_policy: tuned`` -> first one Optuna (TPE) plan per ``(arm, batch size)`` cell that searches
-  ``training.lr`` on a tuning seed that is not a confirmatory seed, then the confirmatory grid with
-  each cell's tuned learning rate.
-
-The confirmatory phase always uses the FIFO scheduler (no early stopping) and the same seeds — so
-the same initialisation seed and data order — for every arm (common random numbers).
+1. ``lr_tuning`` (one plan per budget): each arm's η on a log-spaced grid at the reference batch
+   size (per (arm, B) for ``lr_policy: tuned``), on held-out tuning seeds, selected on a validation
+   metric.
+2. ``confirmatory`` (one plan per budget): arms x batch sizes x seeds with the tuned η (held fixed,
+   or scaled with B for ``linear`` / ``sqrt``), the same seeds — same initialisation and data order —
+   for every arm (common random numbers), full budget, no early stopping.
 
 Training defaults follow the protocol (plain SGD: no momentum, no weight decay, constant schedule, no
 warm-up, no clipping, no label smoothing), which differ from the AutoNorm studies' AdamW defaults, so
@@ -22,6 +21,7 @@ defaults.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
@@ -33,7 +33,6 @@ from studies.spec import (
     CategoricalParam,
     DataSpec,
     FIFOSpec,
-    FloatParam,
     GridSpec,
     ModelSpec,
     NonNegInt,
@@ -44,7 +43,6 @@ from studies.spec import (
     SpecError,
     SpecIssue,
     StorageSpec,
-    TPESpec,
     TrackingSpec,
     TrainingSpec,
     TrialSections,
@@ -53,6 +51,7 @@ from studies.spec import (
     dump_yaml,
     spec_hash,
 )
+from workers.dotted import ROOT
 from workers.plan import StudyPlan
 
 __all__ = [
@@ -75,10 +74,15 @@ MLP_ARMS: tuple[str, ...] = (
 )
 """Hidden-layer types of the MLP variant; ``linear`` is the control."""
 
-CNN_ARMS: tuple[str, ...] = ("conv", "conv_batchnorm", "patchnorm")
+CNN_ARMS: tuple[str, ...] = ("conv", "conv_batchnorm", "conv_layernorm", "patchnorm")
 """Convolution types of the CNN variant; ``conv`` is the control."""
 
 _ARMS_BY_MODEL = {"mlp": MLP_ARMS, "cnn": CNN_ARMS}
+_CONTROLS_BY_MODEL = {
+    "mlp": ("linear", "linear_batchnorm", "linear_layernorm"),
+    "cnn": ("conv", "conv_batchnorm", "conv_layernorm"),
+}
+"""The arms the claim says do NOT decline with B (plain affine, + BatchNorm, + LayerNorm)."""
 _BATCHNORM_ARMS = frozenset({"linear_batchnorm", "conv_batchnorm"})
 
 Arm = Literal[
@@ -90,6 +94,7 @@ Arm = Literal[
     "corrected",
     "conv",
     "conv_batchnorm",
+    "conv_layernorm",
     "patchnorm",
 ]
 
@@ -120,21 +125,26 @@ class BatchSizeTrainingSpec(TrainingSpec):
 
 
 class LRTuningSpec(BaseModel):
-    """The ``tuned`` LR policy: an Optuna TPE search of ``training.lr`` per ``(arm, batch size)`` cell.
+    """How each arm's learning rate is chosen before the confirmatory grid.
 
-    Tuning trials train on ``seed``, which must not be one of the confirmatory seeds: picking the
-    learning rate on the very runs that are then analysed would bias the trend towards noise. They
-    are selected on ``metric`` (a validation metric, never test).
+    The arms learn at very different speeds under one η (a plain layer moves its activations by
+    −ηg(‖x‖²+1), a corrected one by −ηg), so a shared η compares a trained arm with an untrained
+    one. Each arm's η is therefore tuned: a log-spaced grid of ``points`` learning rates in
+    [``low``, ``high``], each trained on every tuning seed (held out from the confirmatory seeds), the
+    η with the best mean ``metric`` (a validation metric) wins. A grid rather than a sequential
+    sampler: every candidate is scored on the same seeds, the phase resumes trial by trial, and
+    "the best η sits on the edge of the range" (``lr-at-range-edge``, the arm is then
+    inconclusive) is exact. Policies ``constant``/``linear``/``sqrt`` tune at ``reference_batch_size``
+    (one η per arm, then held fixed or scaled with B); ``tuned`` tunes every (arm, B) cell.
     """
 
     model_config = _FROZEN
 
-    trials: PosInt = 12  # per cell
     low: PosFloat = 1e-3
-    high: PosFloat = 1.0
-    seed: NonNegInt = 1000  # training seed of the tuning trials
-    sampler_seed: NonNegInt = 0
-    n_startup_trials: PosInt = 5
+    high: PosFloat = 1e2  # wide enough for every arm: corrected layers need ~‖x‖²+1 times plain η
+    points: Annotated[int, Field(strict=True, ge=3, le=64)] = 11  # log-spaced grid points
+    seeds: Annotated[tuple[NonNegInt, ...], Field(min_length=2)] = (1000, 1001)
+    reference_batch_size: PosInt = 64
     epochs: PosInt | None = None  # tuning budget; None: the confirmatory training.epochs
     metric: Annotated[str, Field(min_length=1)] = "val_accuracy"
     mode: Literal["min", "max"] = "max"
@@ -145,11 +155,19 @@ class LRTuningSpec(BaseModel):
             raise ValueError(f"low ({self.low}) must be below high ({self.high})")
         if self.metric.startswith("test_"):
             raise ValueError(f"metric {self.metric!r} selects on the test split; use a validation metric")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"tuning seeds must be distinct, got {list(self.seeds)}")
         return self
+
+    def grid(self) -> tuple[float, ...]:
+        """The candidate learning rates, log-spaced from ``low`` to ``high`` (both included)."""
+        lo, hi = math.log10(self.low), math.log10(self.high)
+        step = (hi - lo) / (self.points - 1)
+        return tuple(float(f"{10 ** (lo + i * step):.6g}") for i in range(self.points))
 
 
 class AnalysisSpec(BaseModel):
-    """Arguments of :func:`studies.analysis.batchsize_trend` (PROTOCOL.md §2)."""
+    """Arguments of :func:`studies.analysis.batchsize_trend` (docs/science.md, "The verdict")."""
 
     model_config = _FROZEN
 
@@ -157,20 +175,30 @@ class AnalysisSpec(BaseModel):
         "test_accuracy"  # final value of this reported metric per trial
     )
     higher_is_better: StrictBool = True
+    alpha: Annotated[float, Field(strict=True, gt=0, lt=1)] = 0.05
+    delta: Annotated[float, Field(strict=True, ge=0)] = (
+        0.005  # a control "declines" below -delta per doubling
+    )
+    min_seeds: Annotated[int, Field(strict=True, ge=2)] = 5
     n_boot: PosInt = 2000
     n_perm: Annotated[int, Field(strict=True, ge=99)] = 9999  # >= 9,999 for a confirmatory claim
     seed: NonNegInt = 0
     confidence: Annotated[float, Field(strict=True, gt=0, lt=1)] = 0.95
 
 
+Budget = Literal["epochs", "updates"]
+
+
 class BatchSizeStudySpec(BaseModel):
     """The batch-size correlation study (``studies/specs/batchsize_correlation.yaml``).
 
-    ``model`` is an ``mlp`` or ``cnn`` whose ``layer`` the arms replace; every other section is H4's.
+    ``model`` is an ``mlp`` or ``cnn`` whose ``layer`` the arms replace; every other section is
+    shared with the search studies.
     """
 
     model_config = _FROZEN
 
+    kind: Literal["batchsize"] = "batchsize"
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")] = "batchsize_correlation"
     description: str = ""
     hypothesis: str = HYPOTHESIS
@@ -178,9 +206,11 @@ class BatchSizeStudySpec(BaseModel):
     data: DataSpec
     training: BatchSizeTrainingSpec = BatchSizeTrainingSpec()
     arms: Annotated[tuple[Arm, ...], Field(min_length=2)] = MLP_ARMS  # type: ignore[assignment]
-    control: Arm = "linear"
+    control: Arm = "linear"  # the arm each fix arm's interaction is measured against
+    controls: tuple[Arm, ...] | None = None  # arms the claim says do NOT decline; None: the model's
     batch_sizes: Annotated[tuple[PosInt, ...], Field(min_length=2)] = (8, 16, 32, 64, 128, 256, 512)
-    seeds: Annotated[tuple[NonNegInt, ...], Field(min_length=2)] = (0, 1, 2, 3, 4)
+    seeds: Annotated[tuple[NonNegInt, ...], Field(min_length=2)] = (0, 1, 2, 3, 4, 5, 6, 7)
+    budgets: Annotated[tuple[Budget, ...], Field(min_length=1)] = ("epochs", "updates")
     lr_policy: Literal["constant", "linear", "sqrt", "tuned"] = "constant"
     lr_tuning: LRTuningSpec = LRTuningSpec()
     analysis: AnalysisSpec = AnalysisSpec()
@@ -217,11 +247,27 @@ class BatchSizeStudySpec(BaseModel):
                         "control", f"the control {self.control!r} must be one of the arms {list(self.arms)}"
                     )
                 )
+            for i, arm in enumerate(self.controls or ()):
+                if arm not in self.arms:
+                    issues.append(
+                        SpecIssue(f"controls.{i}", f"{arm!r} is not one of the arms {list(self.arms)}")
+                    )
+            if self.controls is not None and self.control not in self.controls:
+                issues.append(SpecIssue("controls", f"must include the control {self.control!r}"))
+            if not self.fix_arms:
+                issues.append(
+                    SpecIssue("arms", "no fix arm: every arm is a control, so there is no claim to test")
+                )
             if getattr(self.model, "layer", None) is not None and "layer" in self.model.model_fields_set:
                 issues.append(
                     SpecIssue("model.layer", "the arms set the layer type; list them under 'arms' instead")
                 )
-        for field, values in (("arms", self.arms), ("batch_sizes", self.batch_sizes), ("seeds", self.seeds)):
+        for field, values in (
+            ("arms", self.arms),
+            ("batch_sizes", self.batch_sizes),
+            ("seeds", self.seeds),
+            ("budgets", self.budgets),
+        ):
             if len(set(values)) != len(values):
                 issues.append(SpecIssue(field, f"{field} must be distinct, got {list(values)}"))
         if _BATCHNORM_ARMS & set(self.arms) and 1 in self.batch_sizes:
@@ -230,18 +276,28 @@ class BatchSizeStudySpec(BaseModel):
                     "batch_sizes", "batch size 1 leaves BatchNorm undefined; drop it or the BatchNorm arms"
                 )
             )
-        if "lr_scaling" in self.training.model_fields_set:
+        for field in ("lr_scaling", "budget"):
+            if field in self.training.model_fields_set:
+                issues.append(
+                    SpecIssue(
+                        f"training.{field}",
+                        "set by the study ("
+                        + ("lr_policy" if field == "lr_scaling" else "budgets: [epochs, updates]")
+                        + "); set that instead",
+                    )
+                )
+        if "updates" in self.budgets and self.training.max_updates is None:
             issues.append(
                 SpecIssue(
-                    "training.lr_scaling",
-                    "set by lr_policy (constant | linear | sqrt | tuned); set that instead",
+                    "training.max_updates", "required when budgets include 'updates' (updates per trial)"
                 )
             )
-        if self.lr_policy == "tuned" and self.lr_tuning.seed in self.seeds:
+        overlap = sorted(set(self.lr_tuning.seeds) & set(self.seeds))
+        if overlap:
             issues.append(
                 SpecIssue(
-                    "lr_tuning.seed",
-                    f"the tuning seed {self.lr_tuning.seed} is also a confirmatory seed; tune on a held-out seed",
+                    "lr_tuning.seeds",
+                    f"tuning seeds {overlap} are also confirmatory seeds; tune on held-out seeds",
                 )
             )
         if not issues:
@@ -257,20 +313,49 @@ class BatchSizeStudySpec(BaseModel):
             raise SpecError(issues)
         return self
 
+    # ---- arms -----------------------------------------------------------------------------------
+
+    @property
+    def control_arms(self) -> tuple[str, ...]:
+        """The arms the claim says do not decline (``controls``, else the model's controls present)."""
+        if self.controls is not None:
+            return tuple(self.controls)
+        defaults = _CONTROLS_BY_MODEL.get(self.model.type, (self.control,))
+        return tuple(a for a in self.arms if a in defaults or a == self.control)
+
+    @property
+    def fix_arms(self) -> tuple[str, ...]:
+        controls = set(self.control_arms)
+        return tuple(a for a in self.arms if a not in controls)
+
     # ---- the trial configs --------------------------------------------------------------------
 
-    def training_section(self) -> TrainingSpec:
-        """The training section trials get: ``lr_scaling`` from the LR policy (tuned -> constant)."""
-        scaling = "constant" if self.lr_policy == "tuned" else self.lr_policy
-        return TrainingSpec.model_validate({**self.training.model_dump(), "lr_scaling": scaling})
+    def training_section(self, budget: str | None = None) -> TrainingSpec:
+        """The training section of a trial under ``budget`` (the first budget by default).
 
-    def base_config(self, *, arm: str | None = None, seed: int | None = None) -> dict[str, Any]:
+        ``lr_scaling`` comes from the LR policy (``tuned`` and ``constant`` -> no scaling), the
+        reference batch size from ``lr_tuning``, ``max_updates`` only under the updates budget.
+        """
+        budget = budget or self.budgets[0]
+        scaling = self.lr_policy if self.lr_policy in ("linear", "sqrt") else "constant"
+        doc = self.training.model_dump()
+        doc.update(
+            lr_scaling=scaling,
+            reference_batch_size=self.lr_tuning.reference_batch_size,
+            budget=budget,
+            max_updates=self.training.max_updates if budget == "updates" else None,
+        )
+        return TrainingSpec.model_validate(doc)
+
+    def base_config(
+        self, *, arm: str | None = None, seed: int | None = None, budget: str | None = None
+    ) -> dict[str, Any]:
         """The trial config of ``arm`` (the control by default) at the first seed."""
         model = self.model.model_copy(update={"layer": _layer(self.model.type, arm or self.control)})
         sections = TrialSections(
             model=model,
             data=self.data,
-            training=self.training_section(),
+            training=self.training_section(budget),
             seed=self.seeds[0] if seed is None else seed,
         )
         return sections.trial_config()
@@ -281,17 +366,22 @@ class BatchSizeStudySpec(BaseModel):
             CategoricalParam(name="training.batch_size", choices=tuple(self.batch_sizes)),
         )
 
+    # ---- sizes ----------------------------------------------------------------------------------
+
     @property
     def expected_trials(self) -> int:
-        """Confirmatory trials: arms x batch sizes x seeds."""
-        return len(self.arms) * len(self.batch_sizes) * len(self.seeds)
+        """Confirmatory trials: arms x batch sizes x seeds x budgets."""
+        return len(self.arms) * len(self.batch_sizes) * len(self.seeds) * len(self.budgets)
 
     @property
     def tuning_trials(self) -> int:
-        """Tuning trials (0 unless ``lr_policy`` is ``tuned``)."""
-        if self.lr_policy != "tuned":
-            return 0
-        return len(self.arms) * len(self.batch_sizes) * self.lr_tuning.trials
+        """LR-tuning trials: arms (x batch sizes for ``tuned``) x grid points x tuning seeds x budgets."""
+        cells = len(self.arms) * (len(self.batch_sizes) if self.lr_policy == "tuned" else 1)
+        return cells * self.lr_tuning.points * len(self.lr_tuning.seeds) * len(self.budgets)
+
+    @property
+    def total_trials(self) -> int:
+        return self.expected_trials + self.tuning_trials
 
     # ---- plans --------------------------------------------------------------------------------
 
@@ -304,126 +394,117 @@ class BatchSizeStudySpec(BaseModel):
     def hash(self) -> str:
         return spec_hash(self.to_document())
 
-    def _common_plan_args(self, environ: Mapping[str, str] | None) -> dict[str, Any]:
-        return {
-            "resources": self.resources,
-            "retries": self.retries,
-            "storage_path": self.storage_path,
-            "storage": self.storage,
-            "tracking": self.tracking,
-            "document": self.to_document(),
-            "description": self.description,
-            "hypothesis": self.hypothesis,
-            "environ": environ,
-        }
-
-    def confirmatory_plan(
+    def _plan(
         self,
         *,
-        tuned_lr: Mapping[str, float] | None = None,
-        arms: Sequence[str] | None = None,
+        name: str,
+        budget: str,
+        cells: Sequence[Mapping[str, Any]],
+        seeds: Sequence[int],
+        phase: str,
+        epochs: int | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> StudyPlan:
-        """The grid plan over ``model.layer.type x training.batch_size x seed`` (FIFO, full budget).
-
-        Args:
-            tuned_lr: for ``lr_policy: tuned``, ``cell_key(arm, B) -> lr``. A learning rate that
-                depends on the cell cannot be a grid axis of its own, so the tuned plan's grid has
-                one axis ``training`` whose values are ``{batch_size, lr}`` pairs, and is built per arm
-                (``arms`` must then name exactly one arm).
-            arms: restrict the grid to these arms (default: all).
-            environ: environment for the tracking URI / git commit (``os.environ`` by default).
-        """
-        arms = tuple(arms) if arms is not None else tuple(self.arms)
-        tuned = self.lr_policy == "tuned"
-        if tuned and tuned_lr is None:
-            raise ValueError("lr_policy 'tuned' needs tuned_lr (run the tuning phase first)")
-        if tuned and len(arms) != 1:
-            raise ValueError("a tuned confirmatory plan is built per arm: pass exactly one arm")
-        grid_space = (
-            ()
-            if tuned
-            else (
-                CategoricalParam(name="model.layer.type", choices=arms),
-                CategoricalParam(name="training.batch_size", choices=tuple(self.batch_sizes)),
-            )
-        )
+        """A FIFO grid plan over ``cells`` (``@`` axis: arm, batch size, lr together) x ``seeds``."""
+        base = self.base_config(budget=budget)
+        if epochs is not None and budget == "epochs":
+            base["training"]["epochs"] = int(epochs)
         search = SearchSpec(
             metric=self.lr_tuning.metric,
             mode=self.lr_tuning.mode,
             sampler=GridSpec(),
             scheduler=FIFOSpec(),
-            space=grid_space,
+            space=(),
             num_samples=1,
             max_concurrent=self.max_concurrent,
         )
         plan = build_plan(
-            name=f"{self.name}-{arms[0]}" if tuned else self.name,
-            base_config=self.base_config(arm=arms[0]),
-            search=search,
-            seeds=self.seeds,
-            extra_tags=(("autonorm.study", "batchsize_correlation"), ("autonorm.phase", "confirmatory")),
-            extra_params=self._plan_params(),
-            **self._common_plan_args(environ),
-        )
-        if not tuned:
-            return plan
-        arm = arms[0]
-        lr_table = dict(tuned_lr or {})
-        missing = [b for b in self.batch_sizes if cell_key(arm, b) not in lr_table]
-        if missing:
-            raise ValueError(f"tuned_lr has no learning rate for arm {arm!r} at batch sizes {missing}")
-        # One axis of {batch_size, lr} pairs; workers apply nested values leaf by leaf.
-        training_axis = tuple(
-            {"batch_size": int(b), "lr": float(lr_table[cell_key(arm, b)])} for b in self.batch_sizes
-        )
-        return dataclasses.replace(plan, grid=(("training", training_axis), *plan.grid))
-
-    def tuning_plan(
-        self, arm: str, batch_size: int, *, environ: Mapping[str, str] | None = None
-    ) -> StudyPlan:
-        """The Optuna plan that tunes ``training.lr`` for one ``(arm, batch size)`` cell."""
-        base = self.base_config(arm=arm, seed=self.lr_tuning.seed)
-        base["training"]["batch_size"] = int(batch_size)
-        if self.lr_tuning.epochs is not None:
-            base["training"]["epochs"] = int(self.lr_tuning.epochs)
-        search = SearchSpec(
-            metric=self.lr_tuning.metric,
-            mode=self.lr_tuning.mode,
-            space=(
-                FloatParam(name="training.lr", low=self.lr_tuning.low, high=self.lr_tuning.high, log=True),
-            ),
-            sampler=TPESpec(
-                seed=self.lr_tuning.sampler_seed, n_startup_trials=self.lr_tuning.n_startup_trials
-            ),
-            scheduler=FIFOSpec(),
-            num_samples=self.lr_tuning.trials,
-            max_concurrent=self.max_concurrent,
-        )
-        return build_plan(
-            name=f"{self.name}-tune-{arm}-b{int(batch_size)}",
+            name=name,
             base_config=base,
             search=search,
-            seeds=(self.lr_tuning.seed,),
+            seeds=(seeds[0],),
+            resources=self.resources,
+            retries=self.retries,
+            storage_path=self.storage_path,
+            storage=self.storage,
+            tracking=self.tracking,
+            document=self.to_document(),
+            description=self.description,
+            hypothesis=self.hypothesis,
             extra_tags=(
-                ("autonorm.study", "batchsize_correlation"),
-                ("autonorm.phase", "lr_tuning"),
-                ("autonorm.cell", cell_key(arm, batch_size)),
+                ("autonorm.study", "batchsize"),
+                ("autonorm.phase", phase),
+                ("autonorm.budget", budget),
             ),
             extra_params=self._plan_params(),
-            **self._common_plan_args(environ),
+            environ=environ,
+        )
+        grid = ((ROOT, tuple(dict(c) for c in cells)), ("seed", tuple(int(s) for s in seeds)))
+        return dataclasses.replace(plan, grid=grid)
+
+    def tuning_plan(self, budget: str, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
+        """Phase 1: every arm (x batch size for ``tuned``) x the LR grid x the tuning seeds."""
+        sizes = self.batch_sizes if self.lr_policy == "tuned" else (self.lr_tuning.reference_batch_size,)
+        cells = [_cell(arm, b, lr) for arm in self.arms for b in sizes for lr in self.lr_tuning.grid()]
+        return self._plan(
+            name=f"tune-{budget}",
+            budget=budget,
+            cells=cells,
+            seeds=self.lr_tuning.seeds,
+            phase="lr_tuning",
+            epochs=self.lr_tuning.epochs,
+            environ=environ,
+        )
+
+    def confirmatory_plan(
+        self, budget: str, lr: Mapping[str, float], *, environ: Mapping[str, str] | None = None
+    ) -> StudyPlan:
+        """Phase 2: every arm x batch size x seed with the tuned learning rates (FIFO, full budget).
+
+        Args:
+            lr: ``cell_key(arm, B) -> lr`` for ``tuned``; else ``arm -> lr`` (the η at the reference
+                batch size, scaled with B by the trial for ``linear`` / ``sqrt``).
+        """
+        cells = []
+        for arm in self.arms:
+            for b in self.batch_sizes:
+                key = cell_key(arm, b) if self.lr_policy == "tuned" else arm
+                if key not in lr:
+                    raise ValueError(f"no tuned learning rate for {key!r}")
+                cells.append(_cell(arm, b, float(lr[key])))
+        return self._plan(
+            name=f"confirm-{budget}",
+            budget=budget,
+            cells=cells,
+            seeds=self.seeds,
+            phase="confirmatory",
+            environ=environ,
+        )
+
+    def study_plan(self, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
+        """A plan carrying the study-level settings (name, storage, tracking, tags, params, spec)."""
+        plan = self.tuning_plan(self.budgets[0], environ=environ)
+        return dataclasses.replace(
+            plan,
+            name=self.name,
+            tracking=dataclasses.replace(plan.tracking, experiment=self.tracking.experiment or self.name),
         )
 
     def _plan_params(self) -> tuple[tuple[str, str], ...]:
         return (
             ("arms", ",".join(self.arms)),
             ("control", self.control),
+            ("controls", ",".join(self.control_arms)),
             ("batch_sizes", ",".join(str(b) for b in self.batch_sizes)),
             ("seeds", ",".join(str(s) for s in self.seeds)),
+            ("budgets", ",".join(self.budgets)),
             ("lr_policy", self.lr_policy),
-            ("budget", self.training.budget),
             ("optimizer", self.training.optimizer),
         )
+
+
+def _cell(arm: str, batch_size: int, lr: float) -> dict[str, Any]:
+    return {"model": {"layer": {"type": arm}}, "training": {"batch_size": int(batch_size), "lr": float(lr)}}
 
 
 def _layer(model_type: str, arm: str) -> Any:

@@ -10,9 +10,9 @@
 Exit status: 0 success, 1 a failed job or an unreachable service, 2 an invalid spec (every error
 printed with its field path and YAML line, never a traceback).
 
-A spec's kind is detected from its top-level keys (``--kind`` overrides): ``search`` specs
-(:class:`studies.spec.StudySpec`, one Optuna/grid plan) run through every subcommand; other kinds
-(``batchsize_correlation``) are validated and submitted here and run through their own script.
+Every command works on every study kind (``kind:`` in the spec, ``search`` when absent; see
+:mod:`studies.kinds`): ``run`` is what the scripts in ``studies/`` do, ``status``/``report``/``resume``
+read the study directory ``<storage_path>/<name>/`` (its ``study_spec.yaml`` says everything else).
 
 ``submit`` uploads the working directory (minus ``.venv``, ``.git``, ``runs``, ``mlruns``, ``*.db``, ...)
 as a Ray job whose entry point is ``python -m studies.cli run SPEC ...``. Only non-secret settings
@@ -31,47 +31,24 @@ of a carried variable is printed.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import math
 import os
 import shlex
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel
-
 from studies._entry import (
     EXIT_SPEC_ERROR,
-    SPEC_FILE,
-    TrialRecord,
     add_layer_options,
-    best_trial,
-    config_value,
-    describe_result,
-    experiment_location,
     overrides_from_args,
     print_spec_error,
-    read_study_spec,
-    read_trials,
-    run_plan,
 )
-from studies.spec import (
-    SpecError,
-    SpecIssue,
-    StudySpec,
-    git_commit,
-    load_spec,
-    parse_yaml,
-    resolve_storage_path,
-)
-from workers.plan import StudyPlan, expected_trials
+from studies.kinds import KINDS, SPEC_FILE, kind_for, load_study, presets_of, run_study_spec
+from studies.spec import SpecError, SpecIssue, git_commit, resolve_storage_path
 
 __all__ = ["CARRIED_NAMES", "DEFAULT_EXCLUDES", "carried_env", "job_entrypoint", "main", "ray_auth_headers"]
 
@@ -112,75 +89,23 @@ _TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Kind:
-    """A kind of study spec: its class and, when it is not a single search, the script that runs it."""
-
-    module: str
-    cls: str
-    script: str | None = None
-
-    def load_class(self) -> type[BaseModel]:
-        cls: type[BaseModel] = getattr(importlib.import_module(self.module), self.cls)
-        return cls
-
-
-KINDS = {
-    "search": _Kind("studies.spec", "StudySpec"),
-    "batchsize_correlation": _Kind(
-        "studies.batchsize_spec", "BatchSizeStudySpec", script="studies/batchsize_correlation.py"
-    ),
-}
-"""Spec kinds the CLI knows; a file's kind is the one whose fields hold all its top-level keys."""
-
-
-def detect_kind(path: Path) -> str:
-    """``search`` unless the file's top-level keys only fit another kind's spec class."""
-    try:
-        doc, _ = parse_yaml(path.read_text(encoding="utf-8"), source=str(path))
-    except (OSError, UnicodeDecodeError, SpecError):
-        return "search"  # loading it as a search spec reports the problem
-    keys = set(doc) - {"presets"}
-    if keys <= set(StudySpec.model_fields):
-        return "search"
-    for name, kind in KINDS.items():
-        if name != "search" and keys <= set(kind.load_class().model_fields):
-            return name
-    return "search"  # unknown keys: reported against the search spec
-
-
-def _load_target(target: str, args: argparse.Namespace, *, any_kind: bool = False) -> Any:
-    """A spec file (with preset/overrides), or a study directory holding ``study_spec.yaml``.
-
-    Args:
-        any_kind: accept other study kinds (validate, submit); otherwise only search specs, which
-            are what run/resume/status/report execute and read.
-    """
+def _load_target(target: str, args: argparse.Namespace) -> Any:
+    """A spec file (with preset/overrides), or a study directory holding ``study_spec.yaml``."""
     path = Path(target)
-    spec_file = path / SPEC_FILE if path.is_dir() else path
-    kind = args.kind or detect_kind(spec_file)
-    if kind != "search" and not any_kind:
-        raise SpecError(
-            [
-                SpecIssue(
-                    "",
-                    f"a {kind} study runs through `python {KINDS[kind].script}` (or `autonorm-study submit`); "
-                    f"`autonorm-study {args.command}` handles search studies",
-                    None,
-                    target,
-                )
-            ]
-        )
-    model = KINDS[kind].load_class()
     if path.is_dir():
+        spec_file = path / SPEC_FILE
+        if not spec_file.is_file():
+            raise SpecError(
+                [SpecIssue("", f"no {SPEC_FILE} in {target}: not a study directory", None, str(spec_file))]
+            )
         if args.preset:
             raise SpecError(
                 [SpecIssue("", "--preset applies to spec files, not to a study directory", None, target)]
             )
         # The directory is <storage_path>/<name>: wherever it is now, that is where the study lives.
         here = f"storage_path={json.dumps(str(path.resolve().parent))}"
-        return read_study_spec(path, overrides=[here, *overrides_from_args(args)], model=model)
-    return load_spec(path, overrides_from_args(args), preset=args.preset, model=model)
+        return load_study(spec_file, [here, *overrides_from_args(args)], kind=args.kind)
+    return load_study(path, overrides_from_args(args), preset=args.preset, kind=args.kind)
 
 
 def _print_json(obj: Any) -> None:
@@ -192,48 +117,60 @@ def _print_json(obj: Any) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+def _describe(spec: Any) -> str:
+    total = kind_for(spec).impl().total_trials(spec)
+    if spec.kind == "search":
+        plan = spec.to_plan()
+        return (
+            f"{len(plan.space) or len(plan.grid)} searched parameters, sampler {plan.sampler.type}, scheduler "
+            f"{plan.scheduler.type}, {total} trials ({plan.max_concurrent} at a time), metric {plan.metric} "
+            f"({plan.mode}), storage {plan.storage.path}"
+        )
+    return f"{total} trials in all phases, storage {spec.storage_path}"
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
-    spec = _load_target(args.spec, args, any_kind=True)
+    """The file as given (with --preset/--set), and every preset it defines: all errors, then exit 2."""
+    spec = _load_target(args.spec, args)
     if args.print:
         print(spec.to_yaml(), end="")
-    if not isinstance(spec, StudySpec):
-        trials = getattr(spec, "expected_trials", "?")
-        print(f"ok: {spec.name} ({type(spec).__name__}): {trials} trials, storage {spec.storage_path}")
-        return 0
-    plan = spec.to_plan()
-    print(
-        f"ok: {spec.name}: {len(plan.space) or len(plan.grid)} searched parameters, sampler "
-        f"{plan.sampler.type}, scheduler {plan.scheduler.type}, {expected_trials(plan)} trials "
-        f"({plan.max_concurrent} at a time), metric {plan.metric} ({plan.mode}), storage {plan.storage.path}"
-    )
+    print(f"ok: {spec.name} (kind {spec.kind}): {_describe(spec)}")
+    path = Path(args.spec)
+    errors: list[SpecIssue] = []
+    if path.is_file() and not args.preset:
+        for preset in presets_of(path):
+            try:
+                other = load_study(path, overrides_from_args(args), preset=preset, kind=args.kind)
+                print(f"ok: preset {preset}: {other.name}: {_describe(other)}")
+            except SpecError as e:
+                errors += [
+                    SpecIssue(i.path, f"[preset {preset}] {i.message}", i.line, i.source) for i in e.issues
+                ]
+    if errors:
+        raise SpecError(errors)
     return 0
 
 
-def _run(spec: StudySpec) -> int:
-    plan = spec.to_plan()
-    result = run_plan(plan, spec_text=spec.to_yaml())
-    _print_json(describe_result(result, plan))
+def _run(spec: Any, args: argparse.Namespace) -> int:
+    outcome = run_study_spec(spec, allow_changed_spec=getattr(args, "allow_changed_spec", False))
+    _print_json(outcome.summary)
     return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    return _run(_load_target(args.spec, args))
+    return _run(_load_target(args.spec, args), args)
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    spec = _load_target(args.target, args)
-    plan = spec.to_plan()
-    from ray.tune import Tuner
+    from studies.study_dir import StudyDir
 
-    fs, path, uri = experiment_location(plan)
-    if not Tuner.can_restore(path, storage_filesystem=fs):
-        print(
-            f"nothing to resume: no Tune experiment state at {uri} (use `autonorm-study run`)",
-            file=sys.stderr,
-        )
+    spec = _load_target(args.target, args)
+    where = StudyDir.of(spec)
+    if where.read_text(SPEC_FILE) is None:
+        print(f"nothing to resume: no study at {where.uri} (use `autonorm-study run`)", file=sys.stderr)
         return 1
-    print(f"resuming study {plan.name!r} from {uri}", flush=True)
-    return _run(spec)
+    print(f"resuming study {spec.name!r} from {where.uri}", flush=True)
+    return _run(spec, args)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -341,8 +278,8 @@ def job_entrypoint(
 
 def _cmd_submit(args: argparse.Namespace) -> int:
     # Validate locally first: a bad spec never reaches the cluster.
-    spec = _load_target(args.spec, args, any_kind=True)
-    script = args.script or KINDS[args.kind or detect_kind(Path(args.spec))].script
+    spec = _load_target(args.spec, args)
+    script = args.script or kind_for(spec).script
     working_dir = Path(args.working_dir).resolve()
     spec_path = Path(args.spec).resolve()
     try:
@@ -427,35 +364,8 @@ def _follow(client: Any, job_id: str, *, timeout: float | None) -> int:
 # --------------------------------------------------------------------------------------------------
 
 
-def _trial_row(t: TrialRecord, plan: StudyPlan) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "trial": t.trial_id,
-        "status": t.status,
-        "epoch": t.last_result.get("epoch", t.last_result.get("training_iteration")),
-        plan.metric: t.last_result.get(plan.metric),
-    }
-    for p in plan.space:
-        row[p.name] = config_value(t.config, p.name)
-    for name, _ in plan.grid:
-        row[name] = config_value(t.config, name)
-    return row
-
-
-def study_status(plan: StudyPlan) -> dict[str, Any]:
-    """Progress of a study from its storage directory (works while it runs and after)."""
-    trials = read_trials(plan)
-    _, _, uri = experiment_location(plan)
-    best = best_trial(trials, plan.metric, plan.mode)
-    return {
-        "study": plan.name,
-        "directory": uri,
-        "expected_trials": expected_trials(plan),
-        "trials": len(trials),
-        "by_status": dict(Counter(t.status for t in trials)),
-        "best_trial": best.trial_id if best else None,
-        f"best_{plan.metric}": best.last_result.get(plan.metric) if best else None,
-        "rows": [_trial_row(t, plan) for t in trials],
-    }
+def _short(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -481,111 +391,39 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if not args.target:
         print("status needs a spec, a study directory or --job ID", file=sys.stderr)
         return EXIT_SPEC_ERROR
-    plan = _load_target(args.target, args).to_plan()
-    status = study_status(plan)
+    spec = _load_target(args.target, args)
+    status = kind_for(spec).impl().status(spec)
     if args.json:
         _print_json(status)
         return 0
     counts = ", ".join(f"{k}: {v}" for k, v in sorted(status["by_status"].items())) or "none yet"
-    print(f"study {plan.name} at {status['directory']}")
+    print(f"study {spec.name} ({spec.kind}) at {status['directory']}")
     print(f"trials: {status['trials']} of {status['expected_trials']} ({counts})")
-    if status["best_trial"]:
-        print(f"best: {status['best_trial']} {plan.metric}={status[f'best_{plan.metric}']}")
+    for name, phase in (status.get("phases") or {}).items():
+        print(f"  phase {name}: {phase['trials']} trials {phase['by_status']}")
+    if status.get("best_trial"):
+        metric = status["metric"]
+        print(f"best completed: {status['best_trial']} {metric}={status[f'best_{metric}']}")
+    if status.get("study_verdict"):
+        print(f"study verdict: {status['study_verdict']} {status.get('verdict')}")
     for row in status["rows"]:
         print("  " + "  ".join(f"{k}={_short(v)}" for k, v in row.items()))
     return 0
 
 
-def _short(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def _edge_flags(trials: Sequence[TrialRecord], best: TrialRecord | None, plan: StudyPlan) -> list[str]:
-    """Numeric parameters whose best value sits in the outer 5 % of the range (tuning playbook)."""
-    if best is None:
-        return []
-    flags = []
-    for p in plan.space:
-        if p.type == "categorical" or p.low is None or p.high is None:
-            continue
-        v = config_value(best.config, p.name)
-        if not isinstance(v, int | float):
-            continue
-        lo, hi, x = (math.log(p.low), math.log(p.high), math.log(v)) if p.log else (p.low, p.high, float(v))
-        pos = (x - lo) / (hi - lo)
-        if pos <= 0.05 or pos >= 0.95:
-            side = "low" if pos <= 0.05 else "high"
-            flags.append(
-                f"{p.name}={_short(v)} is at the {side} edge of [{p.low}, {p.high}]: widen the range"
-            )
-    return flags
-
-
-def write_study_report(plan: StudyPlan, out_dir: Path) -> Path:
-    """``report.md`` (+ gate-entropy plot when trials report it) regenerated from the study directory."""
-    trials = read_trials(plan)
-    best = best_trial(trials, plan.metric, plan.mode)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    counts = Counter(t.status for t in trials)
-    failed = sum(1 for t in trials if t.status == "ERROR")
-    diverged = sum(
-        1
-        for t in trials
-        if isinstance(t.last_result.get("train_loss"), float)
-        and not math.isfinite(t.last_result["train_loss"])
-    )
-    lines = [
-        f"# Study `{plan.name}`",
-        "",
-        f"- trials: {len(trials)} of {expected_trials(plan)} planned ({', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'none'})",
-        f"- failed: {failed}, diverged (non-finite train loss): {diverged}",
-        f"- metric: `{plan.metric}` ({plan.mode}), sampler `{plan.sampler.type}` (seed {plan.sampler.seed}), scheduler `{plan.scheduler.type}`",
-        "",
-    ]
-    if best is not None:
-        lines += [
-            f"## Best trial `{best.trial_id}`: {plan.metric} = {_short(best.last_result[plan.metric])}",
-            "",
-        ]
-        searched = [(p.name, config_value(best.config, p.name)) for p in plan.space]
-        lines += [f"- `{name}` = {_short(v)}" for name, v in searched if v is not None]  # None: inactive
-        flags = _edge_flags(trials, best, plan)
-        if flags:
-            lines += ["", "Best point on a search-space edge:", *[f"- {f}" for f in flags]]
-        lines.append("")
-    rows = [_trial_row(t, plan) for t in trials]
-    sign = -1.0 if plan.mode == "max" else 1.0
-    rows.sort(key=lambda r: sign * r[plan.metric] if isinstance(r[plan.metric], int | float) else math.inf)
-    if rows:
-        keys = list(rows[0])
-        lines += ["## Trials", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-        lines += ["| " + " | ".join(_short(r.get(k)) for k in keys) + " |" for r in rows]
-        lines.append("")
-    histories = {t.trial_id: t.history for t in trials if t.history}
-    if histories:
-        from studies.report import plot_gate_entropy
-
-        try:
-            png = plot_gate_entropy(histories, out_dir / "gate_entropy_per_layer.png")
-            lines += ["## Gate entropy per layer", "", f"![gate entropy]({png.name})", ""]
-        except ValueError:
-            pass  # no gate-entropy metrics in this study (e.g. no AutoNorm layer)
-    report = out_dir / "report.md"
-    report.write_text("\n".join(lines), encoding="utf-8")
-    return report
-
-
 def _cmd_report(args: argparse.Namespace) -> int:
-    plan = _load_target(args.target, args).to_plan()
+    from studies.study_dir import StudyDir
+
+    spec = _load_target(args.target, args)
     if args.out:
         out = Path(args.out)
     else:
-        fs, path, uri = experiment_location(plan)
-        if fs is not None:
-            print(f"the study lives at {uri}; give --out DIR for the report", file=sys.stderr)
+        where = StudyDir.of(spec)
+        if where.storage.filesystem is not None:
+            print(f"the study lives at {where.uri}; give --out DIR for the report", file=sys.stderr)
             return 1
-        out = Path(path) / "report"
-    report = write_study_report(plan, out)
+        out = Path(where.path) / "report"
+    report = kind_for(spec).impl().report(spec, out)
     print(f"report written to {report}")
     return 0
 
@@ -593,6 +431,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------------
 # Parser
 # --------------------------------------------------------------------------------------------------
+
+
+_ALLOW_HELP = "resume although the spec changed since the study started (its results then mix two specs)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -605,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--kind",
         choices=sorted(KINDS),
         default=None,
-        help="spec kind (default: detected from the file's top-level keys)",
+        help="spec kind (default: the file's `kind:`, else search)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -618,11 +459,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a study here (restores it when it was interrupted)")
     p.add_argument("spec")
     add_layer_options(p)
+    p.add_argument("--allow-changed-spec", action="store_true", help=_ALLOW_HELP)
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("resume", help="continue an interrupted study (fails when there is nothing to resume)")
     p.add_argument("target", help="spec YAML or the study directory (<storage_path>/<name>)")
     add_layer_options(p)
+    p.add_argument("--allow-changed-spec", action="store_true", help=_ALLOW_HELP)
     p.set_defaults(func=_cmd_resume)
 
     p = sub.add_parser("submit", help="run a study as a Ray job on a cluster")

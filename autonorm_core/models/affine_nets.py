@@ -24,7 +24,7 @@ from autonorm_core.models._layers import linear_factory, split_spec
 __all__ = ["CNN", "CNN_LAYERS", "MLP", "MLP_LAYERS", "CNNConfig", "MLPConfig"]
 
 MLP_LAYERS = ("linear", "linear_batchnorm", "linear_layernorm", "prenorm_l2", "prenorm_rms", "corrected")
-CNN_LAYERS = ("conv", "conv_batchnorm", "patchnorm")
+CNN_LAYERS = ("conv", "conv_batchnorm", "conv_layernorm", "patchnorm")
 _PATCHNORM_OPTIONS = frozenset({"bias", "bias_in_division", "patch_scale", "learnable_gain"})
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
 
@@ -157,6 +157,9 @@ class CNN(nn.Module):
                 layers.append(nn.Conv2d(in_ch, ch, c.kernel, padding=pad, **options))
                 if kind == "conv_batchnorm":
                     layers.append(nn.BatchNorm2d(ch))
+                elif kind == "conv_layernorm":
+                    # LayerNorm of a feature map: per sample over (C, H, W), i.e. one group.
+                    layers.append(nn.GroupNorm(1, ch))
             layers.append(_activation(c.activation))
             if min(h, w) >= 2:
                 layers.append(nn.MaxPool2d(2))

@@ -327,3 +327,19 @@ def test_splits_to_moves_every_tensor() -> None:
     assert s.train[0].device.type == "cpu"  # the original is untouched (frozen dataclass copy)
     on_meta = load_dataset("diabetes", seed=0, device="meta")
     assert on_meta.val[0].device.type == "meta" and on_meta.sizes == s.sizes
+
+
+@pytest.mark.parametrize("name", ["digits", "diabetes", "fashion_mnist", "pang_lee_polarity"])
+def test_class_count_matches_the_loaded_splits(name: str) -> None:
+    from autonorm_core.data import class_count
+
+    splits = load_dataset(name, seed=0, subset=200 if name == "fashion_mnist" else None)
+    assert class_count(name) == splits.num_classes
+
+
+def test_class_count_unknown_name_and_tagging_set() -> None:
+    from autonorm_core.data import class_count
+
+    assert class_count("ptb_pos_sample") is None  # tags counted from the corpus
+    with pytest.raises(ValueError, match="valid:"):
+        class_count("imagenet")

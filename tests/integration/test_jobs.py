@@ -152,8 +152,9 @@ def test_autonorm_study_submit_runs_the_batchsize_study_to_a_verdict(
     verdict_file = storage / "batchsize_correlation_smoke" / "verdict.json"
     assert verdict_file.is_file(), sorted(p.name for p in storage.rglob("*"))[:50]
     verdict = json.loads(verdict_file.read_text())
-    assert set(verdict["verdict"]) == set(arms)  # every arm, the control included
+    assert set(verdict["verdict"]) | set(verdict["controls"]) == set(arms)  # fix arms + controls
     assert set(verdict["verdict"].values()) <= {"supported", "refuted", "inconclusive"}
+    assert set(verdict["controls"].values()) <= {"stable", "declines", "unclear"}
     assert set(verdict["arms"]) == set(arms)
     # The MLflow parent run got the same verdicts (the tracking URI was carried into the job).
     from mlflow import MlflowClient
@@ -164,4 +165,4 @@ def test_autonorm_study_submit_runs_the_batchsize_study_to_a_verdict(
     assert len(tagged) == 1
     assert {
         k.removeprefix("verdict/"): v for k, v in tagged[0].data.tags.items() if k.startswith("verdict/")
-    } == {k: str(v) for k, v in verdict["verdict"].items()}
+    } == {**{k: str(v) for k, v in verdict["verdict"].items()}, "study": verdict["study_verdict"]}

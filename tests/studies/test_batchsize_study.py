@@ -1,4 +1,5 @@
-"""The batch-size correlation study: its spec (no Ray) and the smoke preset end to end on a local Ray."""
+"""The batch-size study kind: its spec and plans (no Ray), LR selection, and the phases end to end on a
+local Ray (the smoke preset with real training; a planted world with a cheap trial function)."""
 
 from __future__ import annotations
 
@@ -11,31 +12,18 @@ from typing import Any
 
 import pytest
 
-from studies.batchsize_correlation import (
-    DEFAULT_SPEC,
-    BatchSizeStudyOutcome,
-    main,
-    run_batchsize_study,
-    trials_table,
-)
+from studies.batchsize_correlation import DEFAULT_SPEC, main
 from studies.batchsize_spec import BatchSizeStudySpec, cell_key
+from studies.kinds import StudyOutcome, run_study_spec
+from studies.kinds.batchsize import select_learning_rates, trials_table
 from studies.spec import SpecError, load_spec
 from tests.services import embedded_ray
+from workers.dotted import ROOT, with_values
+from workers.plan import expected_trials
 from workers.runner import TrialRecord
 from workers.trainable import TrialSession
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ARM_KEYS = {
-    "n",
-    "n_failed",
-    "spearman_rho",
-    "slope",
-    "slope_ci",
-    "interaction",
-    "interaction_ci",
-    "p_value",
-    "p_value_holm",
-}
 
 
 def smoke_spec(*overrides: str) -> BatchSizeStudySpec:
@@ -45,25 +33,54 @@ def smoke_spec(*overrides: str) -> BatchSizeStudySpec:
     return spec
 
 
-# ---- the spec -------------------------------------------------------------------------------------
+def _configs(plan: Any) -> list[dict[str, Any]]:
+    """Every trial config a grid plan expands to (the product of its axes, applied like a trial)."""
+    import itertools
+
+    names = [name for name, _ in plan.grid]
+    return [
+        with_values(plan.base_config, dict(zip(names, values)))
+        for values in itertools.product(*(v for _, v in plan.grid))
+    ]
 
 
-def test_every_shipped_preset_validates_and_plans_the_full_grid() -> None:
-    for preset in (None, "smoke", "cnn", "local"):
-        spec = load_spec(DEFAULT_SPEC, preset=preset, model=BatchSizeStudySpec)
-        plan = spec.confirmatory_plan()
-        grid = dict(plan.grid)
-        assert grid["model.layer.type"] == tuple(spec.arms)
-        assert grid["training.batch_size"] == tuple(spec.batch_sizes)
-        assert grid["seed"] == tuple(spec.seeds)
-        assert (plan.sampler.type, plan.scheduler.type, plan.num_samples) == ("grid", "fifo", 1)
-        assert plan.base_config["model"]["layer"] == {"type": spec.control}
-        assert math.prod(len(v) for v in grid.values()) == spec.expected_trials
+# ---- the spec and its plans ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", [None, "smoke", "cnn", "local"])
+def test_every_preset_plans_tuning_then_the_full_confirmatory_grid(preset: str | None) -> None:
+    spec = load_spec(DEFAULT_SPEC, preset=preset, model=BatchSizeStudySpec)
+    assert spec.kind == "batchsize"
+    total = 0
+    for budget in spec.budgets:
+        tune = spec.tuning_plan(budget)
+        configs = _configs(tune)
+        assert len(configs) == expected_trials(tune)
+        assert {c["seed"] for c in configs} == set(spec.lr_tuning.seeds)
+        assert not set(spec.lr_tuning.seeds) & set(spec.seeds)  # tuning seeds are held out
+        assert {c["training"]["batch_size"] for c in configs} == {spec.lr_tuning.reference_batch_size}
+        assert {c["training"]["lr"] for c in configs} == set(spec.lr_tuning.grid())
+        assert {c["model"]["layer"]["type"] for c in configs} == set(spec.arms)
+        assert {c["training"]["budget"] for c in configs} == {budget}
+        lr = {arm: 0.1 * (i + 1) for i, arm in enumerate(spec.arms)}
+        confirm = spec.confirmatory_plan(budget, lr)
+        configs = _configs(confirm)
+        assert (
+            len(configs)
+            == expected_trials(confirm)
+            == len(spec.arms) * len(spec.batch_sizes) * len(spec.seeds)
+        )
+        cells = {(c["model"]["layer"]["type"], c["training"]["batch_size"], c["seed"]) for c in configs}
+        assert cells == {(a, b, s) for a in spec.arms for b in spec.batch_sizes for s in spec.seeds}
+        assert all(c["training"]["lr"] == lr[c["model"]["layer"]["type"]] for c in configs)
+        assert (confirm.sampler.type, confirm.scheduler.type) == ("grid", "fifo")
+        total += expected_trials(tune) + expected_trials(confirm)
+    assert total == spec.total_trials
 
 
 def test_default_spec_follows_the_protocol() -> None:
     spec = load_spec(DEFAULT_SPEC, model=BatchSizeStudySpec)
-    training = spec.confirmatory_plan().base_config["training"]
+    training = spec.confirmatory_plan("epochs", dict.fromkeys(spec.arms, 0.1)).base_config["training"]
     assert (training["optimizer"], training["momentum"], training["weight_decay"]) == ("sgd", 0.0, 0.0)
     assert (training["schedule"], training["grad_clip"], training["label_smoothing"]) == (
         "constant",
@@ -71,17 +88,17 @@ def test_default_spec_follows_the_protocol() -> None:
         0.0,
     )
     assert training["lr_scaling"] == "constant"
-    assert len(spec.seeds) >= 5 and len(spec.batch_sizes) >= 4
-    assert spec.arms == (
-        "linear",
-        "linear_batchnorm",
-        "linear_layernorm",
-        "prenorm_l2",
-        "prenorm_rms",
-        "corrected",
-    )
+    assert len(spec.seeds) == 8 and len(spec.batch_sizes) >= 4
+    assert spec.budgets == ("epochs", "updates")
+    assert spec.control_arms == ("linear", "linear_batchnorm", "linear_layernorm")
+    assert spec.fix_arms == ("prenorm_l2", "prenorm_rms", "corrected")
+    updates = spec.confirmatory_plan("updates", dict.fromkeys(spec.arms, 0.1)).base_config["training"]
+    assert (updates["budget"], updates["max_updates"]) == ("updates", spec.training.max_updates)
+    assert training["max_updates"] is None
+    lo, hi = spec.lr_tuning.grid()[0], spec.lr_tuning.grid()[-1]
+    assert (lo, hi) == (spec.lr_tuning.low, spec.lr_tuning.high) and hi >= 1e2  # wide enough for every arm
     cnn = load_spec(DEFAULT_SPEC, preset="cnn", model=BatchSizeStudySpec)
-    assert (cnn.model.type, cnn.control, cnn.arms) == ("cnn", "conv", ("conv", "conv_batchnorm", "patchnorm"))
+    assert cnn.control_arms == ("conv", "conv_batchnorm", "conv_layernorm") and cnn.fix_arms == ("patchnorm",)
 
 
 @pytest.mark.parametrize(
@@ -90,14 +107,20 @@ def test_default_spec_follows_the_protocol() -> None:
         ("control=prenorm_l2", "control"),
         ("arms=[linear,conv]", "arms.1"),
         ("training.lr_scaling=sqrt", "training.lr_scaling"),
+        ("training.budget=updates", "training.budget"),
+        ("budgets=[epochs,epochs]", "budgets"),
         ("batch_sizes=[1,8]", "batch_sizes"),
         ("batch_sizes=[8,8]", "batch_sizes"),
         ("model.layer={type: corrected}", "model.layer"),
         ("seeds=[0]", "seeds"),
         ("data.type=ptb_pos_sample", "data.type"),
-        ("training.budget=updates", "training.max_updates"),
         ("analysis.n_perm=10", "analysis.n_perm"),
         ("lr_tuning.metric=test_accuracy", "lr_tuning"),
+        ("lr_tuning.seeds=[0,1000]", "lr_tuning.seeds"),
+        ("lr_tuning.seeds=[1000]", "lr_tuning.seeds"),
+        ("controls=[linear,prenorm_l2]", "controls.1"),
+        ("controls=[linear_batchnorm]", "controls"),
+        ("arms=[linear,linear_batchnorm]", "arms"),
     ],
 )
 def test_invalid_specs_name_the_field(override: str, path: str) -> None:
@@ -106,58 +129,102 @@ def test_invalid_specs_name_the_field(override: str, path: str) -> None:
     assert any(issue.path == path for issue in err.value.issues), err.value.format()
 
 
-def test_tuned_policy_uses_a_held_out_seed_and_per_cell_learning_rates() -> None:
-    with pytest.raises(SpecError, match=r"lr_tuning\.seed"):
-        smoke_spec("lr_policy=tuned", "lr_tuning.seed=1")
-    spec = smoke_spec("lr_policy=tuned")
-    tune = spec.tuning_plan("corrected", 32)
-    assert tune.base_config["seed"] == spec.lr_tuning.seed not in spec.seeds
-    assert tune.base_config["training"]["batch_size"] == 32
-    assert tune.base_config["model"]["layer"]["type"] == "corrected"
-    assert [(p.name, p.log) for p in tune.space] == [("training.lr", True)]
-    assert (tune.sampler.type, tune.num_samples) == ("tpe", spec.lr_tuning.trials)
-    with pytest.raises(ValueError, match="tuned_lr"):
-        spec.confirmatory_plan()
-    table = {cell_key(a, b): 0.01 * b for a in spec.arms for b in spec.batch_sizes}
-    plan = spec.confirmatory_plan(tuned_lr=table, arms=["corrected"])
-    grid = dict(plan.grid)
-    assert grid["seed"] == spec.seeds
-    assert grid["training"] == tuple({"batch_size": b, "lr": 0.01 * b} for b in spec.batch_sizes)
-    assert plan.base_config["training"]["lr_scaling"] == "constant"
-    assert spec.tuning_trials == len(spec.arms) * len(spec.batch_sizes) * spec.lr_tuning.trials
+def test_updates_budget_needs_max_updates() -> None:
+    with pytest.raises(SpecError) as err:
+        smoke_spec("budgets=[epochs,updates]", "training.max_updates=null")
+    assert any(issue.path == "training.max_updates" for issue in err.value.issues), err.value.format()
+    assert smoke_spec("budgets=[epochs,updates]", "training.max_updates=90").budgets == ("epochs", "updates")
 
 
-def test_lr_policy_sets_lr_scaling() -> None:
+def test_lr_policies() -> None:
     for policy in ("linear", "sqrt"):
-        plan = smoke_spec(f"lr_policy={policy}").confirmatory_plan()
+        spec = smoke_spec(f"lr_policy={policy}")
+        plan = spec.confirmatory_plan("epochs", dict.fromkeys(spec.arms, 0.1))
         assert plan.base_config["training"]["lr_scaling"] == policy
-
-
-def test_trials_table_reads_arm_batch_seed_and_status() -> None:
-    def record(arm: str, b: int, seed: int, status: Any, acc: Any) -> TrialRecord:
-        config = {"model": {"layer": {"type": arm}}, "training": {"batch_size": b, "lr": 0.1}, "seed": seed}
-        return TrialRecord(f"t{arm}{b}{seed}", {}, config, status, {"test_accuracy": acc, "epoch": 3})
-
-    df = trials_table(
-        [record("linear", 32, 1, "completed", 0.9), record("linear", 8, 0, "diverged", None)],
-        metric="test_accuracy",
+        assert plan.base_config["training"]["reference_batch_size"] == spec.lr_tuning.reference_batch_size
+    spec = smoke_spec("lr_policy=tuned")
+    tune = _configs(spec.tuning_plan("epochs"))
+    assert {c["training"]["batch_size"] for c in tune} == set(spec.batch_sizes)  # every (arm, B) cell
+    assert spec.tuning_trials == len(tune)
+    table = {cell_key(a, b): 0.01 * b for a in spec.arms for b in spec.batch_sizes}
+    confirm = spec.confirmatory_plan("epochs", table)
+    assert confirm.base_config["training"]["lr_scaling"] == "constant"
+    assert all(
+        c["training"]["lr"] == pytest.approx(0.01 * c["training"]["batch_size"]) for c in _configs(confirm)
     )
-    assert list(df[["arm", "batch_size", "seed", "status"]].itertuples(index=False, name=None)) == [
-        ("linear", 8, 0, "diverged"),
-        ("linear", 32, 1, "completed"),
+    with pytest.raises(ValueError, match="no tuned learning rate"):
+        spec.confirmatory_plan("epochs", dict.fromkeys(spec.arms, 0.1))
+
+
+def _record(
+    arm: str, b: int, seed: int, eta: float, status: str, value: float, **metrics: float
+) -> TrialRecord:
+    config = {"model": {"layer": {"type": arm}}, "training": {"batch_size": b, "lr": eta}, "seed": seed}
+    return TrialRecord(
+        f"t{arm}{b}{seed}{eta}",
+        {},
+        config,
+        status,
+        {"val_accuracy": value, "epoch": 3, **metrics},  # type: ignore[arg-type]
+    )
+
+
+def test_select_learning_rates_averages_seeds_penalises_failures_and_flags_edges() -> None:
+    spec = smoke_spec()  # grid 0.01, 0.1, 1, 10
+    grid = spec.lr_tuning.grid()
+    trials = []
+    for seed in spec.lr_tuning.seeds:
+        for lr in grid:
+            # linear: best at 0.1 on average, but one seed is better at 1 (means decide)
+            v = {0.01: 0.5, 0.1: 0.8, 1.0: 0.9 if seed == 1000 else 0.6, 10.0: 0.1}[lr]
+            trials.append(_record("linear", 32, seed, lr, "completed", v))
+            # corrected: best at 10 (the edge); at 1 one seed diverged (worst), so 1 cannot win
+            c = {0.01: 0.2, 0.1: 0.4, 1.0: 0.99, 10.0: 0.95}[lr]
+            status = "diverged" if (lr == 1.0 and seed == 1001) else "completed"
+            trials.append(_record("corrected", 32, seed, lr, status, c))
+            trials.append(_record("linear_batchnorm", 32, seed, lr, "error", math.nan))
+    table, record = select_learning_rates(spec, trials)
+    assert table["linear"] == 0.1 and not record["linear"]["at_range_edge"]
+    assert table["corrected"] == 10.0 and record["corrected"]["at_range_edge"]
+    assert record["corrected"]["trials_failed"] == 1
+    assert record["linear_batchnorm"]["no_learning_rate_trained"] is True
+    assert record["linear"]["scores"]["0.1"] == pytest.approx(0.8)
+
+
+def test_trials_table_reads_arm_batch_seed_status_loss_lr_and_updates() -> None:
+    trials = [
+        _record(
+            "linear", 32, 1, 0.1, "completed", 0.8, test_accuracy=0.9, train_loss=0.3, lr=0.1, updates=90
+        ),
+        _record("linear", 8, 0, 0.1, "diverged", math.nan, train_loss=math.inf),
+    ]
+    df = trials_table(
+        trials,
+        metric="test_accuracy",
+        budget="epochs",
+        lr_record={"linear": {"at_range_edge": True}},
+        lr_policy="constant",
+    )
+    assert list(df[["arm", "batch_size", "seed", "status", "budget"]].itertuples(index=False, name=None)) == [
+        ("linear", 8, 0, "diverged", "epochs"),
+        ("linear", 32, 1, "completed", "epochs"),
     ]
     assert math.isnan(df.loc[0, "test_accuracy"]) and df.loc[1, "test_accuracy"] == 0.9
+    assert df.loc[1, "train_loss"] == 0.3 and df.loc[1, "updates"] == 90 and df.loc[1, "lr"] == 0.1
+    assert df["lr_at_edge"].all()
 
 
-def test_cli_exits_2_on_a_bad_spec_and_dry_run_validates(capsys: pytest.CaptureFixture[str]) -> None:
+def test_script_exits_2_on_a_bad_spec_and_dry_run_counts_every_phase(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert main(["--preset", "smoke", "--set", "control=prenorm_l2"]) == 2
     err = capsys.readouterr().err
     assert "control" in err and "Traceback" not in err
     assert main(["--preset", "smoke", "--dry-run"]) == 0
-    assert "# 18 confirmatory trials, 0 tuning trials" in capsys.readouterr().out
+    assert f"# kind batchsize: {smoke_spec().total_trials} trials in all," in capsys.readouterr().out
 
 
-# ---- the smoke preset, end to end on a local Ray -------------------------------------------------
+# ---- end to end on a local Ray -------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -171,102 +238,104 @@ def local_ray() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def smoke(
     local_ray: None, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[BatchSizeStudySpec, BatchSizeStudyOutcome]:
+) -> tuple[BatchSizeStudySpec, StudyOutcome]:
     storage = tmp_path_factory.mktemp("bs_smoke")
     spec = smoke_spec(f"storage_path={storage}")
-    return spec, run_batchsize_study(spec, progress=False, environ={})
+    return spec, run_study_spec(spec, progress=False)
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_smoke_writes_every_output(smoke: tuple[BatchSizeStudySpec, BatchSizeStudyOutcome]) -> None:
+def test_smoke_writes_every_output_and_is_exploratory(smoke: tuple[BatchSizeStudySpec, StudyOutcome]) -> None:
     spec, out = smoke
     study_dir = Path(out.study_dir)
     assert study_dir == Path(spec.storage_path) / spec.name
-    for name in ("verdict.json", "report.md", "report.html", "trials.csv", "spec.yaml"):
+    for name in (
+        "verdict.json",
+        "report.md",
+        "report.html",
+        "trials.csv",
+        "study_spec.yaml",
+        "lr_tuning.json",
+    ):
         assert (study_dir / name).stat().st_size > 0, name
     for png in ("metric_vs_batch_size.png", "forest.png"):
         assert (study_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    verdict = json.loads((study_dir / "verdict.json").read_text())
+    # 2 seeds x 3 batch sizes: underpowered by rule, whatever the data say.
+    assert verdict["study_verdict"] == "inconclusive" and verdict["exploratory"] is True
+    assert set(verdict["verdict"]) == set(spec.fix_arms)
+    assert set(verdict["controls"]) == set(spec.control_arms)
+    for arm in spec.fix_arms:
+        assert verdict["verdict"][arm] == "inconclusive"
+        assert "underpowered" in verdict["arms"][arm]["reasons"]
     md = (study_dir / "report.md").read_text()
-    for arm in spec.arms:
-        assert f"| {arm}" in md
-    assert "wall time:" in md and "CPU hours:" in md
-    assert out.wall_time_s > 0 and out.cpu_hours > 0 and out.gpu_hours == 0
+    assert md.lstrip("# ").lower().startswith("study verdict") or "inconclusive" in md.splitlines()[0].lower()
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_smoke_verdict_has_every_arm(smoke: tuple[BatchSizeStudySpec, BatchSizeStudyOutcome]) -> None:
-    spec, out = smoke
-    verdict = json.loads((Path(out.study_dir) / "verdict.json").read_text())
-    assert verdict == json.loads(json.dumps(out.verdict))
-    assert {"hypothesis", "metric", "control", "arms", "verdict"} <= set(verdict)
-    assert set(verdict["arms"]) == set(verdict["verdict"]) == set(spec.arms)
-    for arm, res in verdict["arms"].items():
-        assert set(res) >= ARM_KEYS
-        assert res["n"] + res["n_failed"] == len(spec.batch_sizes) * len(spec.seeds)
-        assert verdict["verdict"][arm] in {"supported", "refuted", "inconclusive"}
-    ctrl = verdict["arms"][spec.control]
-    assert ctrl["interaction"] is None and ctrl["p_value"] is None
-    assert verdict["metric"] == "test_accuracy" and verdict["n_perm"] == 9999
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_smoke_runs_the_same_seeds_and_data_for_every_arm(
-    smoke: tuple[BatchSizeStudySpec, BatchSizeStudyOutcome],
+def test_smoke_trains_every_arm_with_its_own_tuned_lr_on_the_same_seeds(
+    smoke: tuple[BatchSizeStudySpec, StudyOutcome],
 ) -> None:
+    import pandas as pd
+
     spec, out = smoke
-    table = out.table
+    study_dir = Path(out.study_dir)
+    table = pd.read_csv(study_dir / "trials.csv")
     assert len(table) == spec.expected_trials
+    assert {"train_loss", "lr", "budget", "updates"} <= set(table.columns)
     cells = {arm: set(zip(g["batch_size"], g["seed"])) for arm, g in table.groupby("arm")}
     expected = {(b, s) for b in spec.batch_sizes for s in spec.seeds}
     assert all(c == expected for c in cells.values()), cells
-    assert (table["status"] == "completed").all()
-    # Common random numbers: for one (B, seed), trial configs differ only in the layer type.
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=out.tracking_uri)
-    params = {rid: client.get_run(rid).data.params for rid in table["mlflow_run_id"]}
-    for (b, seed), g in table.groupby(["batch_size", "seed"]):
-        views = [
-            {k: v for k, v in params[rid].items() if not k.startswith("model.layer")}
-            for rid in g["mlflow_run_id"]
-        ]
-        assert all(v == views[0] for v in views), (b, seed)
-        assert {params[rid].get("seed") for rid in g["mlflow_run_id"]} == {str(seed)}
+    tuned = json.loads((study_dir / "lr_tuning.json").read_text())["epochs"]
+    for arm, g in table.groupby("arm"):
+        assert set(g["lr"]) == {tuned[arm]["lr"]}  # constant policy: one eta per arm, held across B
+    # A corrected layer moves z by -eta*g where a plain one moves it by -eta*g*(|x|^2+1): its tuned
+    # eta must be larger, or the comparison is between a trained and an untrained arm.
+    assert tuned["corrected"]["lr"] > tuned["linear"]["lr"]
+    # Every arm learned at B=8 (chance loss on digits is ln 10 = 2.30).
+    small = table[table["batch_size"] == 8]
+    assert (small.groupby("arm")["train_loss"].median() < 0.9 * math.log(10)).all()
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_smoke_logs_outputs_and_verdict_tags_on_the_parent_run(
-    smoke: tuple[BatchSizeStudySpec, BatchSizeStudyOutcome],
+def test_smoke_mlflow_one_study_run_phases_nested_every_trial_a_leaf(
+    smoke: tuple[BatchSizeStudySpec, StudyOutcome],
 ) -> None:
     from mlflow import MlflowClient
 
     spec, out = smoke
     assert out.parent_run_id is not None
     client = MlflowClient(tracking_uri=out.tracking_uri)
-    parent = client.get_run(out.parent_run_id)
-    tags = parent.data.tags
-    for arm, verdict in out.verdict["verdict"].items():
+    study = client.get_run(out.parent_run_id)
+    exp = study.info.experiment_id
+    assert study.info.status == "FINISHED"
+    assert study.data.params["expected_trials"] == str(spec.total_trials)
+    tops = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'study'")
+    assert [r.info.run_id for r in tops] == [out.parent_run_id]
+    phases = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{out.parent_run_id}'")
+    assert {r.data.tags["autonorm.phase"] for r in phases} == {"lr_tuning-epochs", "confirmatory-epochs"}
+    trials = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'trial'")
+    assert len(trials) == spec.total_trials
+    assert {r.data.tags["mlflow.parentRunId"] for r in trials} == {p.info.run_id for p in phases}
+    tags = study.data.tags
+    for arm, verdict in out.verdict["verdict"].items():  # type: ignore[index]
         assert tags[f"verdict/{arm}"] == verdict
-    assert tags["autonorm.phase"] == "confirmatory"
+    for arm, label in out.verdict["controls"].items():  # type: ignore[index]
+        assert tags[f"control/{arm}"] == label
+    assert tags["verdict/study"] == out.verdict["study_verdict"]  # type: ignore[index]
     artifacts = {a.path for a in client.list_artifacts(out.parent_run_id)}
-    assert {"verdict.json", "report.md", "report.html", "metric_vs_batch_size.png", "forest.png"} <= artifacts
-    children = client.search_runs(
-        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{out.parent_run_id}'"
-    )
-    assert len(children) == spec.expected_trials
-    assert set(out.table["mlflow_run_id"]) == {c.info.run_id for c in children}
-    assert parent.data.metrics["n/linear"] == out.verdict["arms"]["linear"]["n"]
+    assert {"verdict.json", "report.md", "report.html", "lr_tuning.json", "forest.png"} <= artifacts
 
 
-# ---- the tuned LR policy, with a cheap deterministic trial function -------------------------------
+# ---- a planted world: the statistics see what was planted, through every phase ---------------------
 
-#: Planted: accuracy falls by 0.05 per doubling of B for `corrected` only; validation accuracy peaks
-#: at lr = 0.1 for every cell, so tuning must find ~0.1.
-_PLANTED_SLOPE = {"linear": 0.0, "corrected": -0.05}
+#: Accuracy falls by 0.04 per doubling of B for `corrected` only; validation accuracy peaks at
+#: lr = 0.1 for the controls and at lr = 10 for `corrected`, so tuning must find each arm's own eta.
+_PLANTED_SLOPE = {"linear": 0.0, "linear_batchnorm": 0.0, "corrected": -0.04}
+_BEST_LR = {"linear": 0.1, "linear_batchnorm": 0.1, "corrected": 10.0}
 
 
 def planted_trial(config: dict[str, Any], session: TrialSession) -> None:
@@ -274,48 +343,47 @@ def planted_trial(config: dict[str, Any], session: TrialSession) -> None:
     b = int(config["training"]["batch_size"])
     lr = float(config["training"]["lr"])
     seed = int(config["seed"])
-    val = 0.95 - 0.2 * (math.log10(lr) + 1.0) ** 2
-    test = 0.9 + _PLANTED_SLOPE[arm] * math.log2(b) + 0.003 * ((seed * 7 + b) % 5)
-    session.report({"epoch": 1, "val_accuracy": val, "test_accuracy": test, "lr": lr}, status="completed")
+    val = 0.95 - 0.1 * (math.log10(lr) - math.log10(_BEST_LR[arm])) ** 2
+    noise = 0.004 * (((seed * 7 + b * 3) % 5) - 2)
+    test = 0.8 + _PLANTED_SLOPE[arm] * math.log2(b) + noise
+    session.report(
+        {"epoch": 1, "val_accuracy": val, "test_accuracy": test, "train_loss": 0.3, "lr": lr, "updates": 1.0},
+        status="completed",
+    )
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_tuned_policy_end_to_end(local_ray: None, tmp_path: Path) -> None:
-    from mlflow import MlflowClient
-
+def test_planted_decline_is_supported_through_every_phase(local_ray: None, tmp_path: Path) -> None:
     spec = smoke_spec(
         f"storage_path={tmp_path}",
-        "lr_policy=tuned",
-        "arms=[linear,corrected]",
-        "batch_sizes=[8,32]",
-        "seeds=[0,1,2]",
-        "lr_tuning.trials=6",
-        "lr_tuning.n_startup_trials=6",
+        "batch_sizes=[8,16,32,64]",
+        "seeds=[0,1,2,3,4]",
         "lr_tuning.low=0.01",
-        "lr_tuning.high=1.0",
+        "lr_tuning.high=100.0",
+        "lr_tuning.points=5",
         "analysis.n_boot=200",
+        "analysis.n_perm=999",
+        "max_concurrent=2",
     )
-    out = run_batchsize_study(spec, trainable=planted_trial, progress=False, environ={})
-    assert out.tuned_lr is not None and set(out.tuned_lr) == {
-        cell_key(a, b) for a in spec.arms for b in spec.batch_sizes
-    }
-    # Six random draws in [0.01, 1] (log): the best is the one closest to 0.1, well inside x3.
-    assert all(0.1 / 3 < lr < 0.1 * 3 for lr in out.tuned_lr.values()), out.tuned_lr
-    # The confirmatory trials ran with their own cell's tuned lr, on the confirmatory seeds only.
-    for row in out.table.itertuples():
-        assert row.lr == pytest.approx(out.tuned_lr[cell_key(row.arm, row.batch_size)])
-    assert set(out.table["seed"]) == set(spec.seeds)
-    assert out.verdict["verdict"]["corrected"] == "supported"
-    assert out.verdict["arms"]["corrected"]["slope"] == pytest.approx(-0.05, abs=0.01)
-    record = json.loads((Path(out.study_dir) / "lr_tuning.json").read_text())
-    assert {k: v["lr"] for k, v in record.items()} == pytest.approx(out.tuned_lr)
-    # One study-level run; the 4 tuning and 2 confirmatory parent runs are nested under it.
-    client = MlflowClient(tracking_uri=out.tracking_uri)
-    assert len(out.phase_runs) == 4 + 2
-    for run_id in out.phase_runs.values():
-        assert client.get_run(run_id).data.tags["mlflow.parentRunId"] == out.parent_run_id
-    assert out.parent_run_id is not None
-    tags = client.get_run(out.parent_run_id).data.tags
-    assert tags["verdict/corrected"] == "supported"
-    assert "lr_tuning.json" in {a.path for a in client.list_artifacts(out.parent_run_id)}
+    out = run_study_spec(spec, trainable=planted_trial, progress=False)
+    assert out.summary["tuned_lr"]["epochs"] == _BEST_LR
+    verdict = out.verdict
+    assert verdict is not None
+    assert verdict["verdict"]["corrected"] == "supported", verdict["arms"]["corrected"]
+    assert verdict["arms"]["corrected"]["slope"] == pytest.approx(-0.04, abs=0.005)
+    assert verdict["controls"] == {"linear": "stable", "linear_batchnorm": "stable"}
+    assert verdict["study_verdict"] == "supported"
+    # A rerun of the finished study runs nothing and changes nothing.
+    again = run_study_spec(spec, trainable=planted_trial, progress=False)
+    assert again.parent_run_id == out.parent_run_id and again.summary["trials"] == out.summary["trials"]
+    # An edited spec is refused, naming the field, and leaves the study as it was.
+    with pytest.raises(SpecError) as err:
+        run_study_spec(
+            smoke_spec(*[f"storage_path={tmp_path}", "seeds=[0,1,2,3,5]"]), trainable=planted_trial
+        )
+    assert any(i.path.startswith("seeds") for i in err.value.issues)
+
+
+def test_root_axis_is_the_grid_cell() -> None:
+    assert ROOT == "@"

@@ -7,13 +7,14 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
 
 from studies import _entry, cli
+from studies.kinds import SPEC_FILE, kind_of, run_study_spec
 from studies.spec import load_spec
+from studies.study_dir import StudyDir
 from tests.studies.broken_cases import load_cases
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +92,10 @@ def test_entry_script_runs_from_another_cwd_and_fails_cleanly(tmp_path: Path) ->
     env = {"PYTHONPATH": ""}  # the script must find the repo itself (a Ray job's working dir)
     ok = _run([sys.executable, str(script), "--preset", "smoke", "--dry-run"], cwd=tmp_path, env=env)
     assert ok.returncode == 0, ok.stderr
-    assert "name: autonorm_search" in ok.stdout and f"storage {tmp_path}/runs" in ok.stdout
+    assert (
+        "name: autonorm_search" in ok.stdout
+        and f"study directory {tmp_path}/runs/autonorm_search" in ok.stdout
+    )
     bad = _run(
         [sys.executable, str(script), "--preset", "smoke", "--set", "training.lr=-1"], cwd=tmp_path, env=env
     )
@@ -102,41 +106,38 @@ def test_entry_script_runs_from_another_cwd_and_fails_cleanly(tmp_path: Path) ->
 def test_study_main_plans_from_options(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    import studies.kinds
+    from studies.kinds import StudyOutcome
+
     captured: dict[str, Any] = {}
 
-    def fake_run_plan(plan: Any, *, spec_text: str, quiet: bool = False) -> Any:
-        captured["plan"], captured["text"] = plan, spec_text
-        best = SimpleNamespace(
-            trial_id="t1", params={"training.lr": 0.001}, config={"seed": 0}, metrics={"val_accuracy": 0.9}
-        )
-        return SimpleNamespace(
-            trials=[SimpleNamespace(status="completed")] * 4,
-            best=lambda metric, mode: best,
-            parent_run_id="run123",
+    def fake_run(spec: Any, *, allow_changed_spec: bool = False, **_: Any) -> StudyOutcome:
+        captured["spec"], captured["plan"] = spec, spec.to_plan()
+        return StudyOutcome(
+            kind=spec.kind,
+            name=spec.name,
+            study_dir=str(tmp_path / "runs" / spec.name),
             tracking_uri="http://127.0.0.1:5999",
-            experiment_path=str(tmp_path / "runs" / "autonorm_search"),
-            restored=False,
+            parent_run_id="run123",
+            summary={"best_metric": 0.9, "parent_run_id": "run123", "trials": {"completed": 4}},
         )
 
-    hooks: list[Any] = []
-    monkeypatch.setattr(_entry, "run_plan", fake_run_plan)
+    monkeypatch.setattr(studies.kinds, "run_study_spec", fake_run)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
     code = _entry.study_main(
         ["--preset", "smoke", "--storage-path", str(tmp_path / "runs"), "--set", "search.num_samples=5"],
         prog="t",
         description="t",
         default_spec=SHIPPED,
-        after=lambda spec, plan, result: hooks.append((spec.name, plan.name, result.parent_run_id)),
     )
     assert code == 0
     plan = captured["plan"]
     assert plan.tracking.uri == "http://127.0.0.1:5999"  # the environment wins over the sqlite default
     assert plan.storage.path == str(tmp_path / "runs")
     assert plan.num_samples == 5
-    assert load_spec_text(tmp_path, captured["text"]).search.num_samples == 5
+    assert load_spec_text(tmp_path, captured["spec"].to_yaml()).search.num_samples == 5
     out = capsys.readouterr().out
     assert '"best_metric": 0.9' in out and '"parent_run_id": "run123"' in out and '"completed": 4' in out
-    assert hooks == [("autonorm_search", "autonorm_search", "run123")]
 
 
 def load_spec_text(tmp_path: Path, text: str) -> Any:
@@ -155,9 +156,9 @@ def test_resume_refuses_a_study_that_never_started(
 
 def test_study_directory_is_a_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = load_spec(SHIPPED, [f"storage_path={tmp_path}"], preset="smoke")
-    written = _entry.write_study_spec(spec.to_plan(), spec.to_yaml())
+    written = StudyDir.of(spec).write_text(SPEC_FILE, spec.to_yaml())
     study_dir = tmp_path / "autonorm_search"
-    assert written == f"{study_dir}/{_entry.SPEC_FILE}"
+    assert written == f"{study_dir}/{SPEC_FILE}"
     assert cli.main(["validate", str(study_dir)]) == 0
     assert cli.main(["status", str(study_dir)]) == 0
     out = capsys.readouterr().out
@@ -171,7 +172,7 @@ def test_moved_study_directory_is_found_where_it_is(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     spec = load_spec(SHIPPED, preset="smoke")  # storage_path: runs (relative)
-    _entry.write_study_spec(spec.to_plan(environ={}), spec.to_yaml())
+    StudyDir.of(spec).write_text(SPEC_FILE, spec.to_yaml())
     moved = tmp_path / "archive" / "autonorm_search"
     moved.parent.mkdir()
     (tmp_path / "runs" / "autonorm_search").rename(moved)
@@ -355,7 +356,13 @@ def test_submit_wires_working_dir_env_and_auth(
     for absent in ("RAY_AUTH_TOKEN", "MLFLOW_TRACKING_PASSWORD", "AWS_ACCESS_KEY_ID"):
         assert absent not in env_vars
     args = shlex.split(job["entrypoint"])
-    assert args[:5] == ["python", "-m", "studies.cli", "run", "studies/specs/autonorm_search.yaml"]
+    # Every kind runs through its script: the same function as `autonorm-study run`.
+    assert args[:4] == [
+        "python",
+        "studies/autonorm_search.py",
+        "--spec",
+        "studies/specs/autonorm_search.yaml",
+    ]
     assert f"storage_path={ROOT / 'runs'}" in [
         a.replace('"', "") for a in args
     ]  # absolute, not the job's tmp copy
@@ -441,8 +448,6 @@ def tiny_study(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     import ray
 
-    from workers import run_study
-
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     storage = tmp_path_factory.mktemp("study")
     temp_dir = tempfile.mkdtemp(prefix="rt_h4t_", dir="/tmp")
@@ -460,9 +465,10 @@ def tiny_study(tmp_path_factory: pytest.TempPathFactory) -> Any:
             preset="smoke",
         )
         plan = spec.to_plan(environ={})
-        _entry.write_study_spec(plan, spec.to_yaml())
-        result = run_study(plan, trainable=tiny_trial, progress=False)
-        yield spec, plan, result, storage / plan.name
+        outcome = run_study_spec(spec, trainable=tiny_trial, progress=False)
+        from workers.runner import read_trials
+
+        yield spec, plan, outcome, read_trials(plan), storage / plan.name
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
@@ -473,25 +479,31 @@ def tiny_study(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def test_status_reads_the_study_directory(tiny_study: Any, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    _, plan, result, study_dir = tiny_study
+    from workers.runner import best_trial
+
+    _, plan, outcome, trials, study_dir = tiny_study
     assert cli.main(["status", str(study_dir), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["trials"] == status["expected_trials"] == 3
-    assert status["by_status"] == {"TERMINATED": 3}
-    best = result.best(plan.metric, plan.mode)
+    assert status["by_status"] == {"completed": 3}
+    best = best_trial(trials, plan.metric, plan.mode)
+    assert best is not None and outcome.summary["best_trial_id"] == best.trial_id
     assert status["best_trial"] == best.trial_id
     assert status["best_val_accuracy"] == pytest.approx(best.metrics["val_accuracy"])
-    assert {row["training.lr"] for row in status["rows"]} == {t.params["training.lr"] for t in result.trials}
+    assert {row["training.lr"] for row in status["rows"]} == {t.params["training.lr"] for t in trials}
 
 
 @pytest.mark.ray
 @pytest.mark.slow
 def test_report_regenerates_from_the_directory(tiny_study: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    _, plan, result, study_dir = tiny_study
+    from workers.runner import best_trial
+
+    _, plan, _, trials, study_dir = tiny_study
     assert cli.main(["report", str(study_dir)]) == 0
     report = (study_dir / "report" / "report.md").read_text()
-    best = result.best(plan.metric, plan.mode)
-    assert f"## Best trial `{best.trial_id}`" in report
+    best = best_trial(trials, plan.metric, plan.mode)
+    assert best is not None
+    assert f"## Best completed trial `{best.trial_id}`" in report
     table = [line for line in report.splitlines() if line.startswith("| ") and "status" not in line]
     assert len(table) == 3
     assert best.trial_id in table[0]  # sorted best first
@@ -503,13 +515,12 @@ def test_report_regenerates_from_the_directory(tiny_study: Any, capsys: pytest.C
 def test_gate_entropy_plot_is_logged_on_the_parent_run(tiny_study: Any) -> None:
     from mlflow import MlflowClient
 
-    from studies import autonorm_search
-
-    spec, plan, result, _ = tiny_study
-    autonorm_search.log_gate_entropy_plot(spec, plan, result)
+    _, _, outcome, _, _ = tiny_study
     names = [
         a.path
-        for a in MlflowClient(tracking_uri=result.tracking_uri).list_artifacts(result.parent_run_id, "plots")
+        for a in MlflowClient(tracking_uri=outcome.tracking_uri).list_artifacts(
+            outcome.parent_run_id, "plots"
+        )
     ]
     assert names == ["plots/gate_entropy_per_layer.png"]
 
@@ -519,19 +530,28 @@ def test_gate_entropy_plot_is_logged_on_the_parent_run(tiny_study: Any) -> None:
 BATCHSIZE = ROOT / "studies" / "specs" / "batchsize_correlation.yaml"
 
 
-def test_kind_is_detected_from_top_level_keys(tmp_path: Path) -> None:
-    assert cli.detect_kind(SHIPPED) == "search"
-    assert cli.detect_kind(BATCHSIZE) == "batchsize_correlation"
-    typo = tmp_path / "typo.yaml"
-    typo.write_text(SHIPPED.read_text().replace("\nretries:", "\nretriez:"))
-    assert cli.detect_kind(typo) == "search"  # an unknown key is reported, not re-routed
+def test_kind_is_read_from_the_spec(tmp_path: Path) -> None:
+    from studies.spec import SpecError, parse_yaml
+
+    assert kind_of(parse_yaml(SHIPPED.read_text())[0]).name == "search"
+    assert kind_of(parse_yaml(BATCHSIZE.read_text())[0]).name == "batchsize"
+    assert kind_of({"name": "x"}).name == "search"  # absent = search
+    with pytest.raises(SpecError, match="unknown study kind 'sweep'"):
+        kind_of({"kind": "sweep"})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BATCHSIZE.read_text().replace("kind: batchsize", "kind: sweep"))
+    assert cli.main(["validate", str(bad)]) == 2
 
 
-def test_batchsize_spec_validates_but_runs_through_its_script(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["validate", str(BATCHSIZE), "--preset", "smoke"]) == 0
-    assert "(BatchSizeStudySpec)" in capsys.readouterr().out
-    assert cli.main(["run", str(BATCHSIZE)]) == 2
-    assert "python studies/batchsize_correlation.py" in capsys.readouterr().err
+def test_validate_checks_every_preset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["validate", str(BATCHSIZE)]) == 0
+    out = capsys.readouterr().out
+    assert "(kind batchsize)" in out and "preset smoke" in out and "preset local" in out
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(BATCHSIZE.read_text().replace("seeds: [0, 1]\n", "seeds: [0]\n"))
+    assert cli.main(["validate", str(broken)]) == 2  # only the smoke preset is broken
+    err = capsys.readouterr().err
+    assert "[preset smoke]" in err and "seeds" in err and "Traceback" not in err
     assert cli.main(["--kind", "search", "validate", str(BATCHSIZE)]) == 2
     assert "arms: unknown field" in capsys.readouterr().err
 

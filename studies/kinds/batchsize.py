@@ -1,0 +1,472 @@
+"""``kind: batchsize``: does a divergence-correcting layer get worse as the batch grows?
+
+Phases (docs/science.md, "The batch-size hypothesis"), all under the study's one MLflow run:
+
+1. ``lr_tuning``, one grid plan per budget: every arm's η on a log-spaced grid at the reference
+   batch size (per (arm, B) cell for ``lr_policy: tuned``) on held-out tuning seeds; the η with the
+   best mean validation metric wins (a failed trial scores the worst value); a winner on the edge of
+   the grid is flagged (``lr-at-range-edge``).
+2. ``confirmatory``, one grid plan per budget: arms x batch sizes x seeds with the tuned η (fixed
+   across B, or scaled with B for ``linear`` / ``sqrt``), FIFO, full budget, same seeds for every arm.
+3. Analysis: :func:`studies.analysis.batchsize_trend` over every confirmatory trial (failed ones
+   scored at chance, not dropped), then ``verdict.json``, reports, ``trials.csv``, ``lr_tuning.json``
+   and plots in ``<storage_path>/<name>/``, all logged on the study run with ``verdict/<arm>``,
+   ``control/<arm>`` and ``verdict/study`` tags.
+
+Rerunning after a crash resumes: finished phases restore instantly from their Tune state and
+finished trials are not repeated; MLflow runs re-attach by key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from studies.batchsize_spec import BatchSizeStudySpec, cell_key
+from studies.kinds import StudyOutcome
+from workers.plan import StudyPlan
+from workers.runner import TrialRecord, read_trials
+
+__all__ = ["report", "run", "select_learning_rates", "status", "total_trials", "trials_table"]
+
+SPEC = BatchSizeStudySpec
+_TAG = "batchsize"
+
+
+def _say(message: str) -> None:
+    print(f"[{_TAG}] {message}", flush=True)
+
+
+def total_trials(spec: BatchSizeStudySpec) -> int:
+    return spec.total_trials
+
+
+def _arm(t: TrialRecord) -> str:
+    return str(t.config["model"]["layer"]["type"])
+
+
+def _value(t: TrialRecord, metric: str) -> float:
+    v = t.metrics.get(metric)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
+
+
+def select_learning_rates(
+    spec: BatchSizeStudySpec, trials: Sequence[TrialRecord]
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """The tuned η per arm (``cell_key(arm, B)`` per cell for ``tuned``) from one budget's tuning trials.
+
+    Score of an η: the mean over tuning seeds of the validation metric, a failed trial (diverged,
+    error, non-finite) counting as the worst value (−inf when maximising). Returns the table and a
+    JSON-able record per arm/cell: every η's mean score, the winner, whether it sits on the grid's
+    edge (then the optimum may lie outside the range), trials completed / failed.
+    """
+    tuning = spec.lr_tuning
+    grid = tuning.grid()
+    worst = -math.inf if tuning.mode == "max" else math.inf
+    by_cell: dict[str, dict[float, list[float]]] = {}
+    failed: Counter[str] = Counter()
+    for t in trials:
+        b = int(t.config["training"]["batch_size"])
+        key = cell_key(_arm(t), b) if spec.lr_policy == "tuned" else _arm(t)
+        lr = float(t.config["training"]["lr"])
+        v = _value(t, tuning.metric)
+        ok = t.status == "completed" and math.isfinite(v)
+        failed[key] += not ok
+        by_cell.setdefault(key, {}).setdefault(lr, []).append(v if ok else worst)
+    table: dict[str, float] = {}
+    record: dict[str, Any] = {}
+    for key, scores in sorted(by_cell.items()):
+        means = {lr: sum(v) / len(v) for lr, v in scores.items()}
+        pick = max if tuning.mode == "max" else min
+        best_lr = pick(sorted(means), key=lambda lr: means[lr])
+        table[key] = best_lr
+        best_score = means[best_lr]
+        record[key] = {
+            "lr": best_lr,
+            tuning.metric: best_score if math.isfinite(best_score) else None,
+            "at_range_edge": bool(best_lr in (grid[0], grid[-1])),
+            "no_learning_rate_trained": not math.isfinite(best_score),
+            "scores": {f"{lr:g}": (m if math.isfinite(m) else None) for lr, m in sorted(means.items())},
+            "trials_failed": int(failed[key]),
+            "trials": sum(len(v) for v in scores.values()),
+        }
+    return table, record
+
+
+def trials_table(
+    trials: Sequence[TrialRecord],
+    *,
+    metric: str,
+    budget: str,
+    lr_record: Mapping[str, Any],
+    lr_policy: str,
+) -> Any:
+    """One row per confirmatory trial: the analysis input plus provenance.
+
+    Columns: ``arm, batch_size, seed, budget, status, <metric>, train_loss, lr, updates, lr_at_edge,
+    epochs_done, time_total_s, trial_id, mlflow_run_id``. ``status`` is the one trial vocabulary
+    (``completed | diverged | error | pruned``); the analysis counts all but ``completed`` as failed.
+    """
+    import pandas as pd
+
+    rows = []
+    for t in trials:
+        arm = _arm(t)
+        b = int(t.config["training"]["batch_size"])
+        rec = lr_record.get(cell_key(arm, b) if lr_policy == "tuned" else arm, {})
+        rows.append(
+            {
+                "arm": arm,
+                "batch_size": b,
+                "seed": int(t.config.get("seed", 0)),
+                "budget": budget,
+                "status": t.status,
+                metric: _value(t, metric),
+                "train_loss": _value(t, "train_loss"),
+                # The η the trial used at its batch size (scaled for linear / sqrt).
+                "lr": _value(t, "lr")
+                if math.isfinite(_value(t, "lr"))
+                else float(t.config["training"]["lr"]),
+                "updates": _value(t, "updates"),
+                "lr_at_edge": bool(rec.get("at_range_edge", False)),
+                "epochs_done": t.metrics.get("epoch"),
+                "time_total_s": float(t.metrics.get("time_total_s") or 0.0),
+                "trial_id": t.trial_id,
+                "mlflow_run_id": t.mlflow_run_id,
+            }
+        )
+    columns = ["arm", "batch_size", "seed", "budget", "status", metric, "train_loss", "lr", "updates"]
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return pd.DataFrame(columns=columns)
+    return df.sort_values(["budget", "arm", "batch_size", "seed"], kind="stable").reset_index(drop=True)
+
+
+def _chance(spec: BatchSizeStudySpec) -> tuple[float, float]:
+    """Chance accuracy 1/C and chance loss ln C of the study's data (NaN for regression)."""
+    from autonorm_core.data import class_count
+
+    c = class_count(spec.data.type)
+    if not c:
+        return math.nan, math.nan
+    return 1.0 / c, math.log(c)
+
+
+def analyse(spec: BatchSizeStudySpec, table: Any) -> dict[str, Any]:
+    from studies.analysis import batchsize_trend
+
+    a = spec.analysis
+    chance_metric, chance_loss = _chance(spec)
+    return batchsize_trend(
+        table,
+        control=spec.control,
+        controls=list(spec.control_arms),
+        metric=a.metric,
+        higher_is_better=a.higher_is_better,
+        chance_metric=chance_metric,
+        chance_loss=chance_loss,
+        alpha=a.alpha,
+        delta=a.delta,
+        min_seeds=a.min_seeds,
+        n_boot=a.n_boot,
+        n_perm=a.n_perm,
+        seed=a.seed,
+        confidence=a.confidence,
+    )
+
+
+def _verdict_tags(verdict: Mapping[str, Any]) -> dict[str, str]:
+    tags = {f"verdict/{arm}": str(v) for arm, v in verdict.get("verdict", {}).items()}
+    tags.update({f"control/{arm}": str(v) for arm, v in verdict.get("controls", {}).items()})
+    tags["verdict/study"] = str(verdict.get("study_verdict", "inconclusive"))
+    for arm, res in verdict.get("arms", {}).items():
+        reasons = res.get("reasons") or []
+        if reasons:
+            tags[f"reasons/{arm}"] = "; ".join(str(r) for r in reasons)[:5000]
+    return tags
+
+
+def _verdict_metrics(verdict: Mapping[str, Any]) -> dict[str, float]:
+    """Per-arm statistics as metrics: ``slope/<arm>``, or ``slope/<budget>/<arm>`` with several budgets."""
+    budgets = verdict.get("budgets") or {}
+    sources = {f"{b}/": res for b, res in budgets.items()} if len(budgets) > 1 else {"": verdict}
+    out = {}
+    for prefix, result in sources.items():
+        for arm, res in result.get("arms", {}).items():
+            for key in ("slope", "interaction", "p_value", "p_value_holm", "n", "n_failed", "n_seeds"):
+                v = res.get(key)
+                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                    out[f"{key}/{prefix}{arm}"] = float(v)
+    return out
+
+
+def _write_outputs(
+    spec: BatchSizeStudySpec,
+    verdict: dict[str, Any],
+    table: Any,
+    out_dir: Path,
+    *,
+    lr_records: Mapping[str, Any],
+    wall_time_s: float,
+    cpu_hours: float,
+    gpu_hours: float,
+) -> dict[str, Path]:
+    from studies.report import write_batchsize_report
+
+    protocol = spec.to_document()
+    protocol["tuned_lr"] = {b: {k: r["lr"] for k, r in rec.items()} for b, rec in lr_records.items()}
+    files = write_batchsize_report(
+        verdict,
+        table,
+        out_dir,
+        title=f"Batch-size correlation study: {spec.name}",
+        protocol=protocol,
+        wall_time_s=wall_time_s,
+        cpu_hours=cpu_hours,
+        gpu_hours=gpu_hours,
+    )
+    (out_dir / "lr_tuning.json").write_text(json.dumps(lr_records, indent=2) + "\n", encoding="utf-8")
+    files["lr_tuning"] = out_dir / "lr_tuning.json"
+    return dict(files)
+
+
+def run(
+    spec: BatchSizeStudySpec,
+    *,
+    ray_address: str | None = None,
+    ray_init_kwargs: Any = None,
+    trainable: Any = None,
+    progress: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> StudyOutcome:
+    """Run every phase, analyse, write and log the outputs; idempotent (a rerun resumes)."""
+    import pandas as pd
+
+    from workers.study import StudyRunner
+
+    study = spec.study_plan(environ=environ)
+    _say(
+        f"study {spec.name!r}: {len(spec.arms)} arms x {len(spec.batch_sizes)} batch sizes x "
+        f"{len(spec.seeds)} seeds x {len(spec.budgets)} budget(s) = {spec.expected_trials} confirmatory "
+        f"+ {spec.tuning_trials} lr-tuning trials ({spec.total_trials} total), lr_policy={spec.lr_policy}"
+    )
+    lr_records: dict[str, Any] = {}
+    tables = []
+    with StudyRunner(
+        name=spec.name,
+        storage=study.storage,
+        tracking=study.tracking,
+        expected_trials=spec.total_trials,
+        tags=dict(study.tags),
+        params=dict(study.params),
+        artifacts=dict(study.artifacts),
+        trainable=trainable,
+        progress=progress,
+        ray_address=ray_address,
+        ray_init_kwargs=ray_init_kwargs,
+    ) as runner:
+        for budget in spec.budgets:
+            plan = spec.tuning_plan(budget, environ=environ)
+            _say(
+                f"phase lr_tuning ({budget} budget): {len(plan.grid[0][1])} cells x {len(spec.lr_tuning.seeds)} seeds"
+            )
+            tuned = runner.run(plan, phase=f"lr_tuning-{budget}")
+            lr, record = select_learning_rates(spec, tuned.trials)
+            lr_records[budget] = record
+            for key, rec in record.items():
+                edge = " (on the edge of the range!)" if rec["at_range_edge"] else ""
+                _say(f"  {key}: lr={rec['lr']:.4g}{edge}")
+            plan = spec.confirmatory_plan(budget, lr, environ=environ)
+            _say(f"phase confirmatory ({budget} budget): {plan.name} (grid, FIFO, full budget)")
+            confirmed = runner.run(plan, phase=f"confirmatory-{budget}")
+            tables.append(
+                trials_table(
+                    confirmed.trials,
+                    metric=spec.analysis.metric,
+                    budget=budget,
+                    lr_record=record,
+                    lr_policy=spec.lr_policy,
+                )
+            )
+        _say("phase analysis: statistics, verdict, report")
+        table = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+        verdict = analyse(spec, table)
+        cpu_h, gpu_h = runner.resource_hours()
+        out_dir = runner.local_dir()
+        files = _write_outputs(
+            spec,
+            verdict,
+            table,
+            out_dir,
+            lr_records=lr_records,
+            wall_time_s=runner.wall_time_s,
+            cpu_hours=cpu_h,
+            gpu_hours=gpu_h,
+        )
+        runner.publish(files.values())
+        metrics = {
+            **_verdict_metrics(verdict),
+            "wall_time_s": runner.wall_time_s,
+            "cpu_hours": cpu_h,
+            "gpu_hours": gpu_h,
+        }
+        runner.log_outputs(
+            files=files.values(),
+            tags=_verdict_tags(verdict),
+            metrics=metrics,
+            params={"analysis_metric": spec.analysis.metric},
+        )
+    _print_verdict(spec, verdict, runner.study_uri, runner.run_id, runner.tracking_uri)
+    _say(f"wall time {runner.wall_time_s / 60:.1f} min, {cpu_h:.3f} CPU h, {gpu_h:.3f} GPU h")
+    counts = Counter(str(s) for s in table["status"]) if not table.empty else Counter()
+    return StudyOutcome(
+        kind="batchsize",
+        name=spec.name,
+        study_dir=runner.study_uri,
+        tracking_uri=runner.tracking_uri,
+        parent_run_id=runner.run_id,
+        summary={
+            "study": spec.name,
+            "study_verdict": verdict.get("study_verdict"),
+            "verdict": verdict.get("verdict"),
+            "controls": verdict.get("controls"),
+            "trials": dict(counts),
+            "tuned_lr": {b: {k: r["lr"] for k, r in rec.items()} for b, rec in lr_records.items()},
+            "parent_run_id": runner.run_id,
+            "tracking_uri": runner.tracking_uri,
+            "study_dir": runner.study_uri,
+        },
+        verdict=verdict,
+        files=files,
+    )
+
+
+def _num(v: Any) -> str:
+    return (
+        f"{v:+.4f}" if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else "n/a"
+    )
+
+
+def _ci(ci: Any) -> str:
+    if isinstance(ci, list | tuple) and len(ci) == 2 and all(isinstance(x, int | float) for x in ci):
+        return f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
+    return "n/a"
+
+
+def _print_verdict(
+    spec: BatchSizeStudySpec, verdict: Mapping[str, Any], study_dir: str, run_id: str | None, uri: str
+) -> None:
+    _say(f"STUDY VERDICT: {verdict.get('study_verdict')}  {'; '.join(verdict.get('study_reasons') or [])}")
+    if verdict.get("exploratory"):
+        _say("exploratory: underpowered by design (see reasons); no claim either way")
+    arms = verdict.get("arms", {})
+    labels = {**verdict.get("verdict", {}), **verdict.get("controls", {})}
+    for arm in sorted(arms, key=lambda a: (a not in spec.control_arms, a)):
+        r = arms[arm]
+        _say(
+            f"  {arm:<18} n={r.get('n')} failed={r.get('n_failed')} slope={_num(r.get('slope'))} "
+            f"{_ci(r.get('slope_ci'))} interaction={_num(r.get('interaction'))} {_ci(r.get('interaction_ci'))} "
+            f"p_holm={_num(r.get('p_value_holm'))} -> {labels.get(arm, '?')}"
+            + (f" ({'; '.join(r.get('reasons') or [])})" if r.get("reasons") else "")
+        )
+    _say(f"outputs in {study_dir}; MLflow run {run_id} ({uri})")
+
+
+# --------------------------------------------------------------------------------------------------
+# status / report, from the study directory
+# --------------------------------------------------------------------------------------------------
+
+
+def _phase_plan(spec: BatchSizeStudySpec, name: str) -> StudyPlan:
+    from studies.study_dir import StudyDir
+
+    d = StudyDir.of(spec)
+    storage = type(d.config)(path=d.uri, endpoint_override=d.config.endpoint_override, region=d.config.region)
+    return StudyPlan(name=name, base_config={}, storage=storage)
+
+
+def _phase_trials(spec: BatchSizeStudySpec, *, history: bool = False) -> dict[str, list[TrialRecord]]:
+    out = {}
+    for budget in spec.budgets:
+        for name in (f"tune-{budget}", f"confirm-{budget}"):
+            out[name] = read_trials(_phase_plan(spec, name), history=history)
+    return out
+
+
+def status(spec: BatchSizeStudySpec) -> dict[str, Any]:
+    """Progress of every phase from the study directory."""
+    from studies.study_dir import StudyDir
+
+    phases = _phase_trials(spec)
+    all_trials = [t for ts in phases.values() for t in ts]
+    verdict_text = StudyDir.of(spec).read_text("verdict.json")
+    verdict = json.loads(verdict_text) if verdict_text else None
+    return {
+        "study": spec.name,
+        "kind": "batchsize",
+        "directory": StudyDir.of(spec).uri,
+        "expected_trials": spec.total_trials,
+        "trials": len(all_trials),
+        "by_status": dict(Counter(t.status for t in all_trials)),
+        "phases": {
+            name: {"trials": len(ts), "by_status": dict(Counter(t.status for t in ts))}
+            for name, ts in phases.items()
+        },
+        "study_verdict": verdict.get("study_verdict") if verdict else None,
+        "verdict": verdict.get("verdict") if verdict else None,
+        "rows": [
+            {
+                "phase": name,
+                "trial": t.trial_id,
+                "status": t.status,
+                "arm": _arm(t),
+                "batch_size": t.config["training"]["batch_size"],
+                "seed": t.config.get("seed"),
+                "lr": t.config["training"]["lr"],
+                spec.analysis.metric: t.metrics.get(spec.analysis.metric),
+            }
+            for name, ts in phases.items()
+            for t in ts
+        ],
+    }
+
+
+def report(spec: BatchSizeStudySpec, out_dir: Path) -> Path:
+    """Re-analyse the finished phases from the study directory and write the report files."""
+    import pandas as pd
+
+    phases = _phase_trials(spec)
+    lr_records: dict[str, Any] = {}
+    tables = []
+    for budget in spec.budgets:
+        _, record = select_learning_rates(spec, phases[f"tune-{budget}"])
+        lr_records[budget] = record
+        tables.append(
+            trials_table(
+                phases[f"confirm-{budget}"],
+                metric=spec.analysis.metric,
+                budget=budget,
+                lr_record=record,
+                lr_policy=spec.lr_policy,
+            )
+        )
+    table = pd.concat(tables, ignore_index=True)
+    verdict = analyse(spec, table)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seconds = sum(float(t.metrics.get("time_total_s") or 0.0) for ts in phases.values() for t in ts)
+    res = dict(spec.resources.as_plan())
+    files = _write_outputs(
+        spec,
+        verdict,
+        table,
+        out_dir,
+        lr_records=lr_records,
+        wall_time_s=math.nan,
+        cpu_hours=seconds * res.get("cpu", 0.0) / 3600,
+        gpu_hours=seconds * res.get("gpu", 0.0) / 3600,
+    )
+    return files.get("markdown", out_dir / "report.md")

@@ -1,0 +1,78 @@
+"""A study's directory, ``<storage_path>/<name>/``, local or on S3: the small files every kind keeps there.
+
+Tune's experiment state (the one-plan search) or each phase's Tune experiment (``<name>/<phase>/``)
+live in it too; this module only reads and writes the study-level files (``study_spec.yaml``,
+``verdict.json``, reports) through the same storage resolution that Tune uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from workers.plan import StorageConfig
+from workers.storage import ResolvedStorage, resolve_storage
+
+__all__ = ["StudyDir"]
+
+
+@dataclass(frozen=True)
+class StudyDir:
+    """``<storage>/<name>`` with read/write of small text files."""
+
+    storage: ResolvedStorage
+    config: StorageConfig
+    name: str
+
+    @classmethod
+    def of(cls, spec: Any) -> StudyDir:
+        """The directory of a validated spec (any kind: ``name``, ``storage_path``, ``storage``)."""
+        from studies.spec import resolve_storage_path
+
+        config = StorageConfig(
+            path=resolve_storage_path(spec.storage_path),
+            endpoint_override=spec.storage.endpoint_override,
+            region=spec.storage.region,
+        )
+        return cls(resolve_storage(config), config, spec.name)
+
+    @property
+    def uri(self) -> str:
+        return self.storage.experiment_uri(self.name)
+
+    @property
+    def path(self) -> str:
+        """The path for :attr:`filesystem` (a local absolute path when that is ``None``)."""
+        return self.storage.experiment_path(self.name)
+
+    def read_text(self, file: str) -> str | None:
+        """A file's text, ``None`` when it does not exist."""
+        fs = self.storage.filesystem
+        if fs is None:
+            from pathlib import Path
+
+            p = Path(self.path) / file
+            return p.read_text(encoding="utf-8") if p.is_file() else None
+        import pyarrow.fs
+
+        info = fs.get_file_info(f"{self.path}/{file}")
+        if info.type != pyarrow.fs.FileType.File:
+            return None
+        with fs.open_input_stream(f"{self.path}/{file}") as f:
+            data: bytes = f.read()
+        return data.decode("utf-8")
+
+    def write_text(self, file: str, text: str) -> str:
+        """Write ``file`` (creating the directory); returns its URI."""
+        fs = self.storage.filesystem
+        if fs is None:
+            from pathlib import Path
+
+            target = Path(self.path)
+            target.mkdir(parents=True, exist_ok=True)
+            (target / file).write_text(text, encoding="utf-8")
+        else:
+            fs.create_dir(self.path, recursive=True)
+            with fs.open_output_stream(f"{self.path}/{file}") as f:
+                f.write(text.encode("utf-8"))
+        return f"{self.uri}/{file}"
