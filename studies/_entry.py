@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from studies.spec import SpecError
+from workers.errors import StudyError
 
 __all__ = [
     "EXIT_SPEC_ERROR",
+    "EXIT_STUDY_ERROR",
     "add_layer_options",
     "add_study_options",
     "load_from_args",
@@ -31,6 +33,7 @@ __all__ = [
 ]
 
 EXIT_SPEC_ERROR = 2
+EXIT_STUDY_ERROR = 1
 
 
 def add_study_options(parser: argparse.ArgumentParser, *, default_spec: Path | None = None) -> None:
@@ -140,5 +143,8 @@ def study_main(
     except SpecError as e:
         print_spec_error(e)
         return EXIT_SPEC_ERROR
+    except StudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_STUDY_ERROR
     print(json.dumps(outcome.summary, indent=2, default=str))
     return 0

@@ -49,6 +49,7 @@ from studies._entry import (
 )
 from studies.kinds import KINDS, SPEC_FILE, kind_for, load_study, presets_of, run_study_spec
 from studies.spec import SpecError, SpecIssue, git_commit, resolve_storage_path
+from workers.errors import StudyError
 
 __all__ = ["CARRIED_NAMES", "DEFAULT_EXCLUDES", "carried_env", "job_entrypoint", "main", "ray_auth_headers"]
 
@@ -519,6 +520,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as e:
         print_spec_error(e)
         return EXIT_SPEC_ERROR
+    except StudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return code
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from workers.errors import ResourceError
 from workers.plan import StudyPlan, expected_trials
 from workers.progress import ProgressCallback
 from workers.search import FINAL_STATUSES, create_scheduler, create_searcher, grid_param_space
@@ -138,6 +139,30 @@ def _max_epochs(plan: StudyPlan) -> int:
         if name == "training.epochs":
             epochs.extend(int(v) for v in values)
     return max(epochs)
+
+
+def check_resources(plan: StudyPlan) -> None:
+    """Refuse a plan whose trial asks for more than the whole cluster has (Tune would wait forever).
+
+    Set ``AUTONORM_ALLOW_PENDING_RESOURCES=1`` on an autoscaling cluster whose nodes appear on demand.
+
+    Raises:
+        ResourceError: naming the resource, what a trial asks and what the cluster has.
+    """
+    import ray
+
+    if os.environ.get("AUTONORM_ALLOW_PENDING_RESOURCES") == "1":
+        return
+    have = ray.cluster_resources()
+    names = {"cpu": "CPU", "gpu": "GPU"}
+    for key, amount in plan.resources:
+        total = float(have.get(names.get(key, key), 0.0))
+        if amount > 0 and amount > total:
+            raise ResourceError(
+                f"resources.{key}: a trial of {plan.name!r} asks for {amount:g} {names.get(key, key)}, but the "
+                f"Ray cluster has {total:g} in all, so no trial could ever start. Lower resources.{key}, or join a "
+                "larger cluster (RAY_ADDRESS); on an autoscaling cluster set AUTONORM_ALLOW_PENDING_RESOURCES=1."
+            )
 
 
 def _trial_dirname(trial: Any) -> str:
@@ -287,6 +312,7 @@ def run_study(
     scheduler = create_scheduler(plan.scheduler, metric=plan.metric, mode=plan.mode, max_t=_max_epochs(plan))
 
     with ray_session(ray_address, ray_init_kwargs, env_vars={"MLFLOW_TRACKING_URI": tracking_uri}):
+        check_resources(plan)
         _stop_credential_propagation()
         trials, restored = _fit(
             plan,

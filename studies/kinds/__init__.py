@@ -206,17 +206,21 @@ def run_study_spec(spec: Any, *, allow_changed_spec: bool = False, **runner_opti
     """Run (or resume) a study of any kind and return its outcome.
 
     Writes ``<storage>/<name>/study_spec.yaml`` first (refusing a changed spec for an existing study),
-    then hands over to the kind. ``runner_options`` go to :class:`workers.study.StudyRunner`
+    then hands over to the kind, all under the study's lease (:func:`workers.lease.study_lease`:
+    a second driver of the same study gets :class:`workers.errors.LeaseError`). ``runner_options`` go to :class:`workers.study.StudyRunner`
     (``ray_address``, ``ray_init_kwargs``, ``trainable``, ``progress``).
     """
     from studies.study_dir import StudyDir
+    from workers.lease import study_lease
 
     kind = kind_for(spec)
     study_dir = StudyDir.of(spec)
-    _check_unchanged(spec, study_dir, allow_changed=allow_changed_spec)
-    study_dir.write_text(SPEC_FILE, spec.to_yaml())
-    print(f"[{spec.name}] {kind.name} study; spec -> {study_dir.uri}/{SPEC_FILE}", flush=True)
-    outcome: StudyOutcome = kind.impl().run(spec, **runner_options)
+    # The lease first: a second driver of the same study stops here, before writing anything.
+    with study_lease(study_dir.storage, spec.name):
+        _check_unchanged(spec, study_dir, allow_changed=allow_changed_spec)
+        study_dir.write_text(SPEC_FILE, spec.to_yaml())
+        print(f"[{spec.name}] {kind.name} study; spec -> {study_dir.uri}/{SPEC_FILE}", flush=True)
+        outcome: StudyOutcome = kind.impl().run(spec, **runner_options)
     return outcome
 
 

@@ -1,0 +1,73 @@
+"""The study lease: one driver per study, stale leases broken, nothing written by the loser."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workers.errors import LeaseError
+from workers.lease import study_lease
+from workers.plan import StorageConfig
+from workers.storage import resolve_storage
+
+
+def _storage(tmp_path: Path):  # type: ignore[no-untyped-def]
+    return resolve_storage(StorageConfig(path=str(tmp_path)))
+
+
+def test_second_holder_is_refused_with_host_and_pid(tmp_path: Path) -> None:
+    storage = _storage(tmp_path)
+    with study_lease(storage, "s1") as held:
+        assert Path(held["uri"]) == tmp_path / "s1.lease"
+        assert not (tmp_path / "s1").exists()  # the lease writes nothing into the study directory
+        with pytest.raises(LeaseError) as err, study_lease(storage, "s1"):
+            pass
+        message = str(err.value)
+        assert socket.gethostname() in message and str(os.getpid()) in message
+        with study_lease(storage, "other"):  # another study is independent
+            pass
+    with study_lease(storage, "s1"):  # released at exit
+        pass
+    assert not (tmp_path / "s1.lease").exists()
+
+
+def test_lease_of_a_dead_driver_on_this_host_is_broken(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    pid = int(dead.stdout)
+    (tmp_path / "s2.lease").write_text(
+        json.dumps({"host": socket.gethostname(), "pid": pid, "token": "x", "heartbeat": time.time()})
+    )
+    with study_lease(_storage(tmp_path), "s2") as held:
+        assert held["pid"] == os.getpid()
+
+
+def test_lease_with_an_old_heartbeat_is_broken_a_fresh_one_is_not(tmp_path: Path) -> None:
+    lease = tmp_path / "s3.lease"
+    lease.write_text(
+        json.dumps({"host": "elsewhere", "pid": 1, "token": "x", "heartbeat": time.time() - 3600})
+    )
+    with study_lease(_storage(tmp_path), "s3", expire_s=60):
+        pass
+    lease.write_text(json.dumps({"host": "elsewhere", "pid": 1, "token": "x", "heartbeat": time.time()}))
+    with pytest.raises(LeaseError, match="host elsewhere, pid 1"), study_lease(_storage(tmp_path), "s3"):
+        pass
+
+
+def test_heartbeat_refreshes_the_lease(tmp_path: Path) -> None:
+    with study_lease(_storage(tmp_path), "s4", heartbeat_s=0.05):
+        first = json.loads((tmp_path / "s4.lease").read_text())["heartbeat"]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if json.loads((tmp_path / "s4.lease").read_text())["heartbeat"] > first:
+                break
+            time.sleep(0.05)
+        assert json.loads((tmp_path / "s4.lease").read_text())["heartbeat"] > first

@@ -1,0 +1,233 @@
+"""An exclusive lease per study, taken before a driver writes anything.
+
+Nothing in Tune or MLflow stops two drivers of one study: both would restore the same experiment,
+run every trial twice and fight over the MLflow runs. The lease is a small object beside the study
+(``<storage>/<name>.lease``, outside the study directory so that taking it writes nothing into it):
+
+* local storage: created with ``O_CREAT | O_EXCL`` (atomic on POSIX file systems, NFS v3+ included);
+* S3: a conditional put (``If-None-Match: *``), which S3 and compatible stores answer with 412 when
+  the object exists.
+
+It holds host, pid and a heartbeat time that a background thread refreshes every ``heartbeat_s``.
+A lease whose heartbeat is older than ``expire_s`` (a driver killed with SIGKILL, a lost node) is
+stale and may be broken; on the same host a lease whose pid is dead is broken at once, so a rerun
+after a crash never waits. The second driver gets :class:`LeaseError` naming the holder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from workers.errors import LeaseError, StudyError
+from workers.storage import ResolvedStorage
+
+__all__ = ["LeaseError", "StudyError", "study_lease"]
+
+logger = logging.getLogger(__name__)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Backend:
+    """Create-if-absent, read, overwrite (own lease only), delete of one small object."""
+
+    def __init__(self, storage: ResolvedStorage, name: str) -> None:
+        self.storage = storage
+        self.key = f"{storage.storage_path.rstrip('/')}/{name}.lease"
+        self.uri = f"{storage.uri.rstrip('/')}/{name}.lease"
+
+    # local ---------------------------------------------------------------------------------------
+    def create(self, body: bytes) -> bool:
+        if self.storage.is_local:
+            os.makedirs(os.path.dirname(self.key), exist_ok=True)
+            try:
+                fd = os.open(self.key, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+            return True
+        return self._s3_put(body, if_none_match=True)
+
+    def read(self) -> dict[str, Any] | None:
+        try:
+            data: bytes | None
+            if self.storage.is_local:
+                with open(self.key, "rb") as f:
+                    data = f.read()
+            else:
+                data = self._s3_get()
+            if data is None:
+                return None
+            parsed: dict[str, Any] = json.loads(data.decode("utf-8") or "{}")
+            return parsed
+        except FileNotFoundError:
+            return None
+        except (ValueError, UnicodeDecodeError):
+            return {}  # half-written: treated as stale once old enough
+
+    def overwrite(self, body: bytes) -> None:
+        if self.storage.is_local:
+            tmp = f"{self.key}.{uuid.uuid4().hex}"
+            with open(tmp, "wb") as f:
+                f.write(body)
+            os.replace(tmp, self.key)
+        else:
+            self._s3_put(body, if_none_match=False)
+
+    def delete(self) -> None:
+        if self.storage.is_local:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.key)
+        else:
+            fs = self.storage.filesystem
+            assert fs is not None
+            with contextlib.suppress(FileNotFoundError, OSError):
+                fs.delete_file(self.key)
+
+    # S3 ------------------------------------------------------------------------------------------
+    def _client(self) -> Any:
+        import boto3
+
+        fs: Any = self.storage.filesystem
+        endpoint = None
+        region = "us-east-1"
+        if fs is not None:
+            endpoint_override = getattr(fs, "endpoint_override", None)
+            scheme = getattr(fs, "scheme", "https")
+            if endpoint_override:
+                endpoint = f"{scheme}://{endpoint_override}"
+            region = getattr(fs, "region", region) or region
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3", endpoint_url=endpoint, region_name=region, config=Config(s3={"addressing_style": "path"})
+        )
+
+    def _bucket_key(self) -> tuple[str, str]:
+        bucket, _, key = self.key.partition("/")
+        return bucket, key
+
+    def _s3_put(self, body: bytes, *, if_none_match: bool) -> bool:
+        from botocore.exceptions import ClientError
+
+        bucket, key = self._bucket_key()
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "Body": body}
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        try:
+            self._client().put_object(**kwargs)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if if_none_match and (
+                status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict")
+            ):
+                return False
+            raise
+        return True
+
+    def _s3_get(self) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        bucket, key = self._bucket_key()
+        try:
+            body: bytes = self._client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
+        return body
+
+
+@contextlib.contextmanager
+def study_lease(
+    storage: ResolvedStorage,
+    name: str,
+    *,
+    heartbeat_s: float = 10.0,
+    expire_s: float = 60.0,
+) -> Iterator[dict[str, Any]]:
+    """Hold the study's lease for the block.
+
+    Raises:
+        LeaseError: another live driver holds it (host, pid and heartbeat age in the message).
+    """
+    backend = _Backend(storage, name)
+    token = uuid.uuid4().hex
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "token": token}
+
+    def body() -> bytes:
+        return json.dumps({**me, "heartbeat": time.time()}).encode("utf-8")
+
+    for _ in range(3):
+        if backend.create(body()):
+            break
+        held = backend.read()
+        if held is None:
+            continue  # released in between: try again
+        age = time.time() - float(held.get("heartbeat") or 0.0)
+        same_host_dead = held.get("host") == me["host"] and not _pid_alive(int(held.get("pid") or 0))
+        if same_host_dead or age > expire_s:
+            logger.warning(
+                "breaking a stale lease on %s (host %s, pid %s, heartbeat %.0f s ago)",
+                backend.uri,
+                held.get("host"),
+                held.get("pid"),
+                age,
+            )
+            backend.delete()
+            continue
+        raise LeaseError(
+            f"study {name!r} is held by another driver: host {held.get('host')}, pid {held.get('pid')}, "
+            f"heartbeat {age:.0f} s ago ({backend.uri}); wait for it to finish, or stop it. A lease whose "
+            f"heartbeat is older than {expire_s:.0f} s is broken automatically."
+        )
+    else:
+        raise LeaseError(f"could not take the lease {backend.uri} (it keeps changing hands)")
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(heartbeat_s):
+            held = backend.read()
+            if held and held.get("token") != token:
+                logger.error(
+                    "lease %s was taken over by host %s pid %s",
+                    backend.uri,
+                    held.get("host"),
+                    held.get("pid"),
+                )
+                return
+            try:
+                backend.overwrite(body())
+            except Exception as exc:  # storage outage: the next beat tries again
+                logger.warning("lease heartbeat failed: %s", exc)
+
+    thread = threading.Thread(target=beat, name=f"lease-{name}", daemon=True)
+    thread.start()
+    try:
+        yield {**me, "uri": backend.uri}
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        held = backend.read()
+        if held is not None and held.get("token") == token:
+            backend.delete()
