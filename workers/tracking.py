@@ -2,7 +2,7 @@
 
 Our own Tune callback instead of Ray's ``MLflowLoggerCallback``, which sends one request per
 metric, logs Ray internals, makes no parent run and duplicates runs after ``Tuner.restore``
-(DESIGN.md). What makes this one duplicate-free across driver crashes:
+(docs/architecture.md). What makes this one duplicate-free across driver crashes:
 
 * Nothing is remembered across processes. ``Tuner.restore`` brings back the callback pickled at
   the first start; pickling drops the client and every cache, and :meth:`setup` rebuilds the
@@ -15,8 +15,20 @@ metric, logs Ray internals, makes no parent run and duplicates runs after ``Tune
   the runner's ``finally``.
 
 Only this driver-side callback talks to MLflow, so the sqlite default never sees concurrent writers.
-An MLflow outage does not stop the study: calls are retried with backoff, unlogged epochs stay
-queued in memory and are caught up at the next result or at the end.
+
+An MLflow outage does not stop the study, nor slow it down (:class:`RetryPolicy`):
+
+* Inside Tune's driver loop every request is one try with a short HTTP timeout and no HTTP retries
+  (``MLFLOW_HTTP_REQUEST_TIMEOUT`` / ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, set around each call), so
+  a dead server costs the loop at most one timeout per reconnect attempt.
+* After a failure nothing is sent until a back-off has passed (doubling up to a cap); results that
+  arrive meanwhile are queued in memory. The first call that succeeds again flushes every trial's
+  queue and closes the runs of trials that finished meanwhile.
+* At the end one last flush runs with longer timeouts and retries, bounded in time; trials whose
+  metrics or final status could not be delivered are listed (:meth:`MlflowTrackingCallback.undelivered_trials`,
+  and the parent's ``autonorm.undelivered_trials`` tag when the parent can still be written).
+* A tracking URI MLflow has no store for (``ftp://...``, a file store) is a ``ValueError`` when the
+  tracker is built, at study start, never an outage.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -51,9 +63,12 @@ __all__ = [
     "TAG_STUDY_KEY",
     "TAG_TRIAL_ID",
     "TAG_TRIAL_STATUS",
+    "TAG_UNDELIVERED",
     "MlflowTrackingCallback",
+    "MlflowUnavailable",
     "RetryPolicy",
     "StudyTracker",
+    "check_tracking_uri",
     "default_tracking_uri",
     "ensure_sqlite_schema",
     "flatten_params",
@@ -67,6 +82,7 @@ TAG_STUDY_KEY = "autonorm.study_key"
 TAG_TRIAL_ID = "ray.trial_id"
 TAG_TRIAL_STATUS = "autonorm.trial_status"
 TAG_PARENT = "mlflow.parentRunId"
+TAG_UNDELIVERED = "autonorm.undelivered_trials"
 ROLE_STUDY = "study"
 ROLE_PHASE = "phase"
 ROLE_TRIAL = "trial"
@@ -83,6 +99,88 @@ def default_tracking_uri(storage_dir: str | os.PathLike[str]) -> str:
     """``sqlite:///<absolute storage dir>/mlflow.db``: absolute, because a relative sqlite path is
     resolved against each process's working directory."""
     return f"sqlite:///{Path(storage_dir).resolve() / 'mlflow.db'}"
+
+
+class MlflowUnavailable(ConnectionError):
+    """Raised instead of a request while MLflow is backed off after a failure (no request is sent)."""
+
+
+def check_tracking_uri(uri: str) -> None:
+    """Reject a tracking URI MLflow has no tracking store for: a configuration error, not an outage.
+
+    Raises:
+        ValueError: an unknown scheme (``ftp://``), or a file store (a plain path, ``file://``), which
+            MLflow 3 refuses at first use -- the study would otherwise retry it as an outage forever.
+    """
+    if uri in ("databricks", "databricks-uc", "uc"):  # MLflow's profile-less Databricks shorthands
+        return
+    scheme = urlparse(uri).scheme.lower()
+    if scheme in ("", "file"):
+        raise ValueError(
+            f"tracking URI {uri!r} is an MLflow file store, which MLflow 3 refuses; use "
+            "sqlite:////absolute/path/mlflow.db or a tracking server (http://host:5000)"
+        )
+    try:
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        _tracking_store_registry.get_store_builder(uri)  # looks the scheme up; builds nothing
+    except (ImportError, AttributeError):  # MLflow moved its registry: fall back to the known schemes
+        base = scheme.split("+", 1)[0]
+        known = {
+            "http",
+            "https",
+            "sqlite",
+            "postgresql",
+            "mysql",
+            "mssql",
+            "databricks",
+            "databricks-uc",
+            "uc",
+        }
+        if base not in known and uri not in known:
+            raise ValueError(f"tracking URI {uri!r}: MLflow has no tracking store for {scheme!r}") from None
+    except Exception as exc:
+        raise ValueError(
+            f"tracking URI {uri!r}: MLflow has no tracking store for scheme {scheme!r} "
+            "(valid: http(s)://, sqlite:////abs/path.db, postgresql://, mysql://, mssql://, databricks)"
+        ) from exc
+
+
+_TIMEOUT_ENV = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+_RETRIES_ENV = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
+
+
+@contextlib.contextmanager
+def _http_limits(timeout_s: int, retries: int, *, override: bool) -> Iterator[None]:
+    """MLflow's per-request HTTP timeout and retry count for the calls inside, restored afterwards.
+
+    MLflow reads both from the environment at every request. ``override=False`` keeps values the
+    user set explicitly.
+    """
+    saved = {name: os.environ.get(name) for name in (_TIMEOUT_ENV, _RETRIES_ENV)}
+    for name, value in ((_TIMEOUT_ENV, timeout_s), (_RETRIES_ENV, retries)):
+        if override or saved[name] is None:
+            os.environ[name] = str(value)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+def _rejected(error: Exception) -> bool:
+    """MLflow answered and refused the request (a 4xx: bad value, run deleted), as opposed to an
+    outage (no answer, a timeout, a 5xx), which :class:`MlflowTrackingCallback` backs off from."""
+    status = getattr(error, "get_http_status_code", None)
+    if not callable(status):
+        return False
+    try:
+        return 400 <= int(status()) < 500
+    except (TypeError, ValueError):
+        return False
 
 
 def _sqlite_path(uri: str) -> Path | None:
@@ -134,17 +232,31 @@ def flatten_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How hard one MLflow call is retried before its data is queued for later.
+    """How MLflow calls are retried, inside Tune's driver loop and outside it.
 
     Attributes:
-        attempts: tries per call during the study (the driver loop waits meanwhile, so keep it short).
-        delay_s: first back-off; doubles per attempt.
-        final_attempts: tries for the catch-up at the end of the study.
+        attempts: tries per call outside the driver loop (study start); inside the loop every call
+            is tried once -- the loop waits meanwhile.
+        delay_s: first pause between tries of one call; doubles per try.
+        final_attempts: tries per call of the last flush at the end of the study.
+        loop_timeout_s / loop_http_retries: MLflow's per-request HTTP timeout and retries inside the
+            loop (they always apply there).
+        timeout_s / http_retries: the same outside the loop, unless set in the environment.
+        reconnect_s / reconnect_max_s: after a failed call inside the loop, nothing is sent for
+            ``reconnect_s``, doubling per failed reconnect up to ``reconnect_max_s``; results queue.
+        final_flush_s: time bound of the last flush (queued metrics, trial runs, the parent run).
     """
 
     attempts: int = 3
     delay_s: float = 0.5
     final_attempts: int = 6
+    loop_timeout_s: int = 5
+    loop_http_retries: int = 0
+    timeout_s: int = 30
+    http_retries: int = 2
+    reconnect_s: float = 1.0
+    reconnect_max_s: float = 60.0
+    final_flush_s: float = 60.0
 
 
 def _numeric(value: Any) -> float | None:
@@ -174,26 +286,53 @@ class MlflowWriter:
         if self._client is None:
             from mlflow import MlflowClient
 
-            # MLflow's HTTP defaults retry one request for minutes, which would freeze Tune's driver
-            # loop during an outage; we retry ourselves and queue. Explicit settings win.
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
         return self._client
 
+    # Overridden by the Tune callback: inside the driver loop, one try with short HTTP limits, and
+    # no call at all while backed off after a failure.
+    def _in_loop(self) -> bool:
+        return False
+
+    def _deadline(self) -> float | None:
+        return None
+
+    def _before_call(self) -> None:
+        """Raise :class:`MlflowUnavailable` instead of sending a request; nothing by default."""
+
+    def _after_call(self, error: Exception | None) -> None:
+        """Told the outcome of every call (after its last try)."""
+
     def _call(self, fn: Callable[..., _T], *args: Any, attempts: int | None = None, **kwargs: Any) -> _T:
         """``fn(*args, **kwargs)`` with retries and exponential back-off; re-raises the last error."""
-        tries = attempts or self.retry.attempts
+        self._before_call()
+        live = self._in_loop()
+        tries = 1 if live else (attempts or self.retry.attempts)
+        deadline = self._deadline()
         delay = self.retry.delay_s
-        for attempt in range(1, tries + 1):
-            try:
-                return fn(*args, **kwargs)
-            except Exception as exc:
-                if attempt == tries:
-                    raise
-                logger.warning("MLflow call failed (attempt %d/%d): %s", attempt, tries, exc)
-                time.sleep(delay)
-                delay *= 2
+        if live:
+            limits = _http_limits(self.retry.loop_timeout_s, self.retry.loop_http_retries, override=True)
+        else:
+            limits = _http_limits(self.retry.timeout_s, self.retry.http_retries, override=False)
+        with limits:
+            for attempt in range(1, tries + 1):
+                if deadline is not None and time.monotonic() > deadline:
+                    error: Exception = MlflowUnavailable("the final MLflow flush ran past its time bound")
+                    self._after_call(error)
+                    raise error
+                try:
+                    result = fn(*args, **kwargs)
+                except Exception as exc:
+                    if attempt == tries:
+                        self._after_call(exc)
+                        raise
+                    logger.warning("MLflow call failed (attempt %d/%d): %s", attempt, tries, exc)
+                    pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
+                    time.sleep(pause)
+                    delay *= 2
+                else:
+                    self._after_call(None)
+                    return result
         raise AssertionError("unreachable")
 
     def _search(self, filter_string: str) -> list[Any]:
@@ -298,9 +437,27 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
         # A phase of a multi-plan study: its run is nested under the study's run (``nest_under``).
         self.role = role
         self.nest_under = nest_under
+        check_tracking_uri(tracking_uri)
         self._reset_runtime()
 
     # ---------------------------------------------------------------------------------- pickling
+
+    _RUNTIME = (
+        "_client",
+        "_experiment_id",
+        "_parent_id",
+        "_children",
+        "_pending",
+        "_uncreated",
+        "_artifacts_logged",
+        "_trials",
+        "_finals",
+        "_looping",
+        "_down_until",
+        "_backoff",
+        "_recovered",
+        "_final_deadline",
+    )
 
     def _reset_runtime(self) -> None:
         self._client: MlflowClient | None = None
@@ -310,20 +467,21 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
         self._pending: dict[str, list[tuple[float, dict[str, float], int]]] = {}
         self._uncreated: set[str] = set()
         self._artifacts_logged = False
+        # Outage handling: the trials seen (to flush their queues when MLflow is back), the final
+        # (status, outcome) of finished trials whose runs are not closed yet, the back-off state.
+        self._trials: dict[str, Trial] = {}
+        self._finals: dict[str, tuple[str, str]] = {}
+        self._looping = False
+        self._down_until = 0.0
+        self._backoff = 0.0
+        self._recovered = False
+        self._final_deadline: float | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles callbacks into its experiment state; a restored copy must not trust anything
         # learnt at runtime (the run map may be stale), so only the configuration travels.
         state = self.__dict__.copy()
-        for name in (
-            "_client",
-            "_experiment_id",
-            "_parent_id",
-            "_children",
-            "_pending",
-            "_uncreated",
-            "_artifacts_logged",
-        ):
+        for name in self._RUNTIME:
             state.pop(name, None)
         return state
 
@@ -336,6 +494,78 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
     @property
     def parent_run_id(self) -> str | None:
         return self._parent_id
+
+    # ------------------------------------------------------------------------------ outages
+
+    def _in_loop(self) -> bool:
+        return self._looping
+
+    def _deadline(self) -> float | None:
+        return self._final_deadline
+
+    @contextlib.contextmanager
+    def _loop(self) -> Iterator[None]:
+        """Around every Tune hook: calls inside get one try and the short HTTP limits."""
+        self._looping = True
+        try:
+            yield
+        finally:
+            self._looping = False
+
+    def _before_call(self) -> None:
+        if self._down_until == math.inf:
+            raise MlflowUnavailable("MLflow unreachable; the final flush gave up")
+        if time.monotonic() < self._down_until:
+            raise MlflowUnavailable(
+                f"MLflow unreachable; next attempt in {self._down_until - time.monotonic():.0f} s"
+            )
+
+    def _after_call(self, error: Exception | None) -> None:
+        if error is not None and _rejected(error):
+            return  # MLflow answered (and said no): not an outage, nothing to back off from
+        if error is None:
+            if self._backoff > 0 or self._down_until > 0:
+                logger.warning("MLflow answers again; catching up on queued results")
+                self._recovered = True
+            self._backoff = 0.0
+            self._down_until = 0.0
+            return
+        if self._final_deadline is not None:
+            self._down_until = math.inf  # the last flush: one failure ends it
+            logger.error("MLflow unreachable during the final flush: %s", error)
+            return
+        self._backoff = min(self.retry.reconnect_max_s, max(self.retry.reconnect_s, 2 * self._backoff))
+        self._down_until = time.monotonic() + self._backoff
+        logger.warning(
+            "MLflow unreachable (%s); %d trial(s) with queued results, next attempt in %.0f s",
+            error,
+            len(self._pending),
+            self._backoff,
+        )
+
+    def _begin_final_flush(self) -> None:
+        """The end of the study: one more try even when backed off, then a bounded flush."""
+        if self._final_deadline is None:
+            self._final_deadline = time.monotonic() + self.retry.final_flush_s
+            if self._down_until != math.inf:
+                self._down_until = 0.0
+
+    def _catch_up(self) -> None:
+        """MLflow answers again: flush every trial's queue, close the runs of finished trials."""
+        self._recovered = False
+        for trial_id in sorted(set(self._pending) | set(self._finals)):
+            trial = self._trials.get(trial_id)
+            if trial is None or time.monotonic() < self._down_until:
+                continue
+            self._sync(trial)
+            final = self._finals.get(trial_id)
+            if final is not None:
+                self._close_trial(trial, *final)
+
+    def undelivered_trials(self) -> list[str]:
+        """Trials whose queued metrics or final run status have not reached MLflow (yet)."""
+        stuck = {trial_id for trial_id, queue in self._pending.items() if queue} | set(self._finals)
+        return sorted(stuck)
 
     def _find_parent(self) -> Any | None:
         runs = self._search(f"tags.`{TAG_STUDY_KEY}` = '{self.key}' and tags.`{TAG_ROLE}` = '{self.role}'")
@@ -419,7 +649,8 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
             self.prepare(fresh=False, log_artifacts=False)
             self._rebuild()
         except Exception as exc:
-            logger.warning("MLflow unreachable (%s); results are queued and logged later", exc)
+            if not isinstance(exc, MlflowUnavailable):
+                logger.warning("MLflow unreachable (%s); results are queued and logged later", exc)
             self._parent_id = None
             return False
         return True
@@ -432,21 +663,31 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
         # The instance the runner prepared is already attached; a restored (unpickled) copy is not.
         if self._parent_id is None or not self._children:
             self._parent_id = None
-            self._connect()
+            with self._loop():
+                self._connect()
 
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
     ) -> None:
-        self._queue(trial.trial_id, result)
-        self._sync(trial)
+        with self._loop():
+            self._queue(trial.trial_id, result)
+            self._sync(trial)
+            if self._recovered:
+                self._catch_up()
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        self._sync(trial)
-        self._close_trial(trial, "FINISHED", _trial_outcome(trial, errored=False))
+        with self._loop():
+            self._sync(trial)
+            self._close_trial(trial, "FINISHED", _trial_outcome(trial, errored=False))
+            if self._recovered:
+                self._catch_up()
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        self._sync(trial)
-        self._close_trial(trial, "FAILED", "error")
+        with self._loop():
+            self._sync(trial)
+            self._close_trial(trial, "FAILED", "error")
+            if self._recovered:
+                self._catch_up()
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         self.close_trials(trials)
@@ -479,6 +720,7 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
         A run is created at the trial's first queued result (or when ``create``: a trial that
         errored before reporting still gets a FAILED run).
         """
+        self._trials[trial.trial_id] = trial
         if not self._connect():
             return
         try:
@@ -489,7 +731,8 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
                 child = self._create_child(trial)
             self._flush(trial.trial_id, child, attempts=attempts)
         except Exception as exc:
-            logger.warning("MLflow logging for trial %s deferred: %s", trial.trial_id, exc)
+            if not isinstance(exc, MlflowUnavailable):
+                logger.warning("MLflow logging for trial %s deferred: %s", trial.trial_id, exc)
 
     def _create_child(self, trial: Trial) -> _ChildRun:
         from mlflow.entities import Param
@@ -516,7 +759,9 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
         if node_id:
             tags["autonorm.node_id"] = str(node_id)
         # One attempt only (a retried create could make two runs); the next result tries again.
-        run = self.client.create_run(self._experiment_id, tags=tags, run_name=str(trial))
+        run = self._call(
+            self.client.create_run, self._experiment_id, tags=tags, run_name=str(trial), attempts=1
+        )
         child = _ChildRun(run_id=run.info.run_id)
         self._children[trial.trial_id] = child
         self._uncreated.discard(trial.trial_id)
@@ -547,11 +792,25 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
         self._pending.pop(trial_id, None)
 
     def _close_trial(self, trial: Trial, status: str, outcome: str, *, attempts: int | None = None) -> None:
+        self._trials[trial.trial_id] = trial
         child = self._children.get(trial.trial_id)
         # Re-closing with another status is allowed: a trial KILLED by an interrupted study may
         # have been resumed and finished since.
-        if child is None or child.status == status:
+        if child is not None and child.status == status:
+            self._finals.pop(trial.trial_id, None)
             return
+        if child is None:
+            # No run yet: remembered when it is owed (queued results, a failed create, an outage);
+            # a trial that never reported an epoch has no run and owes nothing.
+            owed = (
+                bool(self._pending.get(trial.trial_id))
+                or trial.trial_id in self._uncreated
+                or time.monotonic() < self._down_until
+            )
+            if owed:
+                self._finals[trial.trial_id] = (status, outcome)
+            return
+        self._finals[trial.trial_id] = (status, outcome)  # until it is written
         from mlflow.entities import RunTag
 
         try:
@@ -562,8 +821,10 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
             self._call(self.client.log_batch, child.run_id, tags=tags, attempts=attempts)
             self._call(self.client.set_terminated, child.run_id, status, attempts=attempts)
             child.status = status
+            self._finals.pop(trial.trial_id, None)
         except Exception as exc:
-            logger.warning("could not close MLflow run of trial %s yet: %s", trial.trial_id, exc)
+            if not isinstance(exc, MlflowUnavailable):
+                logger.warning("could not close MLflow run of trial %s yet: %s", trial.trial_id, exc)
 
     def close_trials(self, trials: Iterable[Trial]) -> None:
         """Catch up on queued epochs and close every child run still RUNNING.
@@ -574,6 +835,7 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
         """
         attempts = self.retry.final_attempts
         trials = list(trials)
+        self._begin_final_flush()
         if not self._connect():
             return
         # MLflow is the truth: this may be the runner's instance, not the one Tune used.
@@ -581,7 +843,8 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
         try:
             self._rebuild()
         except Exception as exc:
-            logger.warning("could not list MLflow runs: %s", exc)
+            if not isinstance(exc, MlflowUnavailable):
+                logger.warning("could not list MLflow runs: %s", exc)
             self._children = pending_children
         for trial in trials:
             self._sync(trial, attempts=attempts, create=trial.status == "ERROR")
@@ -604,7 +867,8 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
                         self._call(self.client.set_terminated, run.info.run_id, "KILLED")
                     self._call(self.client.delete_run, run.info.run_id)
         except Exception as exc:
-            logger.warning("could not check for orphaned MLflow runs: %s", exc)
+            if not isinstance(exc, MlflowUnavailable):
+                logger.warning("could not check for orphaned MLflow runs: %s", exc)
 
     def close(
         self,
@@ -613,9 +877,26 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
         trials: Iterable[Trial] | None = None,
         summary: Mapping[str, float] | None = None,
     ) -> None:
-        """End of the study (runner's ``finally``): close children, log ``summary``, close the parent."""
+        """End of the study (runner's ``finally``): close children, log ``summary``, close the parent.
+
+        Never raises for MLflow: bounded by ``RetryPolicy.final_flush_s`` (plus the same again for
+        the parent run); what could not be delivered is logged as an error and listed by
+        :meth:`undelivered_trials` (and in the parent's :data:`TAG_UNDELIVERED` tag when only some
+        trials failed).
+        """
+        self._begin_final_flush()
         if trials is not None:
             self.close_trials(trials)
+        if self._down_until != math.inf:
+            # The parent gets its own window, even if the trials' flush used up the first one.
+            self._final_deadline = time.monotonic() + self.retry.final_flush_s
+        undelivered = self.undelivered_trials()
+        if undelivered:
+            logger.error(
+                "MLflow: results of %d trial(s) could not be delivered: %s",
+                len(undelivered),
+                ", ".join(undelivered),
+            )
         if not self._connect():
             logger.error("MLflow unreachable at the end of the study; runs stay open until the next run")
             return
@@ -628,20 +909,31 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
                 for run in self._children_of(parent_id):
                     if run.info.status == "RUNNING":
                         self._call(self.client.set_terminated, run.info.run_id, "KILLED")
-            if summary:
-                from mlflow.entities import Metric
+            from mlflow.entities import Metric, RunTag
 
-                now = int(time.time() * 1000)
-                metrics = [Metric(k, float(v), now, 0) for k, v in summary.items()]
-                self._call(self.client.log_batch, parent_id, metrics=metrics, attempts=attempts)
-        finally:
+            now = int(time.time() * 1000)
+            metrics = [Metric(k, float(v), now, 0) for k, v in (summary or {}).items()]
+            tags = [RunTag(TAG_UNDELIVERED, ",".join(undelivered)[:5000])] if undelivered else []
+            if metrics or tags:
+                self._call(self.client.log_batch, parent_id, metrics=metrics, tags=tags, attempts=attempts)
+        except Exception as exc:
+            logger.error("could not write the study summary to MLflow: %s", exc)
+        try:
             self._call(self.client.set_terminated, parent_id, status, attempts=attempts)
+        except Exception as exc:
+            logger.error("could not close the MLflow parent run %s: %s", parent_id, exc)
 
     def child_run_ids(self) -> dict[str, str]:
-        """``trial_id -> MLflow run id`` as MLflow knows it now."""
-        if not self._connect():
-            return {}
-        self._rebuild()
+        """``trial_id -> MLflow run id`` as MLflow knows it now (what this tracker knows, when MLflow
+        does not answer)."""
+        if self._connect():
+            known = dict(self._children)
+            try:
+                self._rebuild()
+            except Exception as exc:
+                if not isinstance(exc, MlflowUnavailable):
+                    logger.warning("could not list MLflow runs: %s", exc)
+                self._children = known
         return {trial_id: child.run_id for trial_id, child in self._children.items()}
 
 
@@ -678,6 +970,7 @@ class StudyTracker(MlflowWriter):
         self.artifact_location = artifact_location
         self.retry = retry or RetryPolicy()
         self.run_name = run_name or experiment_name
+        check_tracking_uri(tracking_uri)
         self._client = None
         self._experiment_id = None
         self.run_id: str | None = None

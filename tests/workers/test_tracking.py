@@ -1,4 +1,5 @@
-"""The driver-side MLflow callback against a real sqlite tracking store, with stand-in Tune trials."""
+"""The driver-side MLflow callback against a real sqlite tracking store (and a real ``mlflow server``
+for the outage test), with stand-in Tune trials."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
+import workers.tracking as tracking
+from tests.services import free_port, start_mlflow_server
 from workers.tracking import (
     TAG_ROLE,
     TAG_TRIAL_ID,
     TAG_TRIAL_STATUS,
+    TAG_UNDELIVERED,
     MlflowTrackingCallback,
     RetryPolicy,
+    StudyTracker,
+    check_tracking_uri,
     default_tracking_uri,
     ensure_sqlite_schema,
     flatten_params,
@@ -58,7 +64,8 @@ def tmp_path(tracking_dir: Path) -> Path:
     return tracking_dir
 
 
-def _callback(tmp_path: Path, **kwargs: Any) -> MlflowTrackingCallback:
+def _callback(tmp_path: Path, **kwargs: Any) -> Any:
+    """A callback, typed ``Any``: the tests hand it duck-typed :class:`FakeTrial` objects."""
     defaults: dict[str, Any] = {
         "tracking_uri": default_tracking_uri(tmp_path),
         "experiment_name": "exp",
@@ -76,7 +83,7 @@ def _callback(tmp_path: Path, **kwargs: Any) -> MlflowTrackingCallback:
     return MlflowTrackingCallback(**defaults)
 
 
-def _feed(cb: MlflowTrackingCallback, trial: FakeTrial, epochs: range, *, final: int | None = None) -> None:
+def _feed(cb: Any, trial: FakeTrial, epochs: range, *, final: int | None = None) -> None:
     for epoch in epochs:
         result = _result(epoch, "completed" if epoch == final else "running")
         trial.last_result = result
@@ -153,7 +160,8 @@ def test_restored_copy_reattaches_and_skips_logged_epochs(tmp_path: Path) -> Non
 
 
 def test_mlflow_outage_is_caught_up_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cb = _callback(tmp_path)
+    # No back-off: the first result after the outage reconnects.
+    cb = _callback(tmp_path, retry=RetryPolicy(attempts=2, delay_s=0.01, final_attempts=2, reconnect_s=0.0))
     cb.prepare(fresh=True)
     cb.setup()
     trial = FakeTrial("t0001", {"seed": 1})
@@ -206,7 +214,7 @@ def test_outage_at_study_start_creates_parent_later(tmp_path: Path, monkeypatch:
     (child,) = _runs(client, "trial")
     assert child.info.status == "FINISHED"
     # the artifacts of the parent are logged once it exists
-    assert [f.path for f in client.list_artifacts(cb.parent_run_id)] == ["spec.yaml"]
+    assert [f.path for f in client.list_artifacts(cb.parent_run_id or "")] == ["spec.yaml"]
 
 
 def test_close_sets_final_statuses_and_drops_orphans(tmp_path: Path) -> None:
@@ -287,3 +295,248 @@ def test_study_key_is_stable_and_distinct() -> None:
     assert study_key("/a/b") == study_key("/a/b")
     assert study_key("/a/b") != study_key("/a/c")
     assert len(study_key("s3://bucket/x")) == 16
+
+
+# ----------------------------------------------------------------------------------- outage policy
+
+
+class FakeClock:
+    """``time`` as the tracking module sees it: a monotonic clock that only moves when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Outage:
+    """Makes the callback's client fail (as a dead server would) while ``on``; counts the calls."""
+
+    METHODS = ("log_batch", "create_run", "search_runs", "set_terminated", "get_experiment_by_name")
+
+    def __init__(self, cb: MlflowTrackingCallback, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.on = False
+        self.calls = 0
+        client = cb.client
+        for name in self.METHODS:
+            monkeypatch.setattr(client, name, self._wrap(getattr(client, name)))
+
+    def _wrap(self, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.on:
+                self.calls += 1
+                raise ConnectionError("connection refused")
+            return real(*args, **kwargs)
+
+        return call
+
+
+@pytest.mark.parametrize(
+    "uri", ["ftp://host/mlruns", "file:///tmp/mlruns", "/tmp/mlruns", "gopher://x", "s3://bucket/mlruns"]
+)
+def test_a_tracking_uri_mlflow_cannot_store_to_is_an_error_at_study_start(tmp_path: Path, uri: str) -> None:
+    with pytest.raises(ValueError, match="tracking URI"):
+        check_tracking_uri(uri)
+    with pytest.raises(ValueError, match="tracking URI"):
+        _callback(tmp_path, tracking_uri=uri)
+    with pytest.raises(ValueError, match="tracking URI"):
+        StudyTracker(tracking_uri=uri, experiment_name="exp", key="k")
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "http://127.0.0.1:5000",
+        "https://mlflow.example.org",
+        "sqlite:////abs/mlflow.db",
+        "postgresql+psycopg2://u@h/db",
+        "mysql+pymysql://u@h/db",
+        "databricks",
+    ],
+)
+def test_tracking_uris_mlflow_serves_are_accepted(uri: str) -> None:
+    check_tracking_uri(uri)
+
+
+def test_calls_in_the_tune_loop_get_short_http_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "77")  # the user's own setting
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    cb = _callback(tmp_path)
+    seen: list[tuple[str | None, str | None]] = []
+    real = cb.client.log_batch
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(
+            (os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT"), os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES"))
+        )
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cb.client, "log_batch", spy)
+    cb.prepare(fresh=True)  # outside the loop: the user's timeout stays, retries default to 2
+    assert seen and set(seen) == {("77", "2")}
+    seen.clear()
+    cb.setup()
+    _feed(cb, FakeTrial("t1", {}), range(1, 3))  # inside the loop: 5 s, no HTTP retries
+    assert seen and set(seen) == {("5", "0")}
+    # and the environment is what it was
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "77"
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
+
+
+def test_outage_backs_off_queues_and_then_catches_up_every_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(tracking, "time", clock)
+    cb = _callback(tmp_path, retry=RetryPolicy(reconnect_s=1.0, reconnect_max_s=3.0))
+    cb.prepare(fresh=True)
+    cb.setup()
+    outage = Outage(cb, monkeypatch)
+    a, b = FakeTrial("a", {}), FakeTrial("b", {})
+    _feed(cb, a, range(1, 2))
+    _feed(cb, b, range(1, 2))
+
+    outage.on = True
+    _feed(cb, a, range(2, 3))
+    assert outage.calls == 1  # one try, no retries inside the loop
+    _feed(cb, b, range(2, 3))
+    _feed(cb, a, range(3, 4))
+    assert outage.calls == 1  # backed off: no reconnect on every result
+    clock.now += 1.5
+    _feed(cb, a, range(4, 5))
+    assert outage.calls == 2  # one reconnect attempt after the back-off...
+    clock.now += 1.5
+    _feed(cb, b, range(3, 4), final=3)
+    assert outage.calls == 2  # ...which doubled it to 2 s
+    b.status = "TERMINATED"
+    cb.on_trial_complete(iteration=9, trials=[a, b], trial=b)  # its run's close is owed
+    for _ in range(3):
+        clock.now += 10.0
+        _feed(cb, a, range(5 + _, 6 + _))
+    assert outage.calls == 5 and cb._backoff == 3.0  # capped
+    assert cb.undelivered_trials() == ["a", "b"]
+
+    outage.on = False
+    clock.now += 3.5
+    _feed(cb, a, range(8, 9))  # MLflow answers: every queue is flushed, b's run closed
+    assert cb.undelivered_trials() == []
+    client = MlflowClient(cb.tracking_uri)
+    runs = {r.data.tags[TAG_TRIAL_ID]: r for r in _runs(client, "trial")}
+    assert runs["b"].info.status == "FINISHED" and runs["b"].data.tags[TAG_TRIAL_STATUS] == "completed"
+    steps = {
+        k: sorted(m.step for m in client.get_metric_history(r.info.run_id, "epoch")) for k, r in runs.items()
+    }
+    assert steps == {"a": list(range(1, 9)), "b": [1, 2, 3]}
+
+
+def test_final_flush_is_bounded_and_lists_undelivered_trials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tracking, "time", FakeClock())
+    cb = _callback(tmp_path, retry=RetryPolicy(final_attempts=3))
+    cb.prepare(fresh=True)
+    cb.setup()
+    outage = Outage(cb, monkeypatch)
+    trials = [FakeTrial(f"t{i}", {}) for i in range(5)]
+    for trial in trials:
+        _feed(cb, trial, range(1, 2))
+    outage.on = True
+    for trial in trials:
+        _feed(cb, trial, range(2, 4), final=3)
+        trial.status = "TERMINATED"
+    cb.on_experiment_end(trials=trials)
+    cb.close(status="FINISHED", trials=trials, summary={"trials_completed": 5.0})  # never raises
+    # one call of the last flush tried 3 times, then nothing more: not 3 tries x every trial
+    assert outage.calls <= 1 + 3
+    assert cb.undelivered_trials() == [t.trial_id for t in trials]
+    assert cb.child_run_ids().keys() == {t.trial_id for t in trials}  # what it knows, no raise
+
+    # MLflow answers again for a later close: the parent is written, with the list of what is missing.
+    outage.on = False
+    cb._final_deadline, cb._down_until = None, 0.0  # a new final flush
+    cb._pending.pop("t0")
+    cb._finals.pop("t0")
+    cb._children["t0"].status = "FINISHED"
+    cb.close(status="FINISHED", trials=trials[:1], summary={"trials_completed": 5.0})
+    parent = MlflowClient(cb.tracking_uri).get_run(cb.parent_run_id or "")
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags.get(TAG_UNDELIVERED, "") == ",".join(t.trial_id for t in trials[1:])
+
+
+def test_closed_port_is_an_outage_that_never_raises(tmp_path: Path) -> None:
+    cb = _callback(
+        tmp_path,
+        tracking_uri=f"http://127.0.0.1:{free_port()}",
+        retry=RetryPolicy(attempts=1, delay_s=0.01, final_attempts=1, http_retries=0, final_flush_s=30.0),
+    )
+    with pytest.raises(Exception, match=r"127\.0\.0\.1"):  # what the runner catches and logs at study start
+        cb.prepare(fresh=True)
+    cb.setup()
+    trial = FakeTrial("t1", {})
+    _feed(cb, trial, range(1, 4), final=3)
+    trial.status = "TERMINATED"
+    cb.on_trial_complete(iteration=3, trials=[trial], trial=trial)
+    cb.close(status="FINISHED", trials=[trial])
+    assert cb.parent_run_id is None
+    assert cb.undelivered_trials() == ["t1"]
+    assert [p[0] for p in cb._pending["t1"]] == [1, 2, 3]  # everything still queued, in order
+
+
+@pytest.mark.services
+def test_real_mlflow_server_outage_and_recovery(
+    tmp_path: Path, mlflow_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stop the server mid-study (results queue), start it again on the same port (they arrive)."""
+    import shutil
+
+    db = tmp_path / "server" / "backend.db"
+    db.parent.mkdir()
+    shutil.copyfile(mlflow_template, db)
+    port = free_port()
+
+    def start() -> Any:
+        return start_mlflow_server(
+            f"sqlite:///{db}",
+            str(tmp_path / "server" / "artifacts"),
+            {},
+            directory=tmp_path / "server",
+            port=port,
+        )
+
+    server = start()
+    try:
+        cb = _callback(
+            tmp_path,
+            tracking_uri=server.tracking_uri,
+            artifact_location=None,
+            retry=RetryPolicy(attempts=2, delay_s=0.1, reconnect_s=0.0),
+        )
+        cb.prepare(fresh=True)
+        cb.setup()
+        trial = FakeTrial("t1", {"seed": 1})
+        _feed(cb, trial, range(1, 2))
+        server.handle.stop()
+        _feed(cb, trial, range(2, 4))  # server down: queued, not raised
+        assert [p[0] for p in cb._pending["t1"]] == [2, 3]
+        server = start()
+        _feed(cb, trial, range(4, 5), final=4)
+        assert cb.undelivered_trials() == []
+        trial.status = "TERMINATED"
+        cb.on_trial_complete(iteration=4, trials=[trial], trial=trial)
+        cb.close(status="FINISHED", trials=[trial])
+        client = MlflowClient(server.tracking_uri)
+        (child,) = _runs(client, "trial")
+        assert sorted(m.step for m in client.get_metric_history(child.info.run_id, "epoch")) == [1, 2, 3, 4]
+        assert child.info.status == "FINISHED"
+        assert client.get_run(cb.parent_run_id or "").info.status == "FINISHED"
+    finally:
+        server.handle.stop()
