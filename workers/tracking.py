@@ -49,7 +49,7 @@ from urllib.parse import urlparse
 
 from ray.tune import Callback
 
-from workers.trainable import resolve_trial_config
+from workers.trainable import config_from_result
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -765,7 +765,8 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
         child = _ChildRun(run_id=run.info.run_id)
         self._children[trial.trial_id] = child
         self._uncreated.discard(trial.trial_id)
-        config = resolve_trial_config(self.base_config, dict(trial.config or {}))
+        # The trial's own resolved config when its result carries it; resolved here otherwise.
+        config = config_from_result(trial.last_result, self.base_config, dict(trial.config or {}))
         params = [Param(k, v) for k, v in flatten_params(config).items()]
         for i in range(0, len(params), 100):
             chunk = params[i : i + 100]

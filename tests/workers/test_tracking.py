@@ -540,3 +540,20 @@ def test_real_mlflow_server_outage_and_recovery(
         assert client.get_run(cb.parent_run_id or "").info.status == "FINISHED"
     finally:
         server.handle.stop()
+
+
+def test_child_params_come_from_the_config_the_trial_reported(tmp_path: Path) -> None:
+    import json
+
+    from workers.trainable import CONFIG_RESULT_KEY
+
+    cb = _callback(tmp_path)
+    cb.prepare(fresh=True)
+    cb.setup()
+    trial = FakeTrial("t1", {"seed": 5})
+    result = {**_result(1), CONFIG_RESULT_KEY: json.dumps({"model": {"hidden": [8, 4]}, "seed": 5})}
+    trial.last_result = result
+    cb.on_trial_result(iteration=1, trials=[trial], trial=trial, result=result)
+    (child,) = _runs(MlflowClient(cb.tracking_uri), "trial")
+    assert child.data.params == {"model.hidden": "[8, 4]", "seed": "5"}  # not re-resolved from the base
+    assert CONFIG_RESULT_KEY not in child.data.metrics
