@@ -110,7 +110,11 @@ class StudyPlan:
         num_samples: trials for Optuna samplers; for ``grid`` the number of repeats of the grid.
         max_concurrent: always passed to Tune as ``max_concurrent_trials``.
         resources: per trial, ``{"cpu": 1, "gpu": 0.25}``; fractional GPUs allowed.
-        retries: ``FailureConfig(max_failures=retries)``.
+        retries: in-process retries of a trial's own errors (from its last checkpoint); after them the
+            trial ends with status ``error``.
+        node_failures: Tune's ``FailureConfig(max_failures=...)``: restarts of a trial whose process
+            or node died (preemption, OOM kill). Kept apart from ``retries`` so that a reclaimed spot
+            node never uses up the study's retries.
         tags: extra tags for the MLflow parent run (spec hash, git commit, ...).
         params: params for the parent run (``expected_trials`` is added by workers).
         artifacts: ``file name -> text`` logged on the parent run at start (e.g. the resolved spec).
@@ -129,6 +133,7 @@ class StudyPlan:
     max_concurrent: int = 2
     resources: tuple[tuple[str, float], ...] = (("cpu", 1.0),)
     retries: int = 2
+    node_failures: int = 20
     storage: StorageConfig = field(default_factory=StorageConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     tags: tuple[tuple[str, str], ...] = ()

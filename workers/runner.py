@@ -108,6 +108,8 @@ class StudyResult:
         parent_run_id: the study's MLflow parent run (``None`` only when MLflow never answered).
         trials: one record per trial, in Tune's order.
         restored: the call restored an existing experiment instead of starting it.
+        undelivered_trials: trials whose MLflow metrics could not all be delivered (an outage that
+            outlasted the study's final flush); their data is still in the Tune experiment.
     """
 
     experiment_path: str
@@ -115,6 +117,7 @@ class StudyResult:
     parent_run_id: str | None
     trials: list[TrialRecord] = field(default_factory=list)
     restored: bool = False
+    undelivered_trials: list[str] = field(default_factory=list)
 
     def count(self, status: TrialStatus) -> int:
         return sum(t.status == status for t in self.trials)
@@ -333,6 +336,7 @@ def run_study(
         parent_run_id=tracker.parent_run_id,
         trials=[_record(t, run_ids, plan.base_config) for t in trials or []],
         restored=restored,
+        undelivered_trials=list(tracker.undelivered_trials()),
     )
 
 
@@ -371,6 +375,7 @@ def _fit(
                 base_config=plan.base_config,
                 tracking_uri=tracker.tracking_uri,
                 metric=plan.metric,
+                retries=plan.retries,
             ),
             resources,
         )
@@ -405,7 +410,7 @@ def _fit(
                     name=plan.name,
                     storage_path=storage.storage_path,
                     storage_filesystem=storage.filesystem,
-                    failure_config=tune.FailureConfig(max_failures=plan.retries),
+                    failure_config=tune.FailureConfig(max_failures=plan.node_failures),
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
                     callbacks=callbacks,
                     verbose=0,

@@ -59,7 +59,7 @@ SAMPLERS = ("tpe", "random", "cmaes", "grid")
 SCHEDULERS = ("fifo", "asha", "median")
 # Values of the ``status`` metric a trial reports on its last epoch. Any other value (``running``)
 # on a trial's last result means the trial did not get to finish: a scheduler stopped it.
-FINAL_STATUSES = ("completed", "diverged")
+FINAL_STATUSES = ("completed", "diverged", "error")
 
 
 def _condition_holds(when: Sequence[tuple[str, Any]], values: Mapping[str, Any]) -> bool:
@@ -263,7 +263,7 @@ def classify_completion(
     status = result.get("status")
     if status not in FINAL_STATUSES:
         return "pruned", None
-    if status == "diverged":
+    if status in ("diverged", "error"):
         return "fail", None
     value = result.get(metric)
     if _is_finite_number(value):

@@ -944,7 +944,7 @@ def _trial_outcome(trial: Trial, *, errored: bool) -> str:
     if errored:
         return "error"
     status = (trial.last_result or {}).get("status")
-    return str(status) if status in ("completed", "diverged") else "pruned"
+    return str(status) if status in ("completed", "diverged", "error") else "pruned"
 
 
 class StudyTracker(MlflowWriter):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import re
@@ -34,6 +35,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from workers.dotted import with_values
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -163,6 +166,14 @@ class TrialSession:
         self.last_status: str | None = None
         self.last_metrics: dict[str, Any] = {}
         self.reports = 0
+        self._last_state: Mapping[str, Any] | None = None
+
+    def rewind(self) -> None:
+        """Make :attr:`resume_state` the last state reported in this process (an in-process retry
+        resumes where the trial last checkpointed, not from scratch)."""
+        if self._last_state is not None:
+            self._resume_state = dict(self._last_state)
+            self._resume_loaded = True
 
     @functools.cached_property
     def node_id(self) -> str:
@@ -221,7 +232,7 @@ class TrialSession:
             metrics: JSON-able numbers; ``epoch`` should be present (MLflow steps use it, and a trial's
                 MLflow run is created at its first result with an ``epoch``).
             state: the whole training state, saved as this epoch's checkpoint.
-            status: ``running``, or on the last report ``completed`` / ``diverged``.
+            status: ``running``, or on the last report ``completed`` / ``diverged`` / ``error``.
         """
         payload = dict(metrics)
         payload["status"] = status
@@ -251,6 +262,8 @@ class TrialSession:
         self.last_status = status
         self.last_metrics = payload
         self.reports += 1
+        if state is not None:
+            self._last_state = state
 
 
 TrialFunction = Callable[[dict[str, Any], TrialSession], None]
@@ -376,6 +389,7 @@ def tune_entry(
     base_config: Mapping[str, Any],
     tracking_uri: str | None = None,
     metric: str | None = None,
+    retries: int = 0,
 ) -> None:
     """Tune function trainable: resolve the trial config, hand the checkpoint over, run ``trial_fn``.
 
@@ -389,6 +403,7 @@ def tune_entry(
         tracking_uri: the study's MLflow URI, for the session.
         metric: the plan's search metric (``plan.metric``). Every report then carries it (NaN when
             the trial has no value), which Tune requires of every result; ``None`` adds nothing.
+        retries: in-process retries of application errors (see :func:`run_with_retries`).
     """
     from ray import tune
 
@@ -396,4 +411,39 @@ def tune_entry(
     session = TrialSession(
         checkpoint=tune.get_checkpoint(), tracking_uri=tracking_uri, metric=metric, config=resolved
     )
-    trial_fn(resolved, session)
+    run_with_retries(trial_fn, resolved, session, retries=retries)
+
+
+def run_with_retries(
+    trial_fn: TrialFunction, config: dict[str, Any], session: TrialSession, *, retries: int
+) -> None:
+    """Run ``trial_fn``; an exception of the trial's own (application error) is retried in this
+    process up to ``retries`` times from the last reported checkpoint, then the trial ends with a
+    final ``status: error`` report instead of raising.
+
+    Application errors and infrastructure failures are kept apart this way: Tune's ``FailureConfig``
+    then only sees a trial's process or node dying (a preempted spot node, an OOM kill), which
+    ``StudyPlan.node_failures`` bounds, and a preemption never uses up the study's ``retries``.
+    Ray's own control-flow exceptions are re-raised untouched.
+    """
+    attempt = 0
+    while True:
+        try:
+            trial_fn(config, session)
+            return
+        except Exception as exc:
+            if type(exc).__module__.startswith("ray."):
+                raise
+            attempt += 1
+            if attempt > retries:
+                logger.error("trial failed after %d attempt(s): %r", attempt, exc)
+                final = {"epoch": session.last_metrics.get("epoch", 0), "attempts": float(attempt)}
+                session.report(final, status="error")
+                return
+            logger.warning(
+                "trial error (attempt %d of %d), retrying from the last checkpoint: %r",
+                attempt,
+                retries + 1,
+                exc,
+            )
+            session.rewind()

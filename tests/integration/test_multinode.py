@@ -84,7 +84,7 @@ DRIVER = textwrap.dedent(
         num_samples=args["num_samples"],
         max_concurrent=2,
         resources=(("cpu", 1.0),),
-        retries=3,
+        retries=0,  # no application retries: a lost node must not need any (node_failures covers it)
         storage=StorageConfig(path=args["storage_path"], endpoint_override=args["endpoint"]),
         tracking=TrackingConfig(uri=args["tracking_uri"], experiment=args["name"]),
     )

@@ -356,3 +356,70 @@ def test_diverged_final_report(
         assert (math.isnan(final[key]) and math.isnan(value)) or final[key] == value, (key, final[key])
     if not history:
         assert math.isnan(final["val_accuracy"])
+
+
+# ---- application errors are retried in-process; only process/node deaths reach Tune -------------
+
+
+def _recording_session() -> tuple[TrialSession, list[dict[str, Any]]]:
+    reports: list[dict[str, Any]] = []
+    session = TrialSession(
+        report_fn=lambda payload, **_: reports.append(dict(payload)), metric="val_accuracy"
+    )
+    return session, reports
+
+
+def test_an_application_error_is_retried_from_the_last_state_then_succeeds() -> None:
+    from workers.trainable import run_with_retries
+
+    session, reports = _recording_session()
+    calls: list[Any] = []
+
+    def flaky(config: dict[str, Any], s: TrialSession) -> None:
+        calls.append(s.resume_state)
+        start = (s.resume_state or {}).get("epoch", 0)
+        for epoch in range(start + 1, 4):
+            s.report(
+                {"epoch": epoch, "val_accuracy": 0.5},
+                state={"epoch": epoch},
+                status="completed" if epoch == 3 else "running",
+            )
+            if epoch == 2 and len(calls) == 1:
+                raise RuntimeError("a flaky data loader")
+
+    session._report_fn = lambda payload, **_: reports.append(dict(payload))  # no Tune checkpoint objects
+    run_with_retries(flaky, {}, session, retries=1)
+    assert calls == [None, {"epoch": 2}]  # the retry resumed from the last reported state
+    assert [r["epoch"] for r in reports] == [1, 2, 3] and reports[-1]["status"] == "completed"
+
+
+def test_an_application_error_beyond_retries_ends_the_trial_with_status_error() -> None:
+    from workers.search import classify_completion
+    from workers.trainable import run_with_retries
+
+    session, reports = _recording_session()
+    attempts: list[int] = []
+
+    def broken(config: dict[str, Any], s: TrialSession) -> None:
+        attempts.append(1)
+        raise ValueError("bad config")
+
+    run_with_retries(broken, {}, session, retries=2)  # returns: the error is a result, not a crash
+    assert len(attempts) == 3
+    assert reports[-1]["status"] == "error" and reports[-1]["attempts"] == 3.0
+    assert math.isnan(reports[-1]["val_accuracy"])  # the search metric is always there
+    assert classify_completion(reports[-1], error=False, metric="val_accuracy") == ("fail", None)
+
+
+def test_ray_control_flow_exceptions_are_not_swallowed() -> None:
+    from ray.exceptions import RayTaskError
+
+    from workers.trainable import run_with_retries
+
+    session, _ = _recording_session()
+
+    def stopped(config: dict[str, Any], s: TrialSession) -> None:
+        raise RayTaskError("fn", "tb", ValueError("x"))
+
+    with pytest.raises(RayTaskError):
+        run_with_retries(stopped, {}, session, retries=5)
