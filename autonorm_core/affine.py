@@ -1,4 +1,4 @@
-"""Affine layers that remove the "affine divergence" (PROTOCOL.md §2).
+"""Affine layers that remove the "affine divergence" (docs/science.md, "The affine divergence").
 
 For ``z = W x + b`` and ``g = ∂L/∂z``, one SGD step on one sample moves the activation by
 ``Δz = −η g (‖x‖² + 1)`` instead of the steepest-descent ``−η g``: the effective learning rate grows

@@ -6,8 +6,7 @@ processes run on the same machine. The helpers are plain functions returning sma
 test can use them directly (``with start_seaweedfs(...) as s3:``) or through the session fixtures
 in ``tests/conftest.py``.
 
-Why each service looks the way it does is in ``DESIGN.md`` ("Running the real services on this
-machine"): Ray needs ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` to stay on 127.0.0.1, SeaweedFS only
+Why each service looks the way it does is in ``docs/architecture.md`` ("Why it looks like this"): Ray needs ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` to stay on 127.0.0.1, SeaweedFS only
 stops on SIGKILL, the MLflow server is given the S3 keys while its clients are not.
 """
 
@@ -757,7 +756,7 @@ def list_nodes(head: RayNode) -> list[dict[str, Any]]:
 
 def _ray_base_env(token: str | None) -> dict[str, str]:
     env = {
-        # Without it Ray replaces 127.0.0.1 by the machine's network address (DESIGN.md).
+        # Without it Ray replaces 127.0.0.1 by the machine's network address (docs/architecture.md).
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
         # SIGTERM otherwise waits up to 30 s for a drain nobody needs in tests.

@@ -1,6 +1,6 @@
 """MLP and small CNN for the affine-divergence studies, with a selectable layer type.
 
-The layer type is the study's arm (PROTOCOL.md §2): a plain affine layer, the controls affine +
+The layer type is the study's arm (docs/science.md): a plain affine layer, the controls affine +
 BatchNorm / affine + LayerNorm, and the fixes ``prenorm_l2`` / ``prenorm_rms`` / ``corrected`` of
 :mod:`autonorm_core.affine` (``conv`` / ``conv_batchnorm`` / ``patchnorm`` for the CNN). Both models
 take images ``(N, C, H, W)`` and tabular rows ``(N, F)``; the MLP flattens, the CNN reads a row as
@@ -54,7 +54,7 @@ class MLPConfig:
 
     input_shape: tuple[int, ...] = (1, 28, 28)
     num_classes: int = 10  # 0: regression, output (N,)
-    hidden: tuple[int, ...] = (512, 512)  # PROTOCOL: 2-4 hidden layers of width 256-1024
+    hidden: tuple[int, ...] = (512, 512)  # protocol: 2-4 hidden layers of width 256-1024
     layer: LayerSpec = "linear"  # one of MLP_LAYERS, or {"type": "corrected", "beta": 1.0}
     # Open choice: the output layer is a plain nn.Linear by default, so every arm shares the same
     # readout; True makes it the chosen fix too (prenorm_* / corrected; the BatchNorm / LayerNorm
@@ -112,7 +112,7 @@ class MLP(nn.Module):
 class CNNConfig:
     """Small CNN: per stage conv (+BN) -> activation -> 2x2 max-pool, then global average pool + linear.
 
-    Sizes are an open choice (PROTOCOL.md only asks for "a CNN variant for PatchNorm").
+    Sizes are an open choice (the protocol only asks for "a CNN variant for PatchNorm").
     """
 
     input_shape: tuple[int, ...] = (1, 28, 28)
