@@ -1,0 +1,1031 @@
+"""Know the cost and the seeds of a study before launching it.
+
+Two questions, answered from the spec alone (and, for the second, a finished pilot):
+
+* :func:`plan_study`: every phase the kind's ``run`` will run, with its trials (tuning included),
+  epochs and updates per trial, the predicted time of a trial, CPU- and GPU-hours and the wall
+  time on a given cluster. Step times are measured here, on this machine, by building each distinct
+  (model, data, batch size) of the study exactly as a trial does (the trial's data parsing,
+  :func:`autonorm_core.data.load_dataset`, :func:`autonorm_core.models.create_model` under the
+  trial's seeded RNG fork, :meth:`autonorm_core.training.TrainConfig.from_dict`) and running a few
+  real updates of :func:`autonorm_core.training.fit`; or they are read from a calibration measured
+  on the target kind of machine (the ``calibration`` this function returns is such a mapping: save
+  it there with :func:`save_calibration`, load it here with :func:`load_calibration`).
+* :func:`pilot_power`: from a finished pilot study directory, the per-seed values of the quantity
+  each confirmatory test is run on, the seeds K each test needs for the requested power
+  (:func:`studies.power.seeds_needed`), and the cost of the study with that many seeds.
+
+Time model (all seconds; every constant can be overridden by the calibration mapping)::
+
+    trial_s = trial_start_s + setup_s[key] + updates * step_s[key] + epochs * (eval_s[key] + report_s)
+    phase   = LPT packing of its trials onto the slots, + worker_start_s per slot used, + phase_start_s
+    study   = study_start_s + sum of the phases (phases run one after another)
+    slots   = min(max_concurrent, floor(cpus / cpu per trial), floor(gpus / gpu per trial) if gpu > 0)
+
+``key`` is :func:`timing_key` of a trial config (model, data, batch size; a budget changes how many
+updates and epochs a trial runs, not how long one takes). ``step_s`` is the median time between the
+starts of consecutive training forwards (one whole update: forward, loss, backward, optimizer step,
+batch indexing), warm-up updates excluded, with torch limited to the trial's CPUs (Ray sets
+``OMP_NUM_THREADS`` to them). ``eval_s`` is one epoch's end: validation and test passes (timed on a
+subset of ``eval_rows`` rows each and scaled to the real split sizes) plus the checkpoint the trial
+writes every epoch. ``setup_s`` is loading the data and building the model, which a trial does at
+its start. The constants below were measured with the smoke preset of the batch-size study on a
+2-core machine (local Ray, reused actors); they are the part of a trial that does not scale with
+the work.
+
+Only a Tune grid is enumerated exactly; a sampled search's trials are taken at the spec's base
+config (the sampled values do not change a trial's update count unless ``training.epochs``,
+``training.batch_size`` or ``training.max_updates`` is searched), and an early-stopping scheduler
+makes every figure an upper bound (``upper_bound`` in the phase).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import heapq
+import itertools
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from workers.dotted import with_values
+from workers.plan import StudyPlan, expected_trials
+
+__all__ = [
+    "DEFAULTS",
+    "PhaseTrials",
+    "calibrate_trial",
+    "format_pilot",
+    "format_plan",
+    "load_calibration",
+    "phases_of",
+    "pilot_power",
+    "plan_study",
+    "save_calibration",
+    "timing_key",
+]
+
+#: Fixed costs (seconds) that do not scale with a trial's work; the calibration mapping overrides each.
+DEFAULTS: dict[str, float] = {
+    # A trial on a reused actor (Tune reuse_actors=True): Tune's turnaround, trial setup, MLflow child
+    # run. ~1 s on an idle machine; 1.5-2 s per trial measured on the 2-core smoke run.
+    "trial_start_s": 2.0,
+    # A new Ray worker process (interpreter, torch import, first optimizer): once per slot per phase.
+    # ~10 s on an idle core; 23-25 s measured with two workers starting at once on 2 busy cores.
+    "worker_start_s": 15.0,
+    # Tuner start / restore and its experiment state, the phase's MLflow run, end-of-phase sync.
+    "phase_start_s": 5.0,
+    # ray.init, the study's MLflow run, the spec; analysis, report and plots at the end.
+    "study_start_s": 20.0,
+    # Per epoch: tune.report with its checkpoint persisted to storage, the MLflow metrics callback.
+    "report_s": 0.2,
+}
+
+#: Text data sets (the AutoNorm claims test contrast a on images only).
+_TEXT_DATA = frozenset({"ptb_pos_sample", "pang_lee_polarity", "sst2", "ptb_pos"})
+
+#: (name, arm a, arm b, alternative) of the AutoNorm claims' paired contrasts (studies.claims).
+_CONTRASTS: tuple[tuple[str, str, str, str], ...] = (
+    ("a", "random_selector", "autonorm", "greater"),
+    ("b", "autonorm_s", "autonorm", "greater"),
+    ("e", "autonorm_s", "frozen_ln", "two-sided"),
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Phases: exactly what a kind's ``run`` runs
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseTrials:
+    """One phase of a study: its name (as ``run`` calls it), its plan and the plan's trial configs."""
+
+    name: str
+    plan: StudyPlan
+    configs: tuple[dict[str, Any], ...]
+
+
+def _grid_points(plan: StudyPlan) -> list[dict[str, Any]]:
+    """Tune's trial set of a plan: the grid product x ``num_samples`` (the base config for samplers)."""
+    if plan.sampler.type != "grid":
+        return [{} for _ in range(plan.num_samples)]
+    names = [name for name, _ in plan.grid]
+    product = itertools.product(*(values for _, values in plan.grid))
+    points = [dict(zip(names, combo)) for combo in product]
+    return [p for _ in range(plan.num_samples) for p in points]
+
+
+def _phase(name: str, plan: StudyPlan) -> PhaseTrials:
+    configs = tuple(with_values(plan.base_config, point) for point in _grid_points(plan))
+    if len(configs) != expected_trials(plan):  # the plan contract; never expected to fail
+        raise AssertionError(f"phase {name}: {len(configs)} configs for {expected_trials(plan)} trials")
+    return PhaseTrials(name=name, plan=plan, configs=configs)
+
+
+def phases_of(spec: Any) -> list[PhaseTrials]:
+    """The phases ``run`` runs for ``spec``, in order, each with every trial config.
+
+    ``batchsize``: per budget ``lr_tuning-<budget>`` (:meth:`tuning_plan`) then
+    ``confirmatory-<budget>`` (:meth:`confirmatory_plan` with a placeholder learning rate per arm or
+    cell: the trial count and the update counts do not depend on it). ``search``: one phase
+    ``search`` (:meth:`to_plan`). Another kind: its ``phase_plans()`` (``[(name, plan), ...]``) when
+    it has one, else its ``to_plan()`` as one phase.
+    """
+    kind = str(getattr(spec, "kind", "search"))
+    if kind == "batchsize":
+        from studies.batchsize_spec import cell_key
+
+        if spec.lr_policy == "tuned":
+            placeholder = {cell_key(a, b): spec.training.lr for a in spec.arms for b in spec.batch_sizes}
+        else:
+            placeholder = {a: spec.training.lr for a in spec.arms}
+        out = []
+        for budget in spec.budgets:
+            out.append(_phase(f"lr_tuning-{budget}", spec.tuning_plan(budget)))
+            out.append(_phase(f"confirmatory-{budget}", spec.confirmatory_plan(budget, placeholder)))
+        return out
+    if kind == "search":
+        plan = spec.to_plan()
+        return [_phase("search", plan), *_confirm_phases(spec, plan)]
+    if callable(getattr(spec, "phase_plans", None)):
+        return [_phase(name, plan) for name, plan in spec.phase_plans()]
+    if callable(getattr(spec, "to_plan", None)):
+        return [_phase("search" if kind == "search" else kind, spec.to_plan())]
+    raise ValueError(f"cannot plan a study of kind {kind!r}: no phase_plans() or to_plan()")
+
+
+def _confirm_phases(spec: Any, plan: StudyPlan) -> list[PhaseTrials]:
+    """The search kind's ``confirm:`` phases, as its ``run`` builds them: per arm, the η grid around
+    the searched η on the tuning seeds (``confirm-lr-<arm>``), then every confirmatory seed
+    (``confirm-<arm>``). The best searched configuration is not known before the search: the spec's
+    base config stands in for it (same model, data and budget; only sampled values differ)."""
+    confirm = getattr(spec, "confirm", None)
+    if confirm is None:
+        return []
+    import studies.kinds.search as search_kind
+    from workers.plan import SamplerConfig, SchedulerConfig
+
+    arm_config = getattr(search_kind, "arm_config", None)
+    slots = getattr(confirm, "max_concurrent", None) or plan.max_concurrent
+    lr = float(plan.base_config["training"]["lr"])
+
+    def grid_plan(name: str, base: dict[str, Any], grid: Any) -> StudyPlan:
+        return dataclasses.replace(
+            plan,
+            name=name,
+            base_config=base,
+            space=(),
+            grid=tuple(grid),
+            sampler=SamplerConfig(type="grid"),
+            scheduler=SchedulerConfig(type="fifo"),
+            num_samples=1,
+            max_concurrent=slots,
+        )
+
+    out = []
+    for arm in confirm.arms:
+        base = (
+            arm_config(plan.base_config, arm) if callable(arm_config) else with_values(plan.base_config, {})
+        )
+        tune = confirm.lr_tuning
+        if tune is not None:
+            tune_base = with_values(base, {})
+            if tune.epochs is not None:
+                tune_base["training"]["epochs"] = tune.epochs
+            grid = (("training.lr", tuple(tune.grid(lr))), ("seed", tuple(tune.seeds)))
+            out.append(_phase(f"confirm-lr-{arm}", grid_plan(f"confirm-tune-{arm}", tune_base, grid)))
+        out.append(
+            _phase(f"confirm-{arm}", grid_plan(f"confirm-{arm}", base, (("seed", tuple(confirm.seeds)),)))
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Keys
+# --------------------------------------------------------------------------------------------------
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _data_section(config: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(config.get("data") or {})
+
+
+def data_key(config: Mapping[str, Any]) -> str:
+    """``digits`` or ``digits{...}`` with the data section's other fields (sizes do not depend on the seed)."""
+    data = _data_section(config)
+    name = str(data.pop("type", "?"))
+    data = {k: v for k, v in data.items() if v is not None}
+    return name + (_canonical(data) if data else "")
+
+
+def timing_key(config: Mapping[str, Any]) -> str:
+    """The calibration key of a trial config: model, data and batch size, e.g.
+    ``mlp:tiny[hidden=[32],layer=corrected]|digits|B=32``.
+
+    Sub-sections with a ``type`` show as ``name=type`` (the arm of a batch-size study, the norm and
+    linear of a search), other fields as ``name=value``; learning rate, seed, epochs and budget are
+    not part of it (they do not change how long one update takes).
+    """
+    model = dict(config.get("model") or {})
+    mtype = str(model.pop("type", "?"))
+    preset = model.pop("preset", None)
+    parts = []
+    for name in sorted(model):
+        value = model[name]
+        if isinstance(value, Mapping):
+            if "type" in value:
+                parts.append(f"{name}={value['type']}")
+        elif value is not None:
+            parts.append(f"{name}={_canonical(value)}")
+    head = mtype + (f":{preset}" if preset is not None else "")
+    batch = (config.get("training") or {}).get("batch_size")
+    data = _data_section(config).get("type", "?")
+    return f"{head}[{','.join(parts)}]|{data}|B={batch}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Calibration: real training steps through the trial's code path
+# --------------------------------------------------------------------------------------------------
+
+
+def _trial_data_args(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The data-set name and :func:`load_dataset` keywords, parsed as :func:`workers.trainable.autonorm_trial` does."""
+    data = _data_section(config)
+    name = str(data.pop("type"))
+    subset = data.pop("subset", None)
+    if isinstance(subset, list):
+        subset = tuple(subset)
+    kwargs = {
+        "seed": int(config.get("seed", 0)),
+        "data_root": data.pop("data_root", None),
+        "val_fraction": float(data.pop("val_fraction", 0.1)),
+        "subset": subset,
+    }
+    if data:
+        raise ValueError(f"unknown data keys {sorted(data)}; valid: type, subset, val_fraction, data_root")
+    return name, kwargs
+
+
+def _load(config: Mapping[str, Any], device: str) -> tuple[Any, float]:
+    from autonorm_core.data import load_dataset
+
+    name, kwargs = _trial_data_args(config)
+    t0 = time.perf_counter()
+    splits = load_dataset(name, device=device, **kwargs)
+    return splits, time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class _Marks:
+    """``fit`` callback + model hook + checkpoint_fn recording when each part of an epoch starts."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.events: list[tuple[float, str]] = []
+        self._path = os.path.join(out_dir, "state.pt")
+
+    def forward(self, module: Any, args: Any) -> None:
+        self.events.append((time.perf_counter(), "train" if module.training else "eval"))
+
+    def checkpoint_fn(self, epoch: int, state: dict[str, Any]) -> None:
+        from autonorm_core.training import save_state
+
+        self.events.append((time.perf_counter(), "ckpt"))
+        save_state(self._path, state)  # what the trial's report does with every epoch's state
+        self.events.append((time.perf_counter(), "ckpt_end"))
+
+    def on_epoch_end(self, epoch: int, model: Any, metrics: dict[str, float]) -> None:
+        self.events.append((time.perf_counter(), "epoch"))
+
+
+def calibrate_trial(
+    config: Mapping[str, Any],
+    *,
+    steps: int = 10,
+    warmup: int = 3,
+    eval_rows: int = 256,
+    threads: int = 1,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Time one trial config's real training steps on this machine.
+
+    Builds data, model and training config as :func:`workers.trainable.autonorm_trial` does, then runs
+    :func:`autonorm_core.training.fit` for ``warmup + steps + 1`` updates (``budget="updates"``; the
+    validation and test splits cut to ``eval_rows`` rows so the epoch ends stay cheap) with hooks
+    that record the start of every forward pass and the checkpoint write.
+
+    Returns:
+        ``{"step_s", "eval_s", "setup_s", "steps", "data": {"train", "val", "test"}}``: the median
+        update time after the warm-up, one epoch end (validation + test passes scaled to the real
+        split sizes, plus the checkpoint), data loading + model build, the updates timed, the split
+        sizes.
+    """
+    import torch
+
+    from autonorm_core.models import create_model
+    from autonorm_core.training import TrainConfig, fit
+
+    if steps < 1 or warmup < 0 or eval_rows < 1:
+        raise ValueError(f"need steps >= 1, warmup >= 0, eval_rows >= 1; got {steps}, {warmup}, {eval_rows}")
+    seed = int(config.get("seed", 0))
+    with _torch_threads(threads):
+        splits, load_s = _load(config, device)
+        model_cfg = dict(config["model"])
+        model_name = model_cfg.pop("type")
+        t0 = time.perf_counter()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = create_model(model_name, splits, **model_cfg)
+        cfg = TrainConfig.from_dict(config.get("training", {}))
+        build_s = time.perf_counter() - t0
+        sizes = dict(splits.sizes)
+        e_val, e_test = min(eval_rows, sizes["val"]), min(eval_rows, sizes["test"])
+        small = dataclasses.replace(
+            splits,
+            val=(splits.val[0][:e_val], splits.val[1][:e_val]),
+            test=(splits.test[0][:e_test], splits.test[1][:e_test]),
+        )
+        timing_cfg = dataclasses.replace(cfg, budget="updates", max_updates=warmup + steps + 1)
+        with tempfile.TemporaryDirectory(prefix="autonorm-plan-") as tmp:
+            marks = _Marks(tmp)
+            handle = model.register_forward_pre_hook(marks.forward)
+            try:
+                fit(
+                    model,
+                    small,
+                    timing_cfg,
+                    seed=seed,
+                    callbacks=(marks,),
+                    device=device,
+                    checkpoint_fn=marks.checkpoint_fn,
+                )
+            finally:
+                handle.remove()
+    ev = marks.events
+    intervals = [b[0] - a[0] for a, b in itertools.pairwise(ev) if a[1] == "train" and b[1] == "train"]
+    timed = intervals[warmup:] or intervals
+    if not timed:
+        raise RuntimeError(f"no update was timed for {timing_key(config)} (events: {len(ev)})")
+    evals: list[float] = []
+    ckpts: list[float] = []
+    start: float | None = None
+    prev = 0.0
+    for t, what in ev:
+        if what == "eval" and start is None:
+            start = t
+        elif what == "ckpt":
+            if start is not None:
+                evals.append(t - start)
+            start = None
+        elif what == "ckpt_end":
+            ckpts.append(t - prev)
+        prev = t
+    evals = evals[1:] or evals  # the first epoch end warms the evaluation up
+    ckpts = ckpts[1:] or ckpts
+    scale = (sizes["val"] + sizes["test"]) / max(1, e_val + e_test)
+    eval_s = (statistics.median(evals) if evals else 0.0) * scale
+    eval_s += statistics.median(ckpts) if ckpts else 0.0
+    return {
+        "step_s": float(statistics.median(timed)),
+        "eval_s": float(eval_s),
+        "setup_s": float(load_s + build_s),
+        "steps": len(timed),
+        "data": sizes,
+    }
+
+
+def load_calibration(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A calibration JSON (what :func:`plan_study` returns under ``calibration``, saved elsewhere)."""
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: a calibration is a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def save_calibration(calibration: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write a calibration (e.g. ``plan_study(spec)["calibration"]`` on the target machine) as JSON."""
+    out = Path(path)
+    out.write_text(json.dumps(dict(calibration), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return out
+
+
+def _lookup(cal: Mapping[str, Any], field: str, key: str) -> float | None:
+    """``cal[field][key]``, else ``cal[field]["*"]``, else a number ``cal[field]``; ``None`` when absent."""
+    value = cal.get(field)
+    if isinstance(value, Mapping):
+        value = value.get(key, value.get("*"))
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"calibration {field}[{key!r}] must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _constant(cal: Mapping[str, Any], name: str) -> float:
+    v = _lookup(cal, name, "*")
+    return DEFAULTS[name] if v is None else v
+
+
+# --------------------------------------------------------------------------------------------------
+# plan_study
+# --------------------------------------------------------------------------------------------------
+
+
+def _pack(durations: Sequence[float], slots: int, start_s: float) -> float:
+    """Makespan of longest-processing-time-first greedy packing; each slot used pays ``start_s`` once."""
+    if not durations:
+        return 0.0
+    used = min(slots, len(durations))
+    loads = [start_s] * used
+    heapq.heapify(loads)
+    for d in sorted(durations, reverse=True):
+        heapq.heappush(loads, heapq.heappop(loads) + d)
+    return max(loads)
+
+
+def _slots(plan: StudyPlan, cpus: float, gpus: float) -> int:
+    res = dict(plan.resources)
+    cpu, gpu = float(res.get("cpu", 0.0)), float(res.get("gpu", 0.0))
+    limits = [max(1, plan.max_concurrent)]
+    if cpu > 0:
+        limits.append(math.floor(cpus / cpu + 1e-9))
+    if gpu > 0:
+        limits.append(math.floor(gpus / gpu + 1e-9))
+    slots = min(limits)
+    if slots < 1:
+        raise ValueError(
+            f"a trial needs {cpu:g} CPU and {gpu:g} GPU; the cluster has {cpus:g} CPUs and {gpus:g} GPUs: "
+            "no trial can start"
+        )
+    return int(slots)
+
+
+def _by_batch(values: Sequence[tuple[int, int]]) -> dict[str, int]:
+    return {str(b): n for b, n in sorted(set(values))}
+
+
+def plan_study(
+    spec: Any,
+    *,
+    cpus: float | None = None,
+    gpus: float | None = None,
+    calibration: Mapping[str, Any] | None = None,
+    calibrate: bool = True,
+    steps: int = 10,
+    warmup: int = 3,
+    eval_rows: int = 256,
+) -> dict[str, Any]:
+    """Trials, CPU/GPU-hours and wall time of ``spec`` before running it.
+
+    Args:
+        spec: a validated spec of any kind (``studies.kinds.load_study``).
+        cpus / gpus: the cluster (default: this machine's CPUs, no GPU).
+        calibration: measured values to use instead of measuring here (schema: the ``calibration``
+            this function returns): ``step_s`` / ``eval_s`` / ``setup_s`` as ``{key: s}`` (``"*"``
+            for every key) or one number, ``data`` as ``{data_key: {"train", "val", "test"}}``, and
+            any of :data:`DEFAULTS`.
+        calibrate: measure the keys the calibration lacks (``False``: a missing ``step_s`` is an error).
+        steps / warmup / eval_rows: size of each measurement (:func:`calibrate_trial`).
+
+    Returns:
+        ``{"study", "kind", "trials", "cpu_hours", "gpu_hours", "wall_s", "cluster": {"cpus",
+        "gpus"}, "phases": [{"name", "trials", "budget", "epochs" | "updates", "epochs_by_batch_size",
+        "updates_by_batch_size", "slots", "trial_s" (mean), "trial_s_min", "trial_s_max",
+        "cpu_hours", "gpu_hours", "wall_s", "upper_bound"}], "calibration": {...}}``.
+        ``trials`` equals the kind's ``total_trials(spec)``.
+
+    Raises:
+        ValueError: the cluster cannot start a trial, or a step time is missing with ``calibrate=False``.
+    """
+    cal: dict[str, Any] = json.loads(json.dumps(dict(calibration or {})))  # a deep, JSON-able copy
+    cpus = float(os.cpu_count() or 1) if cpus is None else float(cpus)
+    gpus = 0.0 if gpus is None else float(gpus)
+    if cpus < 0 or gpus < 0:
+        raise ValueError(f"cpus and gpus must be >= 0, got {cpus}, {gpus}")
+    phases = phases_of(spec)
+
+    # Split sizes per data config: from the calibration, else loaded as a trial would.
+    data_sizes: dict[str, dict[str, int]] = {
+        k: {s: int(n) for s, n in v.items()}
+        for k, v in (cal.get("data") or {}).items()
+        if isinstance(v, Mapping)
+    }
+    res = dict(phases[0].plan.resources) if phases else {}
+    needs_gpu = float(res.get("gpu", 0.0)) > 0
+    device = "cpu"
+    if needs_gpu:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    threads = max(1, int(float(res.get("cpu", 1.0)) or 1))
+
+    def per_key(field: str) -> dict[str, Any]:
+        value = cal.get(field)
+        if isinstance(value, Mapping):
+            return dict(value)
+        return {} if value is None else {"*": value}  # one number: every key
+
+    step_s, eval_s, setup_s = per_key("step_s"), per_key("eval_s"), per_key("setup_s")
+    cal.update(step_s=step_s, eval_s=eval_s, setup_s=setup_s)
+    measured: list[str] = []
+    missing: list[str] = []
+    representative: dict[str, dict[str, Any]] = {}
+    for ph in phases:
+        for c in ph.configs:
+            representative.setdefault(timing_key(c), c)
+    for key, config in representative.items():
+        if _lookup(cal, "step_s", key) is not None:
+            continue
+        if not calibrate:
+            missing.append(key)
+            continue
+        m = calibrate_trial(
+            config, steps=steps, warmup=warmup, eval_rows=eval_rows, threads=threads, device=device
+        )
+        step_s[key], eval_s[key], setup_s[key] = m["step_s"], m["eval_s"], m["setup_s"]
+        data_sizes.setdefault(data_key(config), m["data"])
+        measured.append(key)
+    if missing:
+        raise ValueError(
+            f"calibration has no step_s for {missing} (calibrate=False); measure them with calibrate=True "
+            "or give step_s for those keys (or '*')"
+        )
+    cal.update(step_s=step_s, eval_s=eval_s, setup_s=setup_s)
+
+    def sizes_of(config: Mapping[str, Any]) -> dict[str, int]:
+        dk = data_key(config)
+        if dk not in data_sizes:
+            splits, _ = _load(config, "cpu")
+            data_sizes[dk] = dict(splits.sizes)
+        return data_sizes[dk]
+
+    from autonorm_core.training import TrainConfig
+
+    consts = {name: _constant(cal, name) for name in DEFAULTS}
+    out_phases: list[dict[str, Any]] = []
+    total_cpu_h = total_gpu_h = 0.0
+    wall = consts["study_start_s"]
+    for ph in phases:
+        res = dict(ph.plan.resources)
+        durations: list[float] = []
+        epochs_b: list[tuple[int, int]] = []
+        updates_b: list[tuple[int, int]] = []
+        budgets: set[str] = set()
+        for c in ph.configs:
+            key = timing_key(c)
+            cfg = TrainConfig.from_dict(c.get("training", {}))
+            n_train = sizes_of(c)["train"]
+            updates, epochs = cfg.total_updates(n_train), cfg.num_epochs(n_train)
+            epochs_b.append((cfg.batch_size, epochs))
+            updates_b.append((cfg.batch_size, updates))
+            budgets.add(cfg.budget)
+            step = _lookup(cal, "step_s", key)
+            assert step is not None  # measured or given above
+            per_epoch = (_lookup(cal, "eval_s", key) or 0.0) + consts["report_s"]
+            durations.append(
+                consts["trial_start_s"]
+                + (_lookup(cal, "setup_s", key) or 0.0)
+                + updates * step
+                + epochs * per_epoch
+            )
+        slots = _slots(ph.plan, cpus, gpus)
+        phase_wall = consts["phase_start_s"] + _pack(durations, slots, consts["worker_start_s"])
+        seconds = sum(durations)
+        cpu_h = seconds * float(res.get("cpu", 0.0)) / 3600.0
+        gpu_h = seconds * float(res.get("gpu", 0.0)) / 3600.0
+        total_cpu_h += cpu_h
+        total_gpu_h += gpu_h
+        wall += phase_wall
+        budget = budgets.pop() if len(budgets) == 1 else "mixed"
+        entry: dict[str, Any] = {"name": ph.name, "trials": len(ph.configs), "budget": budget}
+        if budget == "epochs":
+            entry["epochs"] = max(e for _, e in epochs_b)
+        elif budget == "updates":
+            entry["updates"] = max(u for _, u in updates_b)
+        entry.update(
+            epochs_by_batch_size=_by_batch(epochs_b),
+            updates_by_batch_size=_by_batch(updates_b),
+            slots=slots,
+            trial_s=seconds / len(durations) if durations else 0.0,
+            trial_s_min=min(durations, default=0.0),
+            trial_s_max=max(durations, default=0.0),
+            cpu_hours=cpu_h,
+            gpu_hours=gpu_h,
+            wall_s=phase_wall,
+            upper_bound=ph.plan.scheduler.type != "fifo",
+        )
+        out_phases.append(entry)
+    cal.update(
+        data=data_sizes,
+        **consts,
+        device=device if measured else cal.get("device", device),
+        threads=threads if measured else cal.get("threads", threads),
+        measured=measured,
+        machine=cal.get("machine") if not measured else f"{platform.machine()} x{os.cpu_count()} CPUs",
+    )
+    return {
+        "study": getattr(spec, "name", None),
+        "kind": str(getattr(spec, "kind", "search")),
+        "trials": sum(len(ph.configs) for ph in phases),
+        "cpu_hours": total_cpu_h,
+        "gpu_hours": total_gpu_h,
+        "wall_s": wall,
+        "cluster": {"cpus": cpus, "gpus": gpus},
+        "phases": out_phases,
+        "calibration": cal,
+    }
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "n/a"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def format_plan(result: Mapping[str, Any]) -> str:
+    """The plan as a few lines of text (what ``autonorm-study plan`` prints)."""
+    c = result["cluster"]
+    lines = [
+        f"study {result['study']} ({result['kind']}): {result['trials']} trials, "
+        f"{result['cpu_hours']:.3g} CPU h, {result['gpu_hours']:.3g} GPU h, wall ~{_duration(result['wall_s'])} "
+        f"on {c['cpus']:g} CPUs / {c['gpus']:g} GPUs",
+    ]
+    for ph in result["phases"]:
+        size = (
+            f"{ph['epochs']} epochs"
+            if "epochs" in ph
+            else f"{ph['updates']} updates"
+            if "updates" in ph
+            else ph["budget"]
+        )
+        lines.append(
+            f"  {ph['name']:<22} {ph['trials']:>5} trials x {size:<12} trial ~{_duration(ph['trial_s'])} "
+            f"({_duration(ph['trial_s_min'])}-{_duration(ph['trial_s_max'])}), {ph['slots']} at once, "
+            f"wall ~{_duration(ph['wall_s'])}"
+            + (" (upper bound: early stopping)" if ph["upper_bound"] else "")
+        )
+    cal = result["calibration"]
+    lines.append(
+        f"  calibration: {len(cal.get('measured') or [])} keys measured here ({cal.get('machine')}), "
+        f"trial start {cal['trial_start_s']:g} s, worker start {cal['worker_start_s']:g} s"
+    )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# pilot_power
+# --------------------------------------------------------------------------------------------------
+
+
+def _chance_accuracy(data_type: str) -> float:
+    from autonorm_core.data import class_count
+
+    c = class_count(data_type)
+    return 1.0 / c if c else math.nan
+
+
+def _interaction_slopes(sub: Any, *, fix: str, control: str, chance: float) -> list[float]:
+    """Per seed: OLS slope vs log2 B of the paired differences fix - control per (B, seed) cell.
+
+    Rows come from :func:`studies.analysis.normalize_table`; failed trials are scored at ``chance``
+    (with a NaN chance they are missing cells), as the primary analysis does.
+    """
+    import numpy as np
+
+    from studies.analysis import ols_slope
+
+    df = sub.copy()
+    df["score"] = np.where(df["ok"], df["value"], chance)
+    df = df[np.isfinite(df["score"].to_numpy(dtype=float))]
+    cells = df.groupby(["arm", "seed", "batch_size"])["score"].mean()
+    out = []
+    seeds = sorted(sub["seed"].unique(), key=lambda s: (len(s), s))
+    for seed in seeds:
+        xs, ds = [], []
+        for b in sorted(float(b) for b in sub["batch_size"].unique()):
+            a_key, c_key = (fix, seed, b), (control, seed, b)
+            if a_key in cells.index and c_key in cells.index:
+                xs.append(math.log2(b))
+                ds.append(float(cells[a_key]) - float(cells[c_key]))
+        if len(xs) >= 2:
+            slope = ols_slope(np.asarray(xs), np.asarray(ds))
+            if math.isfinite(slope):
+                out.append(slope)
+    return out
+
+
+def _needed(
+    values: Sequence[float], **kwargs: Any
+) -> tuple[int | None, float | None, float | None, str | None]:
+    """``(K, effect, sd, problem)`` from per-seed values (``problem`` when fewer than 2)."""
+    import numpy as np
+
+    from studies.power import seeds_needed
+
+    if len(values) < 2:
+        return None, None, None, f"{len(values)} per-seed value(s); the pilot needs at least 2 seeds"
+    arr = np.asarray(values, dtype=float)
+    min_effect = kwargs.get("min_effect")
+    effect = abs(float(min_effect)) if min_effect is not None else float(arr.mean())
+    return seeds_needed(values, **kwargs), effect, float(arr.std(ddof=1)), None
+
+
+def _batchsize_pilot(
+    spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
+) -> dict[str, Any]:
+    import pandas as pd
+
+    from studies.analysis import normalize_table
+
+    path = study_dir / "trials.csv"
+    if not path.is_file():
+        raise ValueError(
+            f"{path} not found: the pilot has not finished its confirmatory phase (no trials.csv)"
+        )
+    a = spec.analysis
+    df = normalize_table(pd.read_csv(path), a.metric)
+    if spec.control not in set(df["arm"]):
+        raise ValueError(f"the control arm {spec.control!r} has no trial in {path}")
+    fix_arms = list(spec.fix_arms)
+    m = len(fix_arms)
+    alternative = "less" if a.higher_is_better else "greater"
+    chance = _chance_accuracy(spec.data.type) if a.metric.endswith("accuracy") else math.nan
+    budgets = sorted(b for b in df["budget"].unique()) or [""]
+    by_budget: dict[str, Any] = {}
+    for budget in budgets:
+        sub = df[df["budget"] == budget]
+        entry: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "problems": {}}
+        for arm in fix_arms:
+            values = _interaction_slopes(sub, fix=arm, control=spec.control, chance=chance)
+            k, effect, sd, problem = _needed(
+                values,
+                alpha=alpha,
+                family_size=m,
+                power=power,
+                min_effect=min_effect,
+                alternative=alternative,
+            )
+            entry["seeds_needed"][arm] = k
+            entry["per_seed"][arm] = values
+            entry["effect"][arm] = effect
+            entry["sd"][arm] = sd
+            if problem:
+                entry["problems"][arm] = problem
+        by_budget[budget or "all"] = entry
+    # Per arm, the budget that needs the most seeds (None, i.e. unreachable, wins).
+    out: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "binding_budget": {}}
+    for arm in fix_arms:
+
+        def need(b: str, arm: str = arm) -> float:
+            k = by_budget[b]["seeds_needed"][arm]
+            return math.inf if k is None else float(k)
+
+        worst = max(by_budget, key=need)
+        for field in ("seeds_needed", "per_seed", "effect", "sd"):
+            out[field][arm] = by_budget[worst][field][arm]
+        out["binding_budget"][arm] = worst
+    out.update(
+        quantity="per-seed interaction slope (fix - control) vs log2 batch size",
+        metric=a.metric,
+        alternative=alternative,
+        family_size=m,
+        by_budget=by_budget,
+        min_seeds=a.min_seeds,
+    )
+    return out
+
+
+def _search_pilot(
+    spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
+) -> dict[str, Any]:
+    import numpy as np
+    import pandas as pd
+
+    from studies.claims import paired_contrast
+
+    path = study_dir / "confirm_trials.csv"
+    if not path.is_file():
+        raise ValueError(
+            f"{path} not found: the pilot has no confirmatory phase (arms x seeds, confirm_trials.csv), "
+            "so there are no per-seed paired differences to plan the seeds with"
+        )
+    table = pd.read_csv(path)
+    for col in ("arm", "seed", "status", "test_accuracy"):
+        if col not in table.columns:
+            raise ValueError(f"{path} lacks column {col!r}; required: arm, seed, status, test_accuracy")
+    data_type = str(spec.data.type)
+    confirm = getattr(spec, "confirm", None)
+    data_kind = getattr(confirm, "data_kind", "auto")
+    if data_kind == "auto":
+        data_kind = "text" if data_type in _TEXT_DATA else "vision"
+        with contextlib.suppress(ImportError):
+            from studies.confirm_spec import data_kind_of
+
+            data_kind = data_kind_of(data_type)
+    contrasts = [c for c in _CONTRASTS if c[0] != "a" or data_kind == "vision"]
+    m = len(contrasts)
+    chance = _chance_accuracy(data_type)
+    values = pd.to_numeric(table["test_accuracy"], errors="coerce").to_numpy(dtype=float)
+    ok = table["status"].astype(str).str.lower().isin({"completed", "terminated"}).to_numpy() & np.isfinite(
+        values
+    )
+    scored = np.where(ok, values, chance)
+    cells: dict[str, dict[str, float]] = {}
+    for arm, seed, v in zip(table["arm"].astype(str), table["seed"].astype(str), scored):
+        cells.setdefault(arm, {})[seed] = float(v)
+    out: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "problems": {}}
+    for name, arm_a, arm_b, alternative in contrasts:
+        a_cells, b_cells = cells.get(arm_a, {}), cells.get(arm_b, {})
+        seeds = sorted(
+            (
+                s
+                for s in set(a_cells) & set(b_cells)
+                if math.isfinite(a_cells[s]) and math.isfinite(b_cells[s])
+            ),
+            key=lambda s: (len(s), s),
+        )
+        diffs: list[float] = []
+        if len(seeds) >= 2:
+            diffs = paired_contrast(
+                [a_cells[s] for s in seeds],
+                [b_cells[s] for s in seeds],
+                alternative=alternative,  # type: ignore[arg-type]
+            )["differences"]
+        k, effect, sd, problem = _needed(
+            diffs, alpha=alpha, family_size=m, power=power, min_effect=min_effect, alternative=alternative
+        )
+        out["seeds_needed"][name] = k
+        out["per_seed"][name] = diffs
+        out["effect"][name] = effect
+        out["sd"][name] = sd
+        if problem:
+            out["problems"][name] = f"{arm_a} - {arm_b}: {problem}"
+    out.update(
+        quantity="per-seed paired difference of test_accuracy",
+        metric="test_accuracy",
+        contrasts={n: {"a": a, "b": b, "alternative": alt} for n, a, b, alt in contrasts},
+        family_size=m,
+        data_kind=data_kind,
+        min_seeds=getattr(confirm, "min_seeds", None),
+    )
+    return out
+
+
+def _with_seeds(spec: Any, k: int) -> Any:
+    """``spec`` with ``k`` confirmatory seeds (held-out tuning seeds skipped), re-validated.
+
+    The document re-validated is what was set (``exclude_unset``): a full dump would also carry
+    fields a spec derives itself (a batch-size study's layer and LR scaling), which it refuses as input.
+    """
+    doc = spec.model_dump(mode="json", exclude_unset=True)
+    confirm = getattr(spec, "confirm", None)
+    if getattr(spec, "kind", "search") == "search" and confirm is not None:
+        # The claims are tested on the confirmatory seeds: fresh ones, off the search and tuning seeds.
+        taken = set(spec.seeds) | set(getattr(confirm.lr_tuning, "seeds", ()) or ())
+        start = min(confirm.seeds)
+        doc.setdefault("confirm", {})["seeds"] = list(
+            itertools.islice((s for s in itertools.count(start) if s not in taken), k)
+        )
+    else:
+        taken = set(getattr(getattr(spec, "lr_tuning", None), "seeds", ()) or ())
+        doc["seeds"] = list(itertools.islice((s for s in itertools.count() if s not in taken), k))
+    return type(spec).model_validate(doc)
+
+
+def pilot_power(
+    spec: Any,
+    study_dir: str | os.PathLike[str],
+    *,
+    power: float = 0.8,
+    min_effect: float | None = None,
+    alpha: float | None = None,
+    cpus: float | None = None,
+    gpus: float | None = None,
+    calibration: Mapping[str, Any] | None = None,
+    calibrate: bool = True,
+) -> dict[str, Any]:
+    """Seeds each confirmatory test needs, from a finished pilot, and the cost of the study with them.
+
+    ``batchsize``: reads ``<study_dir>/trials.csv``; per fix arm (``spec.fix_arms``) and budget the
+    per-seed interaction slopes (OLS slope vs log2 B of the paired differences fix - ``spec.control``
+    per (B, seed) cell, failed trials scored at chance as the analysis does); K from
+    :func:`studies.power.seeds_needed` at ``alpha`` (default ``spec.analysis.alpha``) over a family of
+    ``len(fix_arms)``, one-sided in the hypothesis direction (``less`` when higher is better); with
+    several budgets an arm needs the most seeds any budget needs. ``search``: reads
+    ``confirm_trials.csv`` (no file: ``ValueError``, the pilot has no confirmatory phase); contrasts
+    a (random_selector - autonorm, greater), b (autonorm_s - autonorm, greater), e (autonorm_s -
+    frozen_ln, two-sided) of the per-seed paired test accuracy (a only on image data, as
+    :func:`studies.claims.autonorm_claims` tests it; alpha default 0.05).
+
+    Returns:
+        ``{"seeds_needed": {arm_or_contrast: K | None}, "per_seed", "effect", "sd", "power", "alpha",
+        "family_size", "k": max K (None when no test reaches the power), "seeds_planned": the seeds
+        the cost is computed with (K, raised to the spec's ``analysis.min_seeds``), "cost":
+        :func:`plan_study` of the spec with those seeds (``None`` when it cannot be built, see
+        ``cost_note``), "statement": one plain-language paragraph, ...}``.
+    """
+    if not 0.0 < power < 1.0:
+        raise ValueError(f"power must lie strictly between 0 and 1, got {power!r}")
+    kind = str(getattr(spec, "kind", "search"))
+    if alpha is None:
+        if kind == "batchsize":
+            alpha = float(spec.analysis.alpha)
+        else:
+            alpha = float(getattr(getattr(spec, "confirm", None), "alpha", 0.05))
+    directory = Path(study_dir)
+    if not directory.is_dir():
+        raise ValueError(f"pilot study directory {directory} does not exist")
+    if kind == "batchsize":
+        result = _batchsize_pilot(spec, directory, power=power, min_effect=min_effect, alpha=alpha)
+    elif kind == "search":
+        result = _search_pilot(spec, directory, power=power, min_effect=min_effect, alpha=alpha)
+    else:
+        raise ValueError(f"pilot_power does not know study kind {kind!r}")
+    reached = [k for k in result["seeds_needed"].values() if k is not None]
+    k = max(reached) if reached else None
+    floor = result.get("min_seeds") or 2
+    planned = max(k, floor) if k is not None else None
+    cost: dict[str, Any] | None = None
+    note: str | None = None
+    if planned is not None:
+        try:
+            cost = plan_study(
+                _with_seeds(spec, planned), cpus=cpus, gpus=gpus, calibration=calibration, calibrate=calibrate
+            )
+        except Exception as exc:  # a spec that cannot take K seeds (e.g. a sampled search)
+            note = f"no cost for {planned} seeds: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+    else:
+        note = "no test reaches the requested power within the seed limit"
+    result.update(power=power, alpha=alpha, k=k, seeds_planned=planned, cost=cost, cost_note=note)
+    result["statement"] = _statement(spec, result, directory)
+    return result
+
+
+def _statement(spec: Any, r: Mapping[str, Any], directory: Path) -> str:
+    n_pilot = max((len(v) for v in r["per_seed"].values()), default=0)
+    parts = [
+        f"From {n_pilot} pilot seeds in {directory}, the {r['quantity']} was estimated for "
+        f"{len(r['seeds_needed'])} test(s) (family of {r['family_size']}, each planned at alpha "
+        f"{r['alpha']:g}/{r['family_size']}, power {r['power']:g})."
+    ]
+    for name, k in r["seeds_needed"].items():
+        eff, sd = r["effect"].get(name), r["sd"].get(name)
+        if eff is None or sd is None:
+            parts.append(f"{name}: not estimable ({r.get('problems', {}).get(name, 'no data')}).")
+        else:
+            need = f"needs {k} seeds" if k is not None else "cannot reach that power with any practical K"
+            parts.append(f"{name}: mean {eff:+.4g}, sd {sd:.3g} per seed, {need}.")
+    if r["k"] is not None:
+        extra = (
+            f" ({r['seeds_planned']} with the spec's minimum of {r.get('min_seeds')} seeds)"
+            if r["seeds_planned"] != r["k"]
+            else ""
+        )
+        if r["cost"] is not None:
+            c = r["cost"]
+            parts.append(
+                f"Running the study with {r['k']} seeds{extra} takes {c['trials']} trials, about "
+                f"{c['cpu_hours']:.3g} CPU-hours and {c['gpu_hours']:.3g} GPU-hours, and about "
+                f"{_duration(c['wall_s'])} of wall time on {c['cluster']['cpus']:g} CPUs / {c['cluster']['gpus']:g} GPUs."
+            )
+        else:
+            parts.append(f"The study needs {r['k']} seeds{extra}; {r['cost_note']}.")
+    parts.append(
+        "The pilot's spread is itself uncertain with few seeds and the effect is assumed to be as large "
+        "as the pilot's (or min_effect), so treat these seed counts as lower bounds."
+    )
+    return " ".join(parts)
+
+
+def format_pilot(result: Mapping[str, Any]) -> str:
+    """The pilot's answer as text: the statement, then one line per test."""
+    lines = [result["statement"], ""]
+    for name, k in result["seeds_needed"].items():
+        lines.append(f"  {name:<20} K={k if k is not None else 'n/a':<6} per-seed {result['per_seed'][name]}")
+    return "\n".join(lines)

@@ -1,0 +1,256 @@
+"""studies.planning: trial counts, cost and wall time before launch; seeds needed from a pilot."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from studies.analysis import ols_slope
+from studies.kinds import KINDS, load_study
+from studies.planning import phases_of, pilot_power, plan_study, timing_key
+from studies.power import seeds_needed
+
+SPECS = Path(__file__).resolve().parents[2] / "studies" / "specs"
+BATCHSIZE = SPECS / "batchsize_correlation.yaml"
+SEARCH = SPECS / "autonorm_search.yaml"
+# Given calibration: no training, every key covered by "*".
+CAL: dict[str, Any] = {"step_s": {"*": 0.01}, "eval_s": 0.1, "setup_s": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("path", "kind", "preset"),
+    [
+        (BATCHSIZE, "batchsize", None),
+        (BATCHSIZE, "batchsize", "smoke"),
+        (SEARCH, "search", None),
+        (SEARCH, "search", "smoke"),
+    ],
+)
+def test_trials_equal_the_kinds_total_trials(path: Path, kind: str, preset: str | None) -> None:
+    spec = load_study(path, preset=preset)
+    plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=8)
+    assert plan["trials"] == KINDS[kind].impl().total_trials(spec)
+    assert sum(p["trials"] for p in plan["phases"]) == plan["trials"]
+    assert plan["wall_s"] > 0 and plan["cpu_hours"] > 0 and plan["gpu_hours"] == 0
+    assert plan["calibration"]["measured"] == []
+
+
+def test_batchsize_phases_are_tuning_then_confirmatory_per_budget() -> None:
+    spec = load_study(BATCHSIZE)
+    plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=8)
+    names = [p["name"] for p in plan["phases"]]
+    assert names == ["lr_tuning-epochs", "confirmatory-epochs", "lr_tuning-updates", "confirmatory-updates"]
+    by = {p["name"]: p for p in plan["phases"]}
+    assert by["confirmatory-epochs"]["trials"] == spec.expected_trials // 2
+    assert by["lr_tuning-epochs"]["trials"] == spec.tuning_trials // 2
+    assert by["confirmatory-epochs"]["epochs"] == spec.training.epochs
+    assert by["confirmatory-updates"]["updates"] == spec.training.max_updates
+    # Under the epochs budget the updates fall as 1/B (54,000 training rows of Fashion-MNIST).
+    ups = by["confirmatory-epochs"]["updates_by_batch_size"]
+    assert ups["8"] == spec.training.epochs * (54_000 // 8) and ups["512"] == spec.training.epochs * (
+        54_000 // 512
+    )
+    assert set(by["confirmatory-updates"]["updates_by_batch_size"].values()) == {spec.training.max_updates}
+
+
+def _equal_trials_cal() -> dict[str, Any]:
+    # Every trial lasts trial_start_s + setup_s = 6 s; no fixed phase or worker cost.
+    return {
+        "step_s": {"*": 0.0},
+        "eval_s": 0.0,
+        "setup_s": 5.0,
+        "trial_start_s": 1.0,
+        "report_s": 0.0,
+        "worker_start_s": 0.0,
+        "phase_start_s": 0.0,
+        "study_start_s": 0.0,
+    }
+
+
+def test_halving_the_slots_doubles_the_wall_of_equal_trials() -> None:
+    spec = load_study(BATCHSIZE, ["max_concurrent=8"], preset="smoke")
+    wide = plan_study(spec, calibration=_equal_trials_cal(), calibrate=False, cpus=8)
+    narrow = plan_study(spec, calibration=_equal_trials_cal(), calibrate=False, cpus=4)
+    tuning_wide, tuning_narrow = wide["phases"][0], narrow["phases"][0]
+    assert (tuning_wide["slots"], tuning_narrow["slots"]) == (8, 4)
+    assert tuning_wide["trials"] == 24
+    assert tuning_wide["wall_s"] == pytest.approx(24 / 8 * 6.0)
+    assert tuning_narrow["wall_s"] == pytest.approx(2 * tuning_wide["wall_s"])
+    # Resources do not depend on the cluster.
+    assert narrow["cpu_hours"] == pytest.approx(wide["cpu_hours"])
+
+
+def test_many_unequal_trials_scale_roughly_with_the_slots() -> None:
+    spec = load_study(BATCHSIZE, ["max_concurrent=16"])
+    wide = plan_study(spec, calibration=CAL, calibrate=False, cpus=16)
+    narrow = plan_study(spec, calibration=CAL, calibrate=False, cpus=8)
+    for w, n in zip(wide["phases"], narrow["phases"]):
+        ratio = (n["wall_s"] - 5.0) / (w["wall_s"] - 5.0)  # phase_start_s is paid once either way
+        assert 1.7 < ratio < 2.1, (w["name"], ratio)
+
+
+def test_gpu_trials_are_limited_by_the_gpus() -> None:
+    spec = load_study(BATCHSIZE, ["resources.gpu=0.5", "max_concurrent=8"], preset="smoke")
+    plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=16, gpus=1)
+    assert {p["slots"] for p in plan["phases"]} == {2}
+    assert plan["gpu_hours"] == pytest.approx(plan["cpu_hours"] / 2)
+    with pytest.raises(ValueError, match="no trial can start"):
+        plan_study(spec, calibration=CAL, calibrate=False, cpus=16, gpus=0)
+
+
+def test_missing_step_time_without_calibrating_is_an_error() -> None:
+    spec = load_study(BATCHSIZE, preset="smoke")
+    with pytest.raises(ValueError, match="no step_s"):
+        plan_study(spec, calibration={"step_s": {"nothing": 1.0}}, calibrate=False)
+
+
+def test_real_calibration_measures_every_distinct_key() -> None:
+    spec = load_study(BATCHSIZE, preset="smoke")
+    keys = {timing_key(c) for ph in phases_of(spec) for c in ph.configs}
+    assert len(keys) == 3 * 3  # arms x (reference B of the tuning, the confirmatory Bs 8/32/128)
+    plan = plan_study(spec, cpus=2, steps=5, warmup=2)
+    cal = plan["calibration"]
+    assert set(cal["measured"]) == keys
+    for key in keys:
+        for field in ("step_s", "eval_s", "setup_s"):
+            assert math.isfinite(cal[field][key]) and cal[field][key] > 0, (field, key)
+    assert cal["data"]["digits" + '{"val_fraction":0.2}']["train"] > 0
+    # The measured calibration reproduces the plan without measuring again.
+    again = plan_study(spec, cpus=2, calibration=cal, calibrate=False)
+    assert again["calibration"]["measured"] == []
+    assert again["wall_s"] == pytest.approx(plan["wall_s"])
+
+
+# --------------------------------------------------------------------------------------------------
+# pilot_power
+
+
+def _planted_batchsize_pilot(
+    spec: Any,
+    out: Path,
+    slopes: dict[tuple[str, str], np.ndarray],
+    *,
+    fail: tuple[str, int, int] | None = None,
+) -> None:
+    """trials.csv where each fix arm's per-seed interaction slope (per budget) is exactly planted."""
+    rng = np.random.default_rng(7)
+    rows = []
+    budgets = sorted({b for b, _ in slopes})
+    n_seeds = len(next(iter(slopes.values())))
+    for budget in budgets:
+        for seed in range(n_seeds):
+            control = {b: 0.8 + 0.02 * rng.standard_normal() for b in spec.batch_sizes}
+            for arm in spec.arms:
+                for b in spec.batch_sizes:
+                    if arm == spec.control:
+                        value = control[b]
+                    elif arm in spec.fix_arms:
+                        value = control[b] + 0.01 * seed + slopes[(budget, arm)][seed] * math.log2(b)
+                    else:
+                        value = 0.8 + 0.02 * rng.standard_normal()
+                    status = "diverged" if fail == (arm, seed, b) else "completed"
+                    rows.append(
+                        {
+                            "arm": arm,
+                            "batch_size": b,
+                            "seed": seed,
+                            "budget": budget,
+                            "status": status,
+                            "test_accuracy": math.nan if status != "completed" else value,
+                            "train_loss": 0.3,
+                        }
+                    )
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(out / "trials.csv", index=False)
+
+
+def test_pilot_power_batchsize_matches_seeds_needed_on_the_planted_slopes(tmp_path: Path) -> None:
+    spec = load_study(BATCHSIZE)  # 3 fix arms, 2 budgets
+    assert len(spec.fix_arms) == 3
+    rng = np.random.default_rng(0)
+    slopes = {}
+    for budget, sd in (("epochs", 0.004), ("updates", 0.008)):  # the updates budget is noisier
+        for arm in spec.fix_arms:
+            slopes[(budget, arm)] = -0.01 + sd * rng.standard_normal(4)
+    _planted_batchsize_pilot(spec, tmp_path, slopes)
+    result = pilot_power(spec, tmp_path, calibration=CAL, calibrate=False, cpus=8)
+    assert result["family_size"] == 3 and result["alpha"] == spec.analysis.alpha
+    for arm in spec.fix_arms:
+        expected = {
+            b: seeds_needed(list(slopes[(b, arm)]), alpha=0.05, family_size=3, power=0.8, alternative="less")
+            for b in ("epochs", "updates")
+        }
+        for b in expected:
+            assert result["by_budget"][b]["per_seed"][arm] == pytest.approx(list(slopes[(b, arm)]))
+            assert result["by_budget"][b]["seeds_needed"][arm] == expected[b]
+        assert result["seeds_needed"][arm] == max(expected.values())
+        binding = result["binding_budget"][arm]
+        assert result["sd"][arm] == pytest.approx(float(np.std(slopes[(binding, arm)], ddof=1)))
+    k = max(result["seeds_needed"].values())
+    assert result["k"] == k and result["seeds_planned"] == max(k, spec.analysis.min_seeds)
+    study = load_study(BATCHSIZE, [f"seeds=[{','.join(str(s) for s in range(result['seeds_planned']))}]"])
+    assert result["cost"]["trials"] == study.total_trials
+    assert str(k) in result["statement"]
+
+
+def test_pilot_power_scores_a_failed_trial_at_chance(tmp_path: Path) -> None:
+    spec = load_study(BATCHSIZE, preset="smoke")  # digits: chance 0.1; one fix arm (corrected)
+    assert spec.fix_arms == ("corrected",)
+    slopes = {("epochs", "corrected"): np.array([-0.02, -0.01, -0.03])}
+    _planted_batchsize_pilot(spec, tmp_path, slopes, fail=("corrected", 1, 32))
+    result = pilot_power(spec, tmp_path, calibration=CAL, calibrate=False)
+    table = pd.read_csv(tmp_path / "trials.csv")
+    seed1 = table[table["seed"] == 1].set_index(["arm", "batch_size"])["test_accuracy"]
+    x = np.log2(np.array(spec.batch_sizes, dtype=float))
+    fix = np.array([0.1 if b == 32 else seed1[("corrected", b)] for b in spec.batch_sizes])
+    d = fix - np.array([seed1[("linear", b)] for b in spec.batch_sizes])
+    per_seed = result["per_seed"]["corrected"]
+    assert per_seed[1] == pytest.approx(ols_slope(x, d))
+    assert per_seed[0] == pytest.approx(-0.02) and per_seed[2] == pytest.approx(-0.03)
+    assert result["seeds_needed"]["corrected"] == seeds_needed(
+        per_seed, alpha=0.05, family_size=1, power=0.8, alternative="less"
+    )
+
+
+def test_pilot_power_search_contrasts(tmp_path: Path) -> None:
+    spec = load_study(SEARCH, preset="smoke")  # digits: vision, contrasts a, b, e
+    rng = np.random.default_rng(3)
+    seeds = [100, 101, 102, 103]
+    planted = {
+        "a": 0.01 + 0.01 * rng.standard_normal(4),
+        "b": 0.02 + 0.015 * rng.standard_normal(4),
+        "e": -0.005 + 0.01 * rng.standard_normal(4),
+    }
+    autonorm = 0.9 + 0.01 * rng.standard_normal(4)
+    arms = {
+        "autonorm": autonorm,
+        "random_selector": autonorm + planted["a"],
+        "autonorm_s": autonorm + planted["b"],
+    }
+    arms["frozen_ln"] = arms["autonorm_s"] - planted["e"]
+    arms["frozen_dyt"] = 0.88 + 0.01 * rng.standard_normal(4)
+    rows = [
+        {"arm": arm, "seed": s, "status": "completed", "test_accuracy": float(v[i]), "val_accuracy": 0.9}
+        for arm, v in arms.items()
+        for i, s in enumerate(seeds)
+    ]
+    pd.DataFrame(rows).to_csv(tmp_path / "confirm_trials.csv", index=False)
+    result = pilot_power(spec, tmp_path, calibration=CAL, calibrate=False)
+    assert result["family_size"] == 3
+    for name, alternative in (("a", "greater"), ("b", "greater"), ("e", "two-sided")):
+        assert result["per_seed"][name] == pytest.approx(list(planted[name]))
+        assert result["seeds_needed"][name] == seeds_needed(
+            list(planted[name]), alpha=0.05, family_size=3, power=0.8, alternative=alternative
+        )
+    assert result["statement"]
+
+
+def test_pilot_power_search_without_confirmatory_phase_says_so(tmp_path: Path) -> None:
+    spec = load_study(SEARCH, preset="smoke")
+    with pytest.raises(ValueError, match="no confirmatory phase"):
+        pilot_power(spec, tmp_path, calibration=CAL, calibrate=False)
