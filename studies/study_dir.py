@@ -45,6 +45,16 @@ class StudyDir:
         """The path for :attr:`filesystem` (a local absolute path when that is ``None``)."""
         return self.storage.experiment_path(self.name)
 
+    def phase_plan(self, name: str) -> Any:
+        """A plan naming the Tune experiment of phase ``name`` (``<study dir>/<name>``), for reading it
+        back (``workers.runner.read_trials``)."""
+        from workers.plan import StudyPlan
+
+        storage = StorageConfig(
+            path=self.uri, endpoint_override=self.config.endpoint_override, region=self.config.region
+        )
+        return StudyPlan(name=name, base_config={}, storage=storage)
+
     def read_text(self, file: str) -> str | None:
         """A file's text, ``None`` when it does not exist."""
         fs = self.storage.filesystem

@@ -28,7 +28,6 @@ from typing import Any
 
 from studies.batchsize_spec import BatchSizeStudySpec, cell_key
 from studies.kinds import StudyOutcome
-from workers.plan import StudyPlan
 from workers.runner import TrialRecord, read_trials
 
 __all__ = ["report", "run", "select_learning_rates", "status", "total_trials", "trials_table"]
@@ -381,19 +380,14 @@ def _print_verdict(
 # --------------------------------------------------------------------------------------------------
 
 
-def _phase_plan(spec: BatchSizeStudySpec, name: str) -> StudyPlan:
+def _phase_trials(spec: BatchSizeStudySpec, *, history: bool = False) -> dict[str, list[TrialRecord]]:
     from studies.study_dir import StudyDir
 
-    d = StudyDir.of(spec)
-    storage = type(d.config)(path=d.uri, endpoint_override=d.config.endpoint_override, region=d.config.region)
-    return StudyPlan(name=name, base_config={}, storage=storage)
-
-
-def _phase_trials(spec: BatchSizeStudySpec, *, history: bool = False) -> dict[str, list[TrialRecord]]:
+    where = StudyDir.of(spec)
     out = {}
     for budget in spec.budgets:
         for name in (f"tune-{budget}", f"confirm-{budget}"):
-            out[name] = read_trials(_phase_plan(spec, name), history=history)
+            out[name] = read_trials(where.phase_plan(name), history=history)
     return out
 
 

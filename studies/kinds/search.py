@@ -1,30 +1,49 @@
-"""``kind: search``: one Optuna (or grid) search under Ray Tune, e.g. the AutoNorm-S search.
+"""``kind: search``: an Optuna (or grid) search under Ray Tune, then optionally the AutoNorm claims.
 
-One phase, one plan: the plan's Tune experiment *is* the study directory and its MLflow run is the
-study run, the trial runs its children. At the end the gate entropy per layer of the trials is drawn
-and logged on the study run.
+Phases, all under the study's one MLflow run:
+
+1. ``search``: one plan whose Tune experiment *is* the study directory and whose MLflow run is the
+   study run (the search trials are its children). The gate entropy per layer is drawn and logged.
+2. ``confirm`` (with a ``confirm:`` section): the best COMPLETED search configuration (AutoNorm-S)
+   and the baselines (FrozenLN, FrozenDyT, RandomSelector, AutoNorm never frozen) on fresh seeds,
+   each arm's η first tuned on held-out seeds around the searched η, then every arm on every
+   confirmatory seed at full budget, FIFO. One phase run per arm and step, nested under the study run.
+3. ``claims``: :func:`studies.claims.autonorm_claims` on the per-seed paired differences and the
+   per-epoch gate logs; ``verdict.json``, ``confirm_trials.csv``, reports and plots in the study
+   directory and ``claim/<id>`` tags on the study run.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import sys
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from studies.confirm_spec import CONFIRM_ARMS
 from studies.kinds import StudyOutcome
 from studies.spec import StudySpec
 from workers.plan import StudyPlan, expected_trials
 from workers.runner import StudyResult, TrialRecord, best_trial, read_trials
+from workers.trainable import CONFIG_RESULT_KEY
 
-__all__ = ["describe_result", "report", "run", "status", "total_trials"]
+__all__ = ["arm_config", "describe_result", "report", "run", "status", "total_trials"]
 
 SPEC = StudySpec
 
 
 def total_trials(spec: StudySpec) -> int:
-    return expected_trials(spec.to_plan())
+    """Search trials plus, with ``confirm:``, every arm's tuning and confirmatory trials."""
+    total = expected_trials(spec.to_plan())
+    confirm = spec.confirm
+    if confirm is not None:
+        tuning = confirm.lr_tuning.points * len(confirm.lr_tuning.seeds) if confirm.lr_tuning else 0
+        total += len(confirm.arms) * (tuning + len(confirm.seeds))
+    return total
 
 
 def describe_result(result: StudyResult, plan: StudyPlan) -> dict[str, Any]:
@@ -76,15 +95,244 @@ def run(
         if png is not None:
             runner.log_outputs(files=[png], artifact_path="plots")
             runner.publish([png])
+        summary = describe_result(result, plan)
+        files: dict[str, Path] = {"gate_entropy_plot": png} if png is not None else {}
+        verdict = None
+        if spec.confirm is not None:
+            verdict, claim_files = _confirm_and_claims(spec, plan, result, runner)
+            files.update(claim_files)
+            summary["claims"] = {k: v.get("verdict") for k, v in (verdict.get("claims") or {}).items()}
     return StudyOutcome(
         kind="search",
         name=plan.name,
         study_dir=runner.study_uri,
         tracking_uri=runner.tracking_uri,
-        parent_run_id=result.parent_run_id,
-        summary=describe_result(result, plan),
-        files={"gate_entropy_plot": png} if png is not None else {},
+        parent_run_id=runner.run_id or result.parent_run_id,
+        summary=summary,
+        verdict=verdict,
+        files=files,
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# confirm and claims
+# --------------------------------------------------------------------------------------------------
+
+
+def arm_config(best: Mapping[str, Any], arm: str) -> dict[str, Any]:
+    """The trial config of a confirmatory arm: the best searched configuration with its norm (and
+    freezing) replaced; everything else (model size, divergence fix, data, budget) unchanged."""
+    cfg = copy.deepcopy(dict(best))
+    cfg.pop(CONFIG_RESULT_KEY, None)
+    norm = dict(cfg["model"]["norm"])
+    candidates = list(norm.get("candidates") or ("dyt", "layernorm"))
+    if arm == "autonorm_s":
+        return cfg  # the searched AutoNorm-S, freezing rule and all
+    cfg["training"]["freeze"] = None
+    if arm == "autonorm":
+        cfg["model"]["norm"] = norm  # the same gate, never frozen
+    elif arm == "frozen_ln":
+        cfg["model"]["norm"] = {"type": "layernorm"}
+    elif arm == "frozen_dyt":
+        cfg["model"]["norm"] = {"type": "dyt"}
+    elif arm == "random_selector":
+        cfg["model"]["norm"] = {"type": "random_selector", "candidates": candidates}
+    else:
+        raise ValueError(f"unknown confirmatory arm {arm!r}; valid: {', '.join(CONFIRM_ARMS)}")
+    return cfg
+
+
+def _grid_plan(
+    plan: StudyPlan, *, name: str, base: Mapping[str, Any], grid: Any, max_concurrent: int
+) -> StudyPlan:
+    from workers.plan import SamplerConfig, SchedulerConfig
+
+    return dataclasses.replace(
+        plan,
+        name=name,
+        base_config=copy.deepcopy(dict(base)),
+        space=(),
+        grid=tuple(grid),
+        sampler=SamplerConfig(type="grid"),
+        scheduler=SchedulerConfig(type="fifo"),
+        num_samples=1,
+        max_concurrent=max_concurrent,
+    )
+
+
+def _pick_lr(trials: Sequence[TrialRecord], metric: str, mode: str) -> tuple[float | None, dict[str, Any]]:
+    """The η with the best mean ``metric`` over tuning seeds (a failed trial scores the worst)."""
+    worst = -math.inf if mode == "max" else math.inf
+    scores: dict[float, list[float]] = {}
+    for t in trials:
+        v = t.metrics.get(metric)
+        ok = t.status == "completed" and isinstance(v, int | float) and math.isfinite(v)
+        scores.setdefault(float(t.config["training"]["lr"]), []).append(float(v) if ok else worst)  # type: ignore[arg-type]
+    means = {lr: sum(v) / len(v) for lr, v in scores.items()}
+    if not means or all(not math.isfinite(m) for m in means.values()):
+        return None, {"scores": {}, "reason": "no tuning trial completed"}
+    pick = max if mode == "max" else min
+    best = pick(sorted(means), key=lambda lr: means[lr])
+    grid = sorted(means)
+    return best, {
+        "lr": best,
+        "at_range_edge": len(grid) > 1 and best in (grid[0], grid[-1]),
+        "scores": {f"{lr:g}": (m if math.isfinite(m) else None) for lr, m in sorted(means.items())},
+    }
+
+
+def _confirm_and_claims(
+    spec: StudySpec, plan: StudyPlan, result: StudyResult, runner: Any
+) -> tuple[dict[str, Any], dict[str, Path]]:
+    from studies.claims import autonorm_claims
+    from studies.claims_report import write_claims_report
+    from studies.confirm_spec import data_kind_of
+
+    confirm = spec.confirm
+    assert confirm is not None
+    data_kind = confirm.data_kind if confirm.data_kind != "auto" else data_kind_of(spec.data.type)
+    best = result.best(plan.metric, plan.mode)
+    slots = confirm.max_concurrent or plan.max_concurrent
+    tuned: dict[str, Any] = {}
+    run_ids: dict[str, str] = {}
+    if best is None:
+        print(f"[{spec.name}] no completed search trial: the confirmatory phase cannot run", flush=True)
+    else:
+        searched_lr = float(best.config["training"]["lr"])
+        for arm in confirm.arms:
+            base = arm_config(best.config, arm)
+            lr = searched_lr
+            if confirm.lr_tuning is not None:
+                tune = confirm.lr_tuning
+                tune_base = copy.deepcopy(base)
+                if tune.epochs is not None:
+                    tune_base["training"]["epochs"] = tune.epochs
+                tplan = _grid_plan(
+                    plan,
+                    name=f"confirm-tune-{arm}",
+                    base=tune_base,
+                    grid=(("training.lr", tune.grid(searched_lr)), ("seed", tuple(tune.seeds))),
+                    max_concurrent=slots,
+                )
+                picked, record = _pick_lr(
+                    runner.run(tplan, phase="confirm-lr").trials, plan.metric, plan.mode
+                )
+                tuned[arm] = record
+                lr = picked if picked is not None else searched_lr
+            base["training"]["lr"] = lr
+            cplan = _grid_plan(
+                plan,
+                name=f"confirm-{arm}",
+                base=base,
+                grid=(("seed", tuple(confirm.seeds)),),
+                max_concurrent=slots,
+            )
+            confirmed = runner.run(cplan, phase="confirm")
+            run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
+    table, gate_logs = _confirm_table(spec, run_ids)
+    claims = autonorm_claims(
+        table,
+        gate_logs,
+        data_kind=data_kind,  # type: ignore[arg-type]
+        min_seeds=confirm.min_seeds,
+        alpha=confirm.alpha,
+        eps=confirm.eps,
+        metric=confirm.metric,
+        chance=_chance(spec),
+    )
+    if best is None:
+        for claim in claims.values():
+            claim["verdict"] = "inconclusive"
+            claim.setdefault("reasons", []).append("no completed search trial")
+    cpu_h, gpu_h = runner.resource_hours()
+    out_dir = runner.local_dir()
+    files = write_claims_report(
+        claims,
+        table,
+        gate_logs,
+        out_dir,
+        title=f"AutoNorm claims: {spec.name}",
+        protocol=spec.to_document(),
+        data_kind=data_kind,
+        best_config=best.config if best is not None else None,
+        tuned_lr=tuned,
+        wall_time_s=runner.wall_time_s,
+        cpu_hours=cpu_h,
+        gpu_hours=gpu_h,
+    )
+    runner.publish(files.values())
+    tags = {f"claim/{cid}": str(c.get("verdict")) for cid, c in claims.items()}
+    metrics = {
+        f"{key}/{cid}": float(c[key])
+        for cid, c in claims.items()
+        for key in ("estimate", "p_value", "p_value_holm")
+        if isinstance(c.get(key), int | float) and math.isfinite(float(c[key]))
+    }
+    runner.log_outputs(files=files.values(), tags=tags, metrics=metrics)
+    for cid, c in claims.items():
+        reasons = "; ".join(str(r) for r in c.get("reasons") or [])
+        print(
+            f"[{spec.name}] claim {cid}: {c.get('verdict')} (estimate {c.get('estimate')}, CI {c.get('ci')}, "
+            f"p_holm {c.get('p_value_holm')}) {reasons}",
+            flush=True,
+        )
+    verdict = {"claims": claims, "data_kind": data_kind, "tuned_lr": tuned}
+    return verdict, dict(files)
+
+
+_CONFIRM_COLUMNS = [
+    "arm",
+    "seed",
+    "status",
+    "test_accuracy",
+    "val_accuracy",
+    "train_loss",
+    "lr",
+    "trial_id",
+    "mlflow_run_id",
+]
+
+
+def _confirm_table(
+    spec: StudySpec, run_ids: Mapping[str, str]
+) -> tuple[Any, dict[tuple[str, Any], list[dict[str, Any]]]]:
+    """One row per confirmatory trial and the per-epoch logs per (arm, seed), read from the study
+    directory (so ``report`` rebuilds exactly what ``run`` analysed)."""
+    import pandas as pd
+
+    from studies.study_dir import StudyDir
+
+    assert spec.confirm is not None
+    where = StudyDir.of(spec)
+    rows: list[dict[str, Any]] = []
+    gate_logs: dict[tuple[str, Any], list[dict[str, Any]]] = {}
+    for arm in spec.confirm.arms:
+        for t in read_trials(where.phase_plan(f"confirm-{arm}"), history=True):
+            seed = int(t.config.get("seed", 0))
+            rows.append(
+                {
+                    "arm": arm,
+                    "seed": seed,
+                    "status": t.status,
+                    "test_accuracy": t.metrics.get("test_accuracy"),
+                    "val_accuracy": t.metrics.get("val_accuracy"),
+                    "train_loss": t.metrics.get("train_loss"),
+                    "lr": t.config["training"]["lr"],
+                    "trial_id": t.trial_id,
+                    "mlflow_run_id": run_ids.get(t.trial_id),
+                    "test_loss": t.metrics.get("test_loss"),
+                }
+            )
+            if t.history:
+                gate_logs[(arm, seed)] = [dict(h) for h in t.history]
+    return pd.DataFrame(rows, columns=[*_CONFIRM_COLUMNS, "test_loss"]), gate_logs
+
+
+def _chance(spec: StudySpec) -> float | None:
+    from autonorm_core.data import class_count
+
+    c = class_count(spec.data.type)
+    return 1.0 / c if c else None
 
 
 def _gate_entropy_plot(plan: StudyPlan, out_dir: Path) -> Path | None:
@@ -132,16 +380,19 @@ def _row(t: TrialRecord, plan: StudyPlan) -> dict[str, Any]:
 
 def status(spec: StudySpec) -> dict[str, Any]:
     """Progress from the study directory (while it runs and after)."""
+    import json
+
     from studies.study_dir import StudyDir
 
     plan = spec.to_plan()
+    where = StudyDir.of(spec)
     trials = read_trials(plan, history=False)
     best = best_trial(trials, plan.metric, plan.mode)
-    return {
+    out: dict[str, Any] = {
         "study": plan.name,
         "kind": "search",
-        "directory": StudyDir.of(spec).uri,
-        "expected_trials": expected_trials(plan),
+        "directory": where.uri,
+        "expected_trials": total_trials(spec),
         "trials": len(trials),
         "by_status": dict(Counter(t.status for t in trials)),
         "metric": plan.metric,
@@ -149,6 +400,21 @@ def status(spec: StudySpec) -> dict[str, Any]:
         f"best_{plan.metric}": best.metrics.get(plan.metric) if best else None,
         "rows": [_row(t, plan) for t in trials],
     }
+    if spec.confirm is not None:
+        phases = {"search": {"trials": len(trials), "by_status": dict(Counter(t.status for t in trials))}}
+        counts: Counter[str] = Counter(t.status for t in trials)
+        for arm in spec.confirm.arms:
+            for name in (f"confirm-tune-{arm}", f"confirm-{arm}"):
+                ts = read_trials(where.phase_plan(name), history=False)
+                phases[name] = {"trials": len(ts), "by_status": dict(Counter(t.status for t in ts))}
+                counts.update(t.status for t in ts)
+        out["phases"] = phases
+        out["trials"] = sum(counts.values())
+        out["by_status"] = dict(counts)
+        text = where.read_text("verdict.json")
+        if text:
+            out["claims"] = {k: v.get("verdict") for k, v in (json.loads(text).get("claims") or {}).items()}
+    return out
 
 
 def _short(v: Any) -> str:
@@ -227,4 +493,50 @@ def report(spec: StudySpec, out_dir: Path) -> Path:
         lines += ["## Gate entropy per layer", "", f"![gate entropy]({png.name})", ""]
     path = out_dir / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
+    if spec.confirm is not None:
+        _claims_report(spec, plan, trials, out_dir / "claims")
     return path
+
+
+def _claims_report(spec: StudySpec, plan: StudyPlan, trials: Sequence[TrialRecord], out_dir: Path) -> Path:
+    """The claims re-analysed from the confirmatory phases in the study directory."""
+    from studies.claims import autonorm_claims
+    from studies.claims_report import write_claims_report
+    from studies.confirm_spec import data_kind_of
+    from studies.study_dir import StudyDir
+
+    confirm = spec.confirm
+    assert confirm is not None
+    data_kind = confirm.data_kind if confirm.data_kind != "auto" else data_kind_of(spec.data.type)
+    table, gate_logs = _confirm_table(spec, {})
+    claims = autonorm_claims(
+        table,
+        gate_logs,
+        data_kind=data_kind,  # type: ignore[arg-type]
+        min_seeds=confirm.min_seeds,
+        alpha=confirm.alpha,
+        eps=confirm.eps,
+        metric=confirm.metric,
+        chance=_chance(spec),
+    )
+    tuned = {}
+    if confirm.lr_tuning is not None:
+        where = StudyDir.of(spec)
+        for arm in confirm.arms:
+            tuned[arm] = _pick_lr(
+                read_trials(where.phase_plan(f"confirm-tune-{arm}")), plan.metric, plan.mode
+            )[1]
+    best = best_trial(trials, plan.metric, plan.mode)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = write_claims_report(
+        claims,
+        table,
+        gate_logs,
+        out_dir,
+        title=f"AutoNorm claims: {spec.name}",
+        protocol=spec.to_document(),
+        data_kind=data_kind,
+        best_config=best.config if best else None,
+        tuned_lr=tuned,
+    )
+    return files.get("markdown", out_dir / "report.md")

@@ -1,0 +1,192 @@
+"""The search kind's confirm and claims phases: arms, trial counts, and the claims end to end on a
+local Ray with a cheap planted trial function (the statistics see what was planted)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from studies.kinds import load_study, run_study_spec
+from studies.kinds.search import arm_config, total_trials
+from studies.spec import SpecError
+from tests.services import embedded_ray
+from workers.trainable import TrialSession
+
+ROOT = Path(__file__).resolve().parents[2]
+SEARCH = ROOT / "studies" / "specs" / "autonorm_search.yaml"
+
+BEST = {
+    "model": {
+        "type": "vit_lite",
+        "norm": {"type": "autonorm", "candidates": ["dyt", "layernorm"], "tau": 0.7},
+    },
+    "data": {"type": "digits"},
+    "training": {"lr": 0.002, "epochs": 3, "freeze": {"t_freeze": 1, "eps_h": 0.2, "rule": "always"}},
+    "seed": 0,
+}
+
+
+def test_arms_change_only_the_norm_and_the_freezing() -> None:
+    s = arm_config(BEST, "autonorm_s")
+    assert s["model"] == BEST["model"] and s["training"] == BEST["training"]
+    a = arm_config(BEST, "autonorm")
+    assert a["model"]["norm"] == BEST["model"]["norm"] and a["training"]["freeze"] is None
+    assert arm_config(BEST, "frozen_ln")["model"]["norm"] == {"type": "layernorm"}
+    assert arm_config(BEST, "frozen_dyt")["model"]["norm"] == {"type": "dyt"}
+    r = arm_config(BEST, "random_selector")
+    assert r["model"]["norm"] == {"type": "random_selector", "candidates": ["dyt", "layernorm"]}
+    for arm in ("autonorm", "frozen_ln", "frozen_dyt", "random_selector"):
+        cfg = arm_config(BEST, arm)
+        assert cfg["training"]["lr"] == 0.002 and cfg["data"] == BEST["data"]
+    assert BEST["training"]["freeze"] is not None  # the best config itself is not modified
+    with pytest.raises(ValueError, match="valid"):
+        arm_config(BEST, "batchnorm")
+
+
+def test_trial_counts_and_confirm_validation() -> None:
+    smoke = load_study(SEARCH, preset="smoke")
+    assert smoke.confirm is not None
+    # 4 search trials + 5 arms x (2 lr points x 1 tuning seed + 3 confirmatory seeds)
+    assert total_trials(smoke) == 4 + 5 * (2 * 1 + 3)
+    assert total_trials(load_study(SEARCH, ["confirm=null"], preset="smoke")) == 4
+    with pytest.raises(SpecError) as err:
+        load_study(SEARCH, ["confirm.seeds=[0,1,2]"], preset="smoke")
+    assert any(i.path == "confirm.seeds" for i in err.value.issues)
+    with pytest.raises(SpecError) as err:
+        load_study(
+            SEARCH,
+            ["model.norm={type: layernorm}", "training.freeze=null", "search.space=[]"],
+            preset="smoke",
+        )
+    assert any(i.path == "confirm" for i in err.value.issues), err.value.format()
+
+
+# ---- end to end with a planted world ---------------------------------------------------------------
+
+#: Per-arm test accuracy: random_selector > autonorm (claim a), autonorm_s > autonorm (claim b).
+_LEVEL = {
+    "frozen_ln": 0.80,
+    "frozen_dyt": 0.75,
+    "random_selector": 0.82,
+    "autonorm": 0.78,
+    "autonorm_s": 0.83,
+}
+
+
+def planted_trial(config: dict[str, Any], session: TrialSession) -> None:
+    norm = config["model"]["norm"]["type"]
+    freeze = config["training"].get("freeze")
+    arm = {
+        "layernorm": "frozen_ln",
+        "dyt": "frozen_dyt",
+        "random_selector": "random_selector",
+        "autonorm": "autonorm_s" if freeze else "autonorm",
+    }[norm]
+    seed = int(config["seed"])
+    lr = float(config["training"]["lr"])
+    noise = 0.01 * math.sin(seed * 1.7 + len(arm))
+    acc = _LEVEL[arm] + noise - 0.02 * abs(math.log10(lr / 2e-3))
+    for epoch in (1, 2):
+        row: dict[str, Any] = {
+            "epoch": epoch,
+            "val_accuracy": acc,
+            "test_accuracy": acc,
+            "train_loss": 0.5,
+        }
+        for layer in range(4):  # 2 blocks: attention / MLP norms; LN wins fast
+            row[f"gate_entropy/layer_{layer}"] = 0.6 / epoch**3
+            row[f"dyt_weight/layer_{layer}"] = 0.3 / epoch
+        session.report(row, status="completed" if epoch == 2 else "running")
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    with embedded_ray("rt_cl_", {"PYTHONPATH": path}):
+        yield
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("n_seeds", [3, 7])
+def test_claims_end_to_end(local_ray: None, tmp_path: Path, n_seeds: int) -> None:
+    import pandas as pd
+    from mlflow import MlflowClient
+
+    seeds = list(range(100, 100 + n_seeds))
+    spec = load_study(
+        SEARCH,
+        [
+            f"storage_path={tmp_path}",
+            "search.num_samples=2",
+            f"confirm.seeds={seeds}",
+            "confirm.lr_tuning.points=3",
+        ],
+        preset="smoke",
+    )
+    out = run_study_spec(spec, trainable=planted_trial, progress=False)
+    study_dir = Path(out.study_dir)
+    verdict = json.loads((study_dir / "verdict.json").read_text())
+    claims = verdict["claims"]
+    assert {"a", "b", "c", "d", "e"} <= set(claims)
+    table = pd.read_csv(study_dir / "confirm_trials.csv")
+    assert set(table["arm"]) == set(_LEVEL) and len(table) == 5 * n_seeds
+    assert {
+        "arm",
+        "seed",
+        "status",
+        "test_accuracy",
+        "val_accuracy",
+        "train_loss",
+        "lr",
+        "trial_id",
+        "mlflow_run_id",
+    } <= set(table.columns)
+    # Every arm found its own lr: the planted optimum is the searched-lr centre of the grid.
+    wide = table.pivot(index="seed", columns="arm", values="test_accuracy")
+    for cid, (x, y) in {
+        "a": ("random_selector", "autonorm"),
+        "b": ("autonorm_s", "autonorm"),
+        "e": ("autonorm_s", "frozen_ln"),
+    }.items():
+        d = (wide[x] - wide[y]).to_numpy()
+        c = claims[cid]
+        assert c["estimate"] == pytest.approx(d.mean())
+        half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+        assert c["ci"] == pytest.approx([d.mean() - half, d.mean() + half])
+        alt = "two-sided" if cid == "e" else "greater"
+        flips = np.array(np.meshgrid(*[[1, -1]] * len(d))).reshape(len(d), -1).T
+        null = (flips * np.abs(d)).mean(axis=1)
+        p = (
+            np.mean(np.abs(null) >= abs(d.mean()) - 1e-12)
+            if alt == "two-sided"
+            else np.mean(null >= d.mean() - 1e-12)
+        )
+        assert c["p_value"] == pytest.approx(p)
+        assert c["p_value_holm"] >= c["p_value"]
+    if n_seeds < 5:
+        assert all(c["verdict"] == "inconclusive" and c["reasons"] for c in claims.values())
+        assert all(
+            any("underpowered" in r or "not applicable" in r for r in c["reasons"]) for c in claims.values()
+        )
+    else:
+        assert claims["a"]["verdict"] == "supported" and claims["b"]["verdict"] == "supported"
+        assert claims["c"]["verdict"] == "inconclusive" and any(
+            "not applicable" in r for r in claims["c"]["reasons"]
+        )
+    client = MlflowClient(tracking_uri=out.tracking_uri)
+    assert out.parent_run_id is not None
+    tags = client.get_run(out.parent_run_id).data.tags
+    for cid in ("a", "b", "c", "d"):
+        assert tags[f"claim/{cid}"] == claims[cid]["verdict"]
+    exp = client.get_run(out.parent_run_id).info.experiment_id
+    trials = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'trial'")
+    assert len(trials) == total_trials(spec)
