@@ -51,6 +51,7 @@ __all__ = [
     "fit",
     "load_state",
     "lr_at_step",
+    "reported_metrics",
     "save_state",
     "should_freeze",
 ]
@@ -66,6 +67,32 @@ _BUDGETS = ("epochs", "updates")
 TIMING_KEYS: tuple[str, ...] = ("examples_per_s",)
 #: Version of the ``state`` dict given to ``checkpoint_fn``; a resume from another version is refused.
 STATE_FORMAT = 1
+
+
+def reported_metrics(task: str, *, gated: bool = False) -> dict[str, str]:
+    """The selectable metrics :func:`fit` reports every epoch on ``task``, each with its direction.
+
+    Maps metric name -> ``"max"`` (higher is better) or ``"min"``. Bookkeeping keys (``epoch``, ``lr``,
+    ``updates``, ``selector_frozen``, ``examples_per_s``, ``tau``, ``dyt_weight/layer_<i>``) are not
+    listed: nothing is selected on them. ``gated``: the model has AutoNorm layers, which add
+    ``gate_entropy`` (lower: a more decided gate); the per-layer ``gate_entropy/layer_<i>`` keys depend
+    on the depth and are not listed. Needs no tensors (spec validation mirrors this table).
+
+    Raises:
+        ValueError: for an unknown task.
+    """
+    _choice("task", task, ("classification", "tagging", "regression"))
+    score, direction = ("rmse", "min") if task == "regression" else ("accuracy", "max")
+    out = {
+        "train_loss": "min",
+        "val_loss": "min",
+        "test_loss": "min",
+        f"val_{score}": direction,
+        f"test_{score}": direction,
+    }
+    if gated:
+        out["gate_entropy"] = "min"
+    return out
 
 
 def _choice(name: str, value: str, valid: Sequence[str]) -> None:

@@ -44,6 +44,19 @@ from pydantic import (
     model_validator,
 )
 
+from studies.confirm_spec import ConfirmSpec
+from studies.spec_urls import (
+    ArtifactLocation,
+    EndpointURL,
+    StoragePath,
+    TrackingURI,
+    artifact_location_problem,
+    endpoint_problem,
+    redact_text,
+    storage_path_problem,
+    tracking_uri_problem,
+)
+from workers.dotted import PathError, set_path, split_path
 from workers.plan import (
     ParamDef,
     SamplerConfig,
@@ -54,14 +67,22 @@ from workers.plan import (
 )
 
 __all__ = [
+    "DATA_TASKS",
     "LN2",
+    "MAX_SHOWN_ISSUES",
+    "MAX_YAML_BYTES",
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_NODES",
+    "MAX_YAML_WRITTEN",
     "AdaNormSpec",
+    "ArtifactLocation",
     "Asha",
     "AutoNormSpec",
     "CategoricalParam",
     "ConvLayerSpec",
     "DataSpec",
     "DyTSpec",
+    "EndpointURL",
     "FiLMSpec",
     "FloatParam",
     "FreezeSpec",
@@ -77,11 +98,14 @@ __all__ = [
     "SamplerSpec",
     "SchedulerSpec",
     "SearchSpec",
+    "Seed",
     "SpecError",
     "SpecIssue",
+    "StoragePath",
     "StorageSpec",
     "StudySpec",
     "TrackingSpec",
+    "TrackingURI",
     "TrainingSpec",
     "TrialSections",
     "build_plan",
@@ -89,11 +113,16 @@ __all__ = [
     "compile_search",
     "dump_yaml",
     "git_commit",
+    "layer_document",
     "load_spec",
+    "metric_issues",
     "parse_yaml",
+    "read_spec_text",
+    "reported_metrics",
     "resolve_storage_path",
     "spec_hash",
     "trial_config",
+    "url_field_issues",
     "validate_spec",
 ]
 
@@ -141,14 +170,29 @@ class SpecError(Exception):
     """
 
     def __init__(self, issues: Sequence[SpecIssue]) -> None:
-        self.issues: tuple[SpecIssue, ...] = tuple(issues)
+        # Credentials never leave through an error: user info and queries of every URL are hidden.
+        self.issues: tuple[SpecIssue, ...] = tuple(
+            SpecIssue(
+                redact_text(i.path),
+                redact_text(i.message),
+                i.line,
+                None if i.source is None else redact_text(i.source),
+            )
+            for i in issues
+        )
         super().__init__(self.format())
 
     def format(self) -> str:
         n = len(self.issues)
         lines = [f"invalid study spec ({n} error{'s' if n != 1 else ''}):"]
-        lines += [f"  {issue.format()}" for issue in self.issues]
+        lines += [f"  {issue.format()}" for issue in self.issues[:MAX_SHOWN_ISSUES]]
+        if n > MAX_SHOWN_ISSUES:
+            lines.append(f"  ... and {n - MAX_SHOWN_ISSUES} more")
         return "\n".join(lines)
+
+
+MAX_SHOWN_ISSUES = 200
+"""Issues :meth:`SpecError.format` prints (all of them stay in ``issues``)."""
 
 
 def _path_str(path: Sequence[str | int]) -> str:
@@ -162,11 +206,53 @@ def _path_str(path: Sequence[str | int]) -> str:
 _Path = tuple[str | int, ...]
 
 
+# Limits checked while composing, before anything walks the document (let alone an alias's expansion).
+MAX_YAML_BYTES = 1024 * 1024
+"""A spec (or one ``--set`` value) larger than this is refused unread."""
+MAX_YAML_WRITTEN = 20_000
+"""Nodes a document may spell out (PyYAML composes ~10,000 a second; a spec has a few hundred)."""
+MAX_YAML_NODES = 100_000
+"""Nodes a document may hold, counting every use of an alias as a full copy of what it names."""
+MAX_YAML_DEPTH = 100
+"""Nesting depth of mappings and lists (a spec needs about 6)."""
+_MAX_NUMBER_CHARS = 100  # an integer literal longer than this is refused before int() sees it
+_INT_TAG = "tag:yaml.org,2002:int"
+
+
+class _LimitError(Exception):
+    def __init__(self, message: str, line: int | None) -> None:
+        super().__init__(message)
+        self.line = line
+
+
 class _SpecLoader(yaml.SafeLoader):
-    """``SafeLoader`` that also reads ``1e-3`` as a float.
+    """``SafeLoader`` that reads ``1e-3`` as a float and refuses oversized or over-deep documents.
 
     PyYAML implements YAML 1.1, where a float needs a dot: ``lr: 1e-3`` would silently be a string.
+    Composition counts nodes and depth as it goes, so a 5,000-deep flow list stops at level
+    :data:`MAX_YAML_DEPTH` instead of ending in a ``RecursionError``.
     """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        mark = self.peek_event().start_mark
+        self._nodes += 1
+        if self._nodes > MAX_YAML_WRITTEN:
+            raise _LimitError(f"more than {MAX_YAML_WRITTEN} values; a spec has a few hundred", mark.line + 1)
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _LimitError(
+                    f"nested more than {MAX_YAML_DEPTH} levels deep; a spec needs a handful", mark.line + 1
+                )
+            node: yaml.Node | None = super().compose_node(parent, index)
+            return node
+        finally:
+            self._depth -= 1
 
 
 _SpecLoader.yaml_implicit_resolvers = {
@@ -187,8 +273,100 @@ _SpecLoader.add_implicit_resolver(
 )
 
 
-def _walk_nodes(node: yaml.Node, path: _Path, lines: dict[_Path, int], issues: list[SpecIssue]) -> None:
-    """Record the line of every key/item and reject what the safe constructor would mis-handle."""
+def _expanded_size(root: yaml.Node) -> int:
+    """Nodes of the document with every alias expanded, without expanding anything.
+
+    Each node's size is computed once (aliases share node objects), so an alias bomb costs as much as
+    its text. A node that contains itself (``&a [*a]``) raises :class:`_LimitError`.
+    """
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    # Iterative post-order walk over the (shared) node graph.
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                children += [k, v]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        if done:
+            open_.discard(key)
+            sizes[key] = min(1 + sum(sizes[id(c)] for c in children), MAX_YAML_NODES + 1)
+            continue
+        if key in open_:
+            raise _LimitError("an alias refers to the collection it is part of", node.start_mark.line + 1)
+        open_.add(key)
+        stack.append((node, True))
+        for c in children:
+            if id(c) in open_:
+                raise _LimitError("an alias refers to the collection it is part of", c.start_mark.line + 1)
+            if id(c) not in sizes:
+                stack.append((c, False))
+    return sizes[id(root)]
+
+
+def _compose(text: str, source: str | None) -> tuple[_SpecLoader | None, yaml.Node | None]:
+    """Compose one YAML document under the limits; every failure is a :class:`SpecError` with a line."""
+
+    def fail(message: str, line: int | None) -> SpecError:
+        return SpecError([SpecIssue("", message, line, source)])
+
+    if len(text) > MAX_YAML_BYTES:
+        raise fail(f"the spec is {len(text)} characters long; at most {MAX_YAML_BYTES} are read", None)
+    try:
+        loader = _SpecLoader(text)
+    except yaml.reader.ReaderError as e:
+        line = text.count("\n", 0, e.position) + 1
+        char = f"U+{e.character:04X}" if isinstance(e.character, int) else repr(e.character)
+        raise fail(
+            f"malformed YAML: character {char} is not allowed in a spec (binary data?)", line
+        ) from None
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            size = _expanded_size(node)
+            if size > MAX_YAML_NODES:
+                raise _LimitError(
+                    f"with its aliases expanded the document holds more than {MAX_YAML_NODES} values "
+                    "(an alias of a collection copies all of it each time it is used)",
+                    node.start_mark.line + 1,
+                )
+    except _LimitError as e:
+        loader.dispose()
+        raise fail(f"refused YAML: {e}", e.line) from None
+    except yaml.MarkedYAMLError as e:
+        loader.dispose()
+        mark = e.problem_mark or e.context_mark
+        where = mark.line + 1 if mark is not None else None
+        msg = " ".join(str(x) for x in (e.context, e.problem) if x)
+        raise fail(f"malformed YAML: {msg}", where) from None
+    except yaml.reader.ReaderError as e:
+        loader.dispose()
+        line = text.count("\n", 0, e.position) + 1
+        raise fail(f"malformed YAML: {e.reason}", line) from None
+    except (yaml.YAMLError, RecursionError, MemoryError, ValueError) as e:
+        loader.dispose()
+        raise fail(f"malformed YAML: {type(e).__name__}: {str(e)[:200]}", None) from None
+    return loader, node
+
+
+def _walk_nodes(
+    node: yaml.Node,
+    path: _Path,
+    lines: dict[_Path, int],
+    issues: list[SpecIssue],
+    loader: yaml.constructor.BaseConstructor | None = None,
+) -> None:
+    """Record the line of every key/item and reject what the safe constructor would mis-handle.
+
+    With ``loader``, every scalar that is not a plain string is constructed here (and cached in the
+    loader), so a bad value (``2001-13-45``, ``!!binary ***``) is reported with its path and line.
+    """
     tag = node.tag or ""
     if tag.startswith("tag:yaml.org,2002:python/") or tag.startswith("!!python"):
         issues.append(
@@ -199,15 +377,47 @@ def _walk_nodes(node: yaml.Node, path: _Path, lines: dict[_Path, int], issues: l
             )
         )
         return
+    if isinstance(node, yaml.ScalarNode):
+        if tag == _INT_TAG and len(node.value) > _MAX_NUMBER_CHARS:
+            issues.append(
+                SpecIssue(
+                    _path_str(path),
+                    f"a {len(node.value)}-digit integer is not a setting (at most {_MAX_NUMBER_CHARS} digits)",
+                    node.start_mark.line + 1,
+                )
+            )
+        elif loader is not None and tag not in ("tag:yaml.org,2002:str", "tag:yaml.org,2002:null"):
+            try:
+                loader.construct_object(node, deep=True)
+            except yaml.MarkedYAMLError as e:
+                issues.append(
+                    SpecIssue(_path_str(path), f"invalid YAML value: {e.problem}", node.start_mark.line + 1)
+                )
+            except (ValueError, OverflowError, TypeError) as e:
+                issues.append(
+                    SpecIssue(
+                        _path_str(path),
+                        f"invalid {tag.rsplit(':', 1)[-1]} value: {str(e)[:200]}",
+                        node.start_mark.line + 1,
+                    )
+                )
+        return
     if isinstance(node, yaml.MappingNode):
         seen: dict[Any, int] = {}
         for key_node, value_node in node.value:
             line = key_node.start_mark.line + 1
             if key_node.tag == "tag:yaml.org,2002:merge":
-                _walk_nodes(value_node, path, lines, issues)
+                _walk_nodes(value_node, path, lines, issues, loader)
                 continue
-            if not isinstance(key_node, yaml.ScalarNode):
-                issues.append(SpecIssue(_path_str(path), "mapping keys must be plain strings", line))
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != "tag:yaml.org,2002:str":
+                shown = repr(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "a collection"
+                issues.append(
+                    SpecIssue(
+                        _path_str(path) or "<document>",
+                        f"mapping keys must be plain strings, got {shown[:60]} (quote it)",
+                        line,
+                    )
+                )
                 continue
             key = key_node.value
             if key in seen:
@@ -221,11 +431,25 @@ def _walk_nodes(node: yaml.Node, path: _Path, lines: dict[_Path, int], issues: l
                 continue
             seen[key] = line
             lines[(*path, key)] = line
-            _walk_nodes(value_node, (*path, key), lines, issues)
+            _walk_nodes(value_node, (*path, key), lines, issues, loader)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             lines[(*path, i)] = item.start_mark.line + 1
-            _walk_nodes(item, (*path, i), lines, issues)
+            _walk_nodes(item, (*path, i), lines, issues, loader)
+
+
+def _construct(loader: _SpecLoader, node: yaml.Node, source: str | None) -> Any:
+    try:
+        return loader.construct_document(node)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark is not None else None
+        raise SpecError([SpecIssue("", f"invalid YAML value: {e.problem}", line, source)]) from None
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as e:
+        line = node.start_mark.line + 1
+        raise SpecError(
+            [SpecIssue("", f"invalid YAML value: {type(e).__name__}: {str(e)[:200]}", line, source)]
+        ) from None
 
 
 def parse_yaml(text: str, *, source: str | None = None) -> tuple[dict[str, Any], dict[_Path, int]]:
@@ -240,19 +464,13 @@ def parse_yaml(text: str, *, source: str | None = None) -> tuple[dict[str, Any],
 
     Raises:
         SpecError: malformed YAML, several documents, a non-mapping document, duplicate keys,
-            non-string keys or ``!!python/...`` tags.
+            non-string keys, ``!!python/...`` tags, control characters, or a document past the
+            limits (:data:`MAX_YAML_BYTES`, :data:`MAX_YAML_NODES` with aliases expanded,
+            :data:`MAX_YAML_DEPTH`).
     """
-    loader = _SpecLoader(text)
+    loader, node = _compose(text, source)
+    assert loader is not None
     try:
-        try:
-            node = loader.get_single_node()
-        except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            line = mark.line + 1 if mark is not None else None
-            msg = " ".join(str(x) for x in (e.context, e.problem) if x)
-            raise SpecError([SpecIssue("", f"malformed YAML: {msg}", line, source)]) from None
-        except yaml.YAMLError as e:
-            raise SpecError([SpecIssue("", f"malformed YAML: {e}", None, source)]) from None
         if node is None:
             raise SpecError([SpecIssue("", "the spec is empty; expected a mapping of sections", 1, source)])
         if not isinstance(node, yaml.MappingNode):
@@ -269,32 +487,27 @@ def parse_yaml(text: str, *, source: str | None = None) -> tuple[dict[str, Any],
             )
         lines: dict[_Path, int] = {}
         issues: list[SpecIssue] = []
-        _walk_nodes(node, (), lines, issues)
+        _walk_nodes(node, (), lines, issues, loader)
         if issues:
             raise SpecError([SpecIssue(i.path, i.message, i.line, source) for i in issues])
-        try:
-            data = loader.construct_document(node)
-        except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            line = mark.line + 1 if mark is not None else None
-            raise SpecError([SpecIssue("", f"invalid YAML value: {e.problem}", line, source)]) from None
+        data = _construct(loader, node, source)
     finally:
         loader.dispose()
     return data, lines
 
 
-def _parse_value(text: str) -> Any:
-    """Parse a ``--set`` value as YAML (``3`` → int, ``1e-3`` → float, ``[1, 2]`` → list)."""
-    loader = _SpecLoader(text)
+def _parse_value(text: str, source: str | None = None) -> Any:
+    """Parse a ``--set`` value as YAML (``3`` → int, ``1e-3`` → float, ``[1, 2]`` → list), under the limits."""
+    loader, node = _compose(text, source)
+    assert loader is not None
     try:
-        node = loader.get_single_node()
         if node is None:
             return None
         issues: list[SpecIssue] = []
-        _walk_nodes(node, (), {}, issues)
+        _walk_nodes(node, (), {}, issues, loader)
         if issues:
-            raise SpecError(issues)
-        return loader.construct_document(node)
+            raise SpecError([SpecIssue(i.path, i.message, i.line, source) for i in issues])
+        return _construct(loader, node, source)
     finally:
         loader.dispose()
 
@@ -310,11 +523,14 @@ def dump_yaml(data: Any) -> str:
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
-PosInt = Annotated[int, Field(strict=True, ge=1)]
-NonNegInt = Annotated[int, Field(strict=True, ge=0)]
+_INT64_MAX = 2**63 - 1  # larger integers overflow torch, numpy and MLflow's params
+PosInt = Annotated[int, Field(strict=True, ge=1, le=_INT64_MAX)]
+NonNegInt = Annotated[int, Field(strict=True, ge=0, le=_INT64_MAX)]
 PosFloat = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
 NonNegFloat = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(strict=True, ge=0, lt=1, allow_inf_nan=False)]
+Seed = Annotated[int, Field(strict=True, ge=0, lt=2**32)]
+"""A random seed: Optuna's samplers and numpy refuse seeds of 2**32 and above."""
 
 
 def _scalar(value: Any) -> Any:
@@ -482,6 +698,12 @@ class ConvBatchNormSpec(_Spec):
     type: Literal["conv_batchnorm"] = "conv_batchnorm"
 
 
+class ConvLayerNormSpec(_Spec):
+    """Convolution + LayerNorm over each sample's (C, H, W) feature map (GroupNorm with one group)."""
+
+    type: Literal["conv_layernorm"] = "conv_layernorm"
+
+
 class PatchNormSpec(_Spec):
     """Per-location divergence correction of a convolution (PatchNormConv2d)."""
 
@@ -491,7 +713,9 @@ class PatchNormSpec(_Spec):
     learnable_gain: StrictBool = False
 
 
-ConvLayerSpec = Annotated[ConvSpec | ConvBatchNormSpec | PatchNormSpec, Field(discriminator="type")]
+ConvLayerSpec = Annotated[
+    ConvSpec | ConvBatchNormSpec | ConvLayerNormSpec | PatchNormSpec, Field(discriminator="type")
+]
 
 
 # ---- models ------------------------------------------------------------------------------------------
@@ -654,6 +878,126 @@ _MODEL_DATA = {
 }
 
 
+# ---- metrics: what a trial reports, and which way is better -------------------------------------------
+
+DATA_TASKS: dict[str, str] = {
+    "fashion_mnist": "classification",
+    "digits": "classification",
+    "diabetes": "regression",
+    "ptb_pos_sample": "tagging",
+    "pang_lee_polarity": "classification",
+    "mnist": "classification",
+    "cifar10": "classification",
+    "cifar100": "classification",
+    "svhn": "classification",
+    "sst2": "classification",
+    "ptb_pos": "tagging",
+}
+"""The task of each data set (``autonorm_core.data``'s ``Splits.task``); a contract test keeps them equal."""
+
+_TASK_METRICS: dict[str, dict[str, str]] = {
+    task: {
+        "train_loss": "min",
+        "val_loss": "min",
+        "test_loss": "min",
+        f"val_{score}": direction,
+        f"test_{score}": direction,
+    }
+    for task, score, direction in (
+        ("classification", "accuracy", "max"),
+        ("tagging", "accuracy", "max"),
+        ("regression", "rmse", "min"),
+    )
+}
+_GATE_METRICS = {"gate_entropy": "min"}
+_GATE_LAYER_METRIC = re.compile(r"^gate_entropy/layer_[0-9]{1,4}$")
+
+
+def reported_metrics(task: str, *, gated: bool = False) -> dict[str, str]:
+    """Metric name -> ``"max"`` | ``"min"`` for what ``autonorm_core.training.fit`` reports on ``task``.
+
+    Mirrors ``autonorm_core.training.reported_metrics`` without importing torch (a contract test keeps
+    the two equal). ``gated``: the model has AutoNorm layers, which add ``gate_entropy`` (and the
+    per-layer ``gate_entropy/layer_<i>``, matched by pattern, not listed).
+    """
+    if task not in _TASK_METRICS:
+        raise ValueError(f"unknown task {task!r}; valid: {', '.join(_TASK_METRICS)}")
+    return {**_TASK_METRICS[task], **(_GATE_METRICS if gated else {})}
+
+
+def _searched_choices(space: Sequence[Any], name: str) -> list[Any] | None:
+    for p in space:
+        if p.name == name:
+            return list(p.choices) if isinstance(p, CategoricalParam) else [None]
+    return None
+
+
+def _always_gated(model: Any, space: Sequence[Any]) -> bool:
+    """Every trial's model has AutoNorm layers (``norm`` or ``final_norm`` is, and stays, autonorm)."""
+    for field in ("norm", "final_norm"):
+        if getattr(getattr(model, field, None), "type", None) != "autonorm":
+            continue
+        searched = _searched_choices(space, f"model.{field}.type")
+        if searched is None or all(c == "autonorm" for c in searched):
+            return True
+    return False
+
+
+def metric_issues(
+    metric: str,
+    mode: str | None,
+    *,
+    model: Any,
+    data: Any,
+    space: Sequence[Any] = (),
+    metric_path: str = "search.metric",
+    mode_path: str = "search.mode",
+    allow_test: bool = False,
+) -> list[SpecIssue]:
+    """Check that every trial reports ``metric`` and that ``mode`` optimises it the right way.
+
+    Args:
+        metric: the metric to select on (or analyse).
+        mode: ``"max"`` / ``"min"``; None skips the direction check.
+        model, data: the spec's sections (a searched ``data.type`` or ``model.norm.type`` is honoured
+            through ``space``: the metric must be reported under every choice).
+        metric_path, mode_path: field paths for the messages.
+        allow_test: accept ``test_*`` metrics (final analysis, never selection).
+    """
+    data_types = _searched_choices(space, "data.type") or [data.type]
+    tasks = sorted({DATA_TASKS[d] for d in data_types if d in DATA_TASKS})
+    if not tasks:
+        return []
+    gated = _always_gated(model, space)
+    tables = [reported_metrics(t, gated=gated) for t in tasks]
+    valid = {k: v for k, v in tables[0].items() if all(t.get(k) == v for t in tables[1:])}
+    if not allow_test:
+        valid = {k: v for k, v in valid.items() if not k.startswith("test_")}
+    where = f"{' and '.join(sorted(set(map(str, data_types))))} ({', '.join(tasks)})"
+    if metric in valid:
+        direction = valid[metric]
+    elif gated and _GATE_LAYER_METRIC.match(metric):
+        direction = "min"
+    else:
+        hint = ""
+        if metric.startswith("gate_entropy") and not gated:
+            hint = " (gate metrics need model.norm.type or model.final_norm.type 'autonorm' in every trial)"
+        return [
+            SpecIssue(
+                metric_path,
+                f"{metric!r} is not a metric that trials on {where} report{hint}; valid: {', '.join(sorted(valid))}",
+            )
+        ]
+    if mode is not None and mode != direction:
+        better = "higher" if direction == "max" else "lower"
+        return [
+            SpecIssue(
+                mode_path, f"{metric} is better when {better}: mode must be {direction!r}, got {mode!r}"
+            )
+        ]
+    return []
+
+
 # ---- training ------------------------------------------------------------------------------------------
 
 
@@ -671,7 +1015,7 @@ class FreezeSpec(_Spec):
 
 
 class TrainingSpec(_Spec):
-    """The training loop's settings (PROTOCOL.md defaults)."""
+    """The training loop's settings (defaults as in ``docs/science.md``)."""
 
     epochs: PosInt = 20
     batch_size: PosInt = 64
@@ -758,18 +1102,18 @@ ParamSpec = Annotated[IntParam | FloatParam | CategoricalParam, Field(discrimina
 
 class TPESpec(_Spec):
     type: Literal["tpe"] = "tpe"
-    seed: NonNegInt = 0
+    seed: Seed = 0
     n_startup_trials: PosInt = 10
 
 
 class RandomSamplerSpec(_Spec):
     type: Literal["random"] = "random"
-    seed: NonNegInt = 0
+    seed: Seed = 0
 
 
 class CmaEsSpec(_Spec):
     type: Literal["cmaes"] = "cmaes"
-    seed: NonNegInt = 0
+    seed: Seed = 0
     n_startup_trials: PosInt = 1
 
 
@@ -861,16 +1205,16 @@ class ResourcesSpec(_Spec):
 class TrackingSpec(_Spec):
     """MLflow. ``uri`` None: ``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<storage>/mlflow.db``."""
 
-    uri: str | None = None
-    experiment: str | None = None  # None: the study's name
-    artifact_location: str | None = None  # e.g. s3://bucket/prefix for a new experiment
+    uri: TrackingURI | None = None  # http(s), sqlite:////abs, postgresql, mysql, databricks
+    experiment: Annotated[str, Field(min_length=1, max_length=500)] | None = None  # None: the study's name
+    artifact_location: ArtifactLocation | None = None  # e.g. s3://bucket/prefix for a new experiment
 
 
 class StorageSpec(_Spec):
     """How to reach ``storage_path`` when it is ``s3://...``; keys come from the environment only."""
 
-    endpoint_override: str | None = None  # S3-compatible server, e.g. http://127.0.0.1:8333
-    region: str = "us-east-1"
+    endpoint_override: EndpointURL | None = None  # S3-compatible server, e.g. http://127.0.0.1:8333
+    region: Annotated[str, Field(pattern=r"^[a-z0-9-]{1,64}$")] = "us-east-1"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -934,7 +1278,7 @@ class TrialSections(_Spec):
     model: ModelSpec
     data: DataSpec
     training: TrainingSpec = TrainingSpec()
-    seed: NonNegInt = 0
+    seed: Seed = 0
 
     @model_validator(mode="after")
     def _cross(self) -> TrialSections:
@@ -971,42 +1315,6 @@ def trial_config(model: Any, data: Any, training: TrainingSpec, seed: int) -> di
 _TRIAL_ROOTS = ("model", "data", "training")
 
 
-def _set_path(doc: Any, path: Sequence[str | int], value: Any) -> None:
-    """Write ``value`` at ``path``, creating missing mappings; raises KeyError with a reason."""
-    cur = doc
-    for i, part in enumerate(path[:-1]):
-        if isinstance(cur, list):
-            cur = cur[_as_index(part, cur, path[: i + 1])]
-            continue
-        if not isinstance(cur, dict):
-            raise KeyError(f"{_path_str(path[:i])} is a single value, not a section")
-        key = str(part)
-        if key not in cur or cur[key] is None:
-            cur[key] = {}
-        cur = cur[key]
-    last = path[-1]
-    if isinstance(cur, list):
-        cur[_as_index(last, cur, path)] = value
-    elif isinstance(cur, dict):
-        cur[str(last)] = value
-    else:
-        raise KeyError(f"{_path_str(path[:-1])} is a single value, not a section")
-
-
-def _as_index(key: str | int, seq: list[Any], path: Sequence[str | int]) -> int:
-    try:
-        idx = int(key)
-    except ValueError:
-        raise KeyError(f"{_path_str(path)}: {_path_str(path[:-1])} is a list; use an index") from None
-    if not -len(seq) <= idx < len(seq):
-        raise KeyError(f"{_path_str(path)}: index {idx} out of range (the list has {len(seq)} items)")
-    return idx
-
-
-def _split_path(dotted: str) -> tuple[str | int, ...]:
-    return tuple(int(p) if p.lstrip("-").isdigit() else p for p in dotted.split("."))
-
-
 def check_search_space(
     space: Sequence[IntParam | FloatParam | CategoricalParam],
     base_config: Mapping[str, Any],
@@ -1018,8 +1326,9 @@ def check_search_space(
     """Check that every parameter addresses a real field and that each of its values gives a valid trial.
 
     For each parameter, its ``when`` conditions and then each representative value (``low``, ``high``,
-    every choice) are written into ``base_config`` at the parameter's path, exactly as workers will
-    do, and the result is validated as :class:`TrialSections`. A value that fails names the parameter
+    every choice; for an integer range every value in between too, or a sample of a wide one) are
+    written into ``base_config`` at the parameter's path with :func:`workers.dotted.set_path`, exactly
+    as trials will do, and the result is validated as :class:`TrialSections`. A value that fails names the parameter
     (``search.space.3.high``) and the trial-config field it broke.
 
     Args:
@@ -1031,6 +1340,7 @@ def check_search_space(
     """
     issues: list[SpecIssue] = []
     names: dict[str, int] = {}
+    taken: dict[str, list[Any]] = {}
     for i, p in enumerate(space):
         where = f"{prefix}.{i}"
         if p.name in names:
@@ -1074,20 +1384,27 @@ def check_search_space(
         if p.name == "seed" and len(seeds) > 1:
             issues.append(SpecIssue(f"{where}.name", "seed is both searched and fixed by 'seeds'"))
         values: list[tuple[str, Any]]
+        interior: list[Any] = []
         if isinstance(p, CategoricalParam):
             values = [(f"choices.{j}", c) for j, c in enumerate(p.choices)]
+        elif isinstance(p, IntParam):
+            grid = _int_values(p)
+            values = [("low", grid[0]), ("high", grid[-1])]
+            interior = grid[1:-1]
         else:
             values = [("low", p.low), ("high", p.high)]
+        taken[p.name] = [v for _, v in values] + interior
+        path_ok = True
+        n_before = len(issues)
         for field, value in values:
-            cfg = copy.deepcopy(dict(base_config))
-            try:
-                for cond_name, cond_value in p.when.items():
-                    _set_path(cfg, _split_path(cond_name), cond_value)
-                _set_path(cfg, _split_path(p.name), value)
-            except KeyError as e:
-                issues.append(SpecIssue(f"{where}.name", f"{p.name!r} does not address a field: {e.args[0]}"))
+            problems_or_err = _try_value(base_config, p, value)
+            if isinstance(problems_or_err, PathError):
+                issues.append(
+                    SpecIssue(f"{where}.name", f"{p.name!r} does not address a field: {problems_or_err}")
+                )
+                path_ok = False
                 break
-            problems = _trial_issues(cfg)
+            problems = problems_or_err
             section = p.name.rsplit(".", 1)[0]
             leftovers = [
                 pr.path.rsplit(".", 1)[1]
@@ -1117,8 +1434,79 @@ def check_search_space(
             if problems and all(
                 pr.path.startswith(p.name) and "unknown field" in pr.message for pr in problems
             ):
+                path_ok = False
                 break  # the path itself is wrong; one message is enough
+        if path_ok and interior and len(issues) == n_before:
+            # The endpoints passed or failed above; a value between them can still fail on its own
+            # (heads=3 with dim 64, patch_size=3 on 8x8 images).
+            failed: list[tuple[Any, SpecIssue]] = []
+            for value in interior:
+                result = _try_value(base_config, p, value)
+                if isinstance(result, list) and result:
+                    failed.append((value, result[0]))
+            if failed:
+                value, prob = failed[0]
+                others = [v for v, _ in failed[1:]]
+                also = f" (also {', '.join(map(str, others))})" if others else ""
+                issues.append(
+                    SpecIssue(
+                        where,
+                        f"{p.name}={value!r}{also}, inside [{values[0][1]}, {values[-1][1]}], gives an invalid trial: "
+                        f"{prob.path}: {prob.message}; narrow the range or list valid values as categorical",
+                    )
+                )
+    issues += _freeze_within_epochs(space, names, taken, prefix)
     return issues
+
+
+_DENSE_INT_RANGE = 64
+"""Integer ranges with at most this many values are checked value by value."""
+_INT_SAMPLE = 16
+
+
+def _int_values(p: IntParam) -> list[int]:
+    """The values an int parameter can take: all of them when there are at most :data:`_DENSE_INT_RANGE`,
+    else both endpoints and :data:`_INT_SAMPLE` evenly spaced ones (a sample: a value rejected only
+    between two sampled points of a wide range goes unnoticed until a trial draws it)."""
+    step = p.step or 1
+    count = (p.high - p.low) // step + 1
+    if count <= _DENSE_INT_RANGE:
+        return [p.low + k * step for k in range(count)]
+    picks = {0, count - 1, *(round(i * (count - 1) / (_INT_SAMPLE + 1)) for i in range(1, _INT_SAMPLE + 1))}
+    return [p.low + k * step for k in sorted(picks)]
+
+
+def _try_value(base_config: Mapping[str, Any], p: Any, value: Any) -> list[SpecIssue] | PathError:
+    cfg = copy.deepcopy(dict(base_config))
+    try:
+        for cond_name, cond_value in p.when.items():
+            set_path(cfg, cond_name, cond_value)
+        set_path(cfg, p.name, value)
+    except PathError as e:
+        return e
+    return _trial_issues(cfg)
+
+
+def _freeze_within_epochs(
+    space: Sequence[Any], names: Mapping[str, int], taken: Mapping[str, list[Any]], prefix: str
+) -> list[SpecIssue]:
+    """A searched t_freeze must stay within every epochs value the search can pair it with."""
+    tf, ep = "training.freeze.t_freeze", "training.epochs"
+    if tf not in names or ep not in names:
+        return []  # a fixed side is checked against each value of the other when it is written in
+    tfs = [v for v in taken.get(tf, []) if isinstance(v, int) and not isinstance(v, bool)]
+    eps = [v for v in taken.get(ep, []) if isinstance(v, int) and not isinstance(v, bool)]
+    if not tfs or not eps or max(tfs) <= min(eps):
+        return []
+    p = space[names[tf]]
+    field = "high" if not isinstance(p, CategoricalParam) else "choices"
+    return [
+        SpecIssue(
+            f"{prefix}.{names[tf]}.{field}",
+            f"{tf} can be {max(tfs)} while {ep} can be {min(eps)}: such a trial ends before its "
+            "freeze epoch and silently never freezes the gate; keep t_freeze at most the smallest epochs",
+        )
+    ]
 
 
 def _trial_issues(cfg: Mapping[str, Any]) -> list[SpecIssue]:
@@ -1136,9 +1524,37 @@ def _trial_issues(cfg: Mapping[str, Any]) -> list[SpecIssue]:
 # --------------------------------------------------------------------------------------------------
 
 
+def _confirm_issues(spec: Any) -> list[SpecIssue]:
+    """The claims study needs an AutoNorm search and seeds that no earlier phase used."""
+    confirm = spec.confirm
+    if confirm is None:
+        return []
+    issues = []
+    norm = getattr(spec.model, "norm", None)
+    if getattr(norm, "type", None) != "autonorm":
+        issues.append(
+            SpecIssue(
+                "confirm", "the AutoNorm claims need model.norm.type 'autonorm' (set confirm: null otherwise)"
+            )
+        )
+    used = sorted(set(confirm.seeds) & set(spec.seeds))
+    if used:
+        issues.append(
+            SpecIssue("confirm.seeds", f"seeds {used} are search seeds; the confirmation needs fresh ones")
+        )
+    if confirm.lr_tuning is not None:
+        used = sorted(set(confirm.lr_tuning.seeds) & set(spec.seeds))
+        if used:
+            issues.append(
+                SpecIssue("confirm.lr_tuning.seeds", f"seeds {used} are search seeds; tune on held-out ones")
+            )
+    return issues
+
+
 class StudySpec(_Spec):
     """One study: what to train, what to search, where it runs and where results go."""
 
+    kind: Literal["search"] = "search"  # the batch-size study says "batchsize"
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")  # Tune dir + MLflow experiment
     description: str = ""
     hypothesis: str | None = None
@@ -1148,16 +1564,16 @@ class StudySpec(_Spec):
     search: SearchSpec = SearchSpec()
     resources: ResourcesSpec = ResourcesSpec()
     retries: NonNegInt = 2  # FailureConfig(max_failures)
-    seeds: Annotated[tuple[NonNegInt, ...], Field(min_length=1)] = (0,)
+    seeds: Annotated[tuple[Seed, ...], Field(min_length=1)] = (0,)
     tracking: TrackingSpec = TrackingSpec()
-    storage_path: str = Field(
-        default="runs", min_length=1
-    )  # local dir (relative: to the cwd) or s3://bucket/prefix
+    storage_path: StoragePath = "runs"  # local dir (relative: to the cwd), file:///abs or s3://bucket/prefix
     storage: StorageSpec = StorageSpec()
+    confirm: ConfirmSpec | None = None  # the AutoNorm claims after the search; None: search only
 
     @model_validator(mode="after")
     def _cross(self) -> StudySpec:
         issues = list(_section_issues(self.model, self.data, self.training))
+        issues += _confirm_issues(self)
         if len(set(self.seeds)) != len(self.seeds):
             issues.append(SpecIssue("seeds", f"seeds must be distinct, got {list(self.seeds)}"))
         if len(self.seeds) > 1 and self.search.sampler.type != "grid":
@@ -1177,6 +1593,9 @@ class StudySpec(_Spec):
             )
         if self.search.sampler.type != "grid" and not self.search.space:
             issues.append(SpecIssue("search.space", f"sampler {self.search.sampler.type!r} needs parameters"))
+        issues += metric_issues(
+            self.search.metric, self.search.mode, model=self.model, data=self.data, space=self.search.space
+        )
         if not issues:
             issues += check_search_space(
                 self.search.space,
@@ -1553,12 +1972,36 @@ def _pydantic_issues(err: ValidationError, data: Any, root: type[BaseModel]) -> 
         elif kind == "missing":
             msg = "required field is missing"
         elif kind in _SHOW_INPUT and isinstance(e.get("input"), _SCALAR):
-            msg = f"{msg} (got {e['input']!r})"
+            shown = repr(e["input"])
+            msg = f"{msg} (got {shown if len(shown) <= 120 else shown[:100] + '...'})"
         elif kind.startswith("value_error"):
             msg = msg.removeprefix("Value error, ")
         elif kind == "model_attributes_type" or kind == "model_type":
             msg = f"expected a mapping, got {type(cur).__name__}"
         issues.append(SpecIssue(_path_str(path), msg))
+    return issues
+
+
+_URL_FIELDS: tuple[tuple[tuple[str, ...], Any], ...] = (
+    (("storage_path",), storage_path_problem),
+    (("tracking", "uri"), tracking_uri_problem),
+    (("tracking", "artifact_location"), artifact_location_problem),
+    (("storage", "endpoint_override"), endpoint_problem),
+)
+
+
+def url_field_issues(document: Mapping[str, Any]) -> list[SpecIssue]:
+    """Problems of the URL-like fields of any study document (``storage_path``, ``tracking.uri``,
+    ``tracking.artifact_location``, ``storage.endpoint_override``); never echoes credentials."""
+    issues: list[SpecIssue] = []
+    for path, check in _URL_FIELDS:
+        cur: Any = document
+        for part in path:
+            cur = cur.get(part) if isinstance(cur, Mapping) else None
+        if isinstance(cur, str):
+            problem = check(cur)
+            if problem is not None:
+                issues.append(SpecIssue(".".join(path), problem))
     return issues
 
 
@@ -1575,16 +2018,24 @@ def validate_spec(
         model: the spec class (``StudySpec`` or another study's spec composed of these sections).
         origins: ``path -> (source, line)`` used to attach YAML lines to issues.
     """
+    # Every study kind's URL-like fields go through the one validator, whatever its model declares.
+    url_issues = url_field_issues(document)
     try:
-        return model.model_validate(document)
+        result = model.model_validate(document)
     except SpecError as e:
         issues = list(e.issues)
     except ValidationError as e:
         issues = _pydantic_issues(e, document, model)
+    else:
+        if not url_issues:
+            return result
+        issues = []
+    seen = {i.path for i in issues}
+    issues += [u for u in url_issues if u.path not in seen]
     origin_map = {k: _Origin(*v) for k, v in (origins or {}).items()}
     located = []
     for issue in issues:
-        where = _lookup_origin(origin_map, _split_path(issue.path) if issue.path else ())
+        where = _lookup_origin(origin_map, split_path(issue.path) if issue.path else ())
         located.append(
             SpecIssue(
                 issue.path,
@@ -1594,6 +2045,29 @@ def validate_spec(
             )
         )
     raise SpecError(located)
+
+
+def read_spec_text(path: str | os.PathLike[str]) -> str:
+    """A spec file's text; unreadable, oversized or non-UTF-8 files are a :class:`SpecError` (with the line)."""
+    source = str(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
+    except OSError as e:
+        raise SpecError([SpecIssue("", f"cannot read the spec: {e.strerror or e}", None, source)]) from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise SpecError([SpecIssue("", f"the file is larger than {MAX_YAML_BYTES} bytes", None, source)])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise SpecError(
+            [
+                SpecIssue(
+                    "", f"cannot read the spec: not UTF-8 text (byte {e.start}; binary data?)", line, source
+                )
+            ]
+        ) from None
 
 
 def layer_document(
@@ -1608,10 +2082,7 @@ def layer_document(
         The merged document (``presets`` removed) and ``path -> (source, line)`` provenance.
     """
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError([SpecIssue("", f"cannot read the spec: {e}", None, source)]) from None
+    text = read_spec_text(path)
     doc, lines = parse_yaml(text, source=source)
     origins: dict[_Path, tuple[str | None, int | None]] = {p: (source, ln) for p, ln in lines.items()}
     presets = doc.pop("presets", None) or {}
@@ -1639,7 +2110,7 @@ def layer_document(
             )
         nested = {k: v for k, v in top.items() if "." not in k}
         dotted = {k: v for k, v in top.items() if "." in k}
-        replaced = [*_replaced_paths(nested), *(_split_path(k) for k in dotted)]
+        replaced = [*_replaced_paths(nested), *(split_path(k) for k in dotted)]
         for rp in replaced:
             for k in [k for k in origins if k[: len(rp)] == rp]:
                 del origins[k]
@@ -1647,34 +2118,40 @@ def layer_document(
         for p, ln in lines.items():
             if p[:2] == ("presets", preset) and len(p) > 2:
                 head = p[2]
-                head_path = _split_path(head) if isinstance(head, str) and "." in head else (head,)
+                head_path = split_path(head) if isinstance(head, str) and "." in head else (head,)
                 origins[(*head_path, *p[3:])] = (where, ln)
         doc = _deep_merge(doc, nested)
         for k, v in dotted.items():
             try:
-                _set_path(doc, _split_path(k), copy.deepcopy(v))
-            except KeyError as e:
-                raise SpecError(
-                    [SpecIssue(k, str(e.args[0]), lines.get(("presets", preset, k)), where)]
-                ) from None
+                set_path(doc, split_path(k), copy.deepcopy(v))
+            except PathError as e:
+                raise SpecError([SpecIssue(k, str(e), lines.get(("presets", preset, k)), where)]) from None
     for ov in overrides:
         key, sep, raw = ov.partition("=")
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
             raise SpecError(
-                [SpecIssue("", f"override {ov!r} must look like dotted.key=value", None, "--set")]
+                [SpecIssue(key, "an override must look like dotted.key=value", None, f"--set {ov}")]
             )
         try:
-            value = _parse_value(raw)
-        except (yaml.YAMLError, SpecError) as e:
+            value = _parse_value(raw, f"--set {ov}")
+        except SpecError as e:
             raise SpecError(
-                [SpecIssue(key, f"cannot parse the value {raw!r}: {e}", None, f"--set {ov}")]
+                [
+                    SpecIssue(
+                        ".".join(filter(None, (key, i.path))),
+                        f"cannot parse the value: {i.message}",
+                        None,
+                        i.source,
+                    )
+                    for i in e.issues
+                ]
             ) from None
-        kp = _split_path(key)
+        kp = split_path(key)
         try:
-            _set_path(doc, kp, value)
-        except KeyError as e:
-            raise SpecError([SpecIssue(key, str(e.args[0]), None, f"--set {ov}")]) from None
+            set_path(doc, kp, value)
+        except PathError as e:
+            raise SpecError([SpecIssue(key, str(e), None, f"--set {ov}")]) from None
         for k in [k for k in origins if k[: len(kp)] == kp]:
             del origins[k]
         origins[kp] = (f"--set {ov}", None)

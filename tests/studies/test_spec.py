@@ -24,6 +24,7 @@ from studies.spec import (
     validate_spec,
 )
 from tests.studies.broken_cases import BrokenCase, load_cases
+from workers.dotted import set_path
 
 SHIPPED = Path(__file__).resolve().parents[2] / "studies" / "specs" / "autonorm_search.yaml"
 CASES = load_cases()
@@ -237,7 +238,7 @@ def _sample_trial(spec: StudySpec, rng: random.Random) -> dict[str, Any]:
         if p.type == "int":
             v = min(int(p.high), max(int(p.low), round(v)))
         values[p.name] = v
-        spec_mod._set_path(cfg, spec_mod._split_path(p.name), v)
+        set_path(cfg, p.name, v)
     return cfg
 
 
@@ -249,6 +250,7 @@ def test_every_sampled_trial_of_the_shipped_space_is_valid(preset: str | None) -
     for _ in range(200):
         cfg = _sample_trial(spec, rng)
         sections = TrialSections.model_validate(cfg)
+        assert isinstance(sections.model, spec_mod.ViTLiteSpec)
         seen_types.add(sections.model.linear.type)
         assert ("beta" in cfg["model"]["linear"]) == (cfg["model"]["linear"]["type"] == "corrected")
     assert seen_types == {"linear", "prenorm_l2", "prenorm_rms", "corrected"}
@@ -467,7 +469,7 @@ def test_public_names_used_by_other_specs_exist() -> None:
 # ---- the contract with autonorm_core: what a spec accepts, the core builds ------------------------------
 
 
-def _variants(union: Any) -> list[type]:
+def _variants(union: Any) -> list[Any]:
     import typing
 
     return list(typing.get_args(typing.get_args(union)[0]))
@@ -513,7 +515,9 @@ def test_every_affine_net_layer_builds_in_core() -> None:
         cfg = CNNSpec(preset="tiny", layer=layer_cls()).model_dump(mode="json", exclude_none=True)
         create_model(cfg.pop("type"), splits, preset=cfg.pop("preset"), **cfg)
         built += 1
-    assert built == 9
+    from autonorm_core.models.affine_nets import CNN_LAYERS, MLP_LAYERS
+
+    assert built == len(MLP_LAYERS) + len(CNN_LAYERS)
 
 
 def test_training_section_is_a_core_train_config() -> None:
@@ -523,3 +527,223 @@ def test_training_section_is_a_core_train_config() -> None:
     cfg = TrainConfig.from_dict(spec.base_config()["training"])
     assert cfg.epochs == spec.training.epochs and cfg.freeze is not None
     assert cfg.freeze.t_freeze == spec.training.freeze.t_freeze
+
+
+# ---- study kind -------------------------------------------------------------------------------------
+
+
+def test_kind_is_the_first_field_and_defaults_to_search(tmp_path: Path) -> None:
+    assert next(iter(StudySpec.model_fields)) == "kind"
+    assert load_spec(_write(tmp_path, MINIMAL)).kind == "search"
+    assert load_spec(_write(tmp_path, "kind: search\n" + MINIMAL)).kind == "search"
+    issues = _issues(_write(tmp_path, "kind: batchsize\n" + MINIMAL))
+    assert [i.path for i in issues] == ["kind"]
+
+
+# ---- YAML limits ------------------------------------------------------------------------------------
+
+
+def _nested_flow(depth: int) -> str:
+    return "x: " + "[" * depth + "]" * depth + "\n"
+
+
+def test_nesting_up_to_the_limit_parses_and_beyond_is_refused_with_its_line() -> None:
+    doc, _ = parse_yaml(_nested_flow(spec_mod.MAX_YAML_DEPTH - 1))  # the root mapping is one level
+    assert isinstance(doc["x"], list)
+    with pytest.raises(SpecError) as info:
+        parse_yaml("a: 1\n" + _nested_flow(spec_mod.MAX_YAML_DEPTH), source="deep.yaml")
+    (issue,) = info.value.issues
+    assert (issue.line, issue.source) == (2, "deep.yaml")
+    assert "nested more than" in issue.message
+
+
+def test_alias_expansion_is_counted_not_performed() -> None:
+    # 10 levels of 10 copies: 10**10 values once expanded, a few hundred written.
+    lines = ["a0: &a0 [" + ", ".join(["x"] * 10) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 10)]
+    with pytest.raises(SpecError) as info:
+        parse_yaml("\n".join(lines) + "\n", source="bomb.yaml")
+    assert "aliases expanded" in info.value.issues[0].message
+    # Modest reuse stays legal: anchors are a YAML feature, not an attack.
+    doc, _ = parse_yaml("base: &b {type: layernorm, eps: 1.0e-5}\nnorm: *b\nfinal_norm: *b\n")
+    assert doc["norm"] == doc["final_norm"] == {"type": "layernorm", "eps": 1e-5}
+
+
+def test_self_referencing_alias_is_refused() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_yaml("a: 1\nb: &s {c: *s}\n")
+    assert info.value.issues[0].line == 2
+    assert "refers to the collection it is part of" in info.value.issues[0].message
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "fragment"),
+    [
+        ("name: ok\nbad: a\x00b\n", 2, "U+0000"),
+        ("name: ok\nbad: \x1b[31m\n", 2, "U+001B"),
+        ("name: ok\nretries: " + "9" * 4400 + "\n", 2, "4400-digit integer"),
+        ("name: ok\nwhen: 2021-02-30\n", 2, "invalid timestamp value"),
+        ("name: ok\n1: x\n", 2, "mapping keys must be plain strings"),
+    ],
+)
+def test_bad_scalars_are_spec_errors_with_their_line(text: str, line: int, fragment: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_yaml(text, source="f.yaml")
+    (issue,) = info.value.issues
+    assert issue.line == line and fragment in issue.message and issue.source == "f.yaml"
+
+
+def test_set_values_are_parsed_under_the_same_limits(tmp_path: Path) -> None:
+    path = _write(tmp_path, MINIMAL)
+    bomb = "[&a [x,x,x,x,x,x,x,x,x], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a], &c [*b,*b,*b,*b,*b,*b,*b,*b,*b], " + (
+        "&d [*c,*c,*c,*c,*c,*c,*c,*c,*c], &e [*d,*d,*d,*d,*d,*d,*d,*d,*d], *e, *e, *e, *e, *e, *e]"
+    )
+    (issue,) = _issues(path, (f"description={bomb}",))
+    assert issue.path == "description" and "aliases expanded" in issue.message
+    assert issue.source is not None and issue.source.startswith("--set description=")
+    (issue,) = _issues(path, ("description=" + "[" * 500 + "]" * 500,))
+    assert issue.path == "description" and "nested more than" in issue.message
+
+
+def test_an_oversized_file_is_refused_unread(tmp_path: Path) -> None:
+    path = _write(tmp_path, MINIMAL + "#" * spec_mod.MAX_YAML_BYTES)
+    (issue,) = _issues(path)
+    assert "larger than" in issue.message and issue.source == str(path)
+
+
+def test_error_text_never_repeats_a_credential_anywhere(tmp_path: Path) -> None:
+    secret = "Zq9SECRETxx/yy"
+    path = _write(tmp_path, MINIMAL)
+    for field in ("storage_path", "tracking.uri", "tracking.artifact_location", "storage.endpoint_override"):
+        url = f"s3://AKIAKEY:{secret}@bucket/prefix"
+        with pytest.raises(SpecError) as info:
+            load_spec(path, (f"{field}={url}",))
+        text = info.value.format() + repr(info.value.issues) + str(info.value)
+        assert secret not in text and "AKIAKEY" not in text and url not in text
+        assert "s3://***@bucket/prefix" in text
+    # ... also when the credential sits in a field that is no URL at all (the name pattern echoes input).
+    with pytest.raises(SpecError) as info:
+        load_spec(path, (f"name=http://u:{secret}@h",))
+    assert secret not in info.value.format()
+
+
+# ---- URL-like fields ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("checker", "value", "fragment"),
+    [
+        ("storage_path", "runs", None),
+        ("storage_path", "/abs/runs", None),
+        ("storage_path", "s3://bucket/prefix", None),
+        ("storage_path", "file:///abs/runs", None),
+        ("storage_path", "s3:///prefix", "names no bucket"),
+        ("storage_path", "s3://KEY:S3CR3T@bucket/p", "carries user info"),
+        ("storage_path", "s3://bucket/p?secret_key=x", "query"),
+        ("storage_path", "gs://bucket/p", "scheme 'gs'"),
+        ("storage_path", "ftp://host/p", "scheme 'ftp'"),
+        ("storage_path", "file://relative/p", "absolute path"),
+        ("storage_path", "runs\nx", "control characters"),
+        ("storage_path", "s3:bucket/p", "without '//'"),
+        ("tracking_uri", "http://mlflow:5000", None),
+        ("tracking_uri", "https://mlflow.example.org", None),
+        ("tracking_uri", "sqlite:////abs/mlflow.db", None),
+        ("tracking_uri", "postgresql+psycopg2://db.example/mlflow", None),
+        ("tracking_uri", "mysql://db.example/mlflow", None),
+        ("tracking_uri", "databricks", None),
+        ("tracking_uri", "sqlite:///relative.db", "absolute database path"),
+        ("tracking_uri", "file:///tmp/mlruns", "scheme 'file'"),
+        ("tracking_uri", "/tmp/mlruns", "a path without a scheme"),
+        ("tracking_uri", "ftp://host/x", "scheme 'ftp'"),
+        ("tracking_uri", "http://user:hunter2@host", "carries user info"),
+        ("tracking_uri", "http://", "names no valid host"),
+        ("tracking_uri", "http+evil://host", "scheme 'http+evil'"),
+        ("artifact_location", "s3://bucket/artifacts", None),
+        ("artifact_location", "mlflow-artifacts:/exp", None),
+        ("artifact_location", "gs://bucket/a", "scheme 'gs'"),
+        ("endpoint", "http://127.0.0.1:8333", None),
+        ("endpoint", "https://s3.example.org/", None),
+        ("endpoint", "127.0.0.1:8333", "must be http://host[:port]"),
+        ("endpoint", "http://host:99999", "no valid host[:port]"),
+        ("endpoint", "http://host/path", "has no path"),
+        ("endpoint", "http://k:S3CR3T@host", "carries user info"),
+    ],
+)
+def test_url_fields(checker: str, value: str, fragment: str | None) -> None:
+    from studies import spec_urls
+
+    problem = getattr(spec_urls, f"{checker}_problem")(value)
+    if fragment is None:
+        assert problem is None
+    else:
+        assert problem is not None and fragment in problem
+        assert "S3CR3T" not in problem and "hunter2" not in problem
+
+
+def test_url_fields_are_checked_for_every_study_kind() -> None:
+    from studies.spec import url_field_issues
+
+    doc = {
+        "storage_path": "s3://K:S@b/p",
+        "tracking": {"uri": "sqlite:///x.db", "artifact_location": "gs://b/a"},
+        "storage": {"endpoint_override": "ftp://h"},
+    }
+    assert [i.path for i in url_field_issues(doc)] == [
+        "storage_path",
+        "tracking.uri",
+        "tracking.artifact_location",
+        "storage.endpoint_override",
+    ]
+
+
+# ---- seeds and integer ranges ----------------------------------------------------------------------
+
+
+def test_seeds_must_fit_32_bits(tmp_path: Path) -> None:
+    path = _write(tmp_path, MINIMAL)
+    assert load_spec(path, ("search.sampler={type: tpe, seed: 4294967295}",)).search.sampler.seed == 2**32 - 1
+    (issue,) = _issues(path, ("search.sampler={type: random, seed: 4294967296}",))
+    assert issue.path == "search.sampler.seed"
+    issues = _issues(path, ("seeds=[4294967296]",))
+    assert any(i.path == "seeds.0" and "less than 4294967296" in i.message for i in issues)
+
+
+def test_small_int_range_is_checked_value_by_value(tmp_path: Path) -> None:
+    path = _write(tmp_path, MINIMAL)
+    ok = load_spec(path, ("model.dim=64", "search.space=[{name: model.heads, type: int, low: 1, high: 2}]"))
+    assert ok.search.space[0].high == 2
+    (issue,) = _issues(
+        path, ("model.dim=64", "search.space=[{name: model.heads, type: int, low: 1, high: 4}]")
+    )
+    assert issue.path == "search.space.0" and "model.heads=3," in issue.message
+    (issue,) = _issues(path, ("search.space=[{name: model.patch_size, type: int, low: 1, high: 8}]",))
+    assert "model.patch_size=3 (also 5, 6, 7)" in issue.message
+    # With a step only the reachable values count: 2, 4, 6, 8 -> 6 fails.
+    (issue,) = _issues(
+        path, ("search.space=[{name: model.patch_size, type: int, low: 2, high: 8, step: 2}]",)
+    )
+    assert "model.patch_size=6," in issue.message and "also" not in issue.message
+
+
+def test_wide_int_range_is_sampled_with_its_endpoints() -> None:
+    from studies.spec import IntParam
+
+    small = spec_mod._int_values(IntParam(name="training.epochs", low=1, high=64))
+    assert small == list(range(1, 65))
+    wide = spec_mod._int_values(IntParam(name="training.epochs", low=1, high=10_000))
+    assert wide[0] == 1 and wide[-1] == 10_000 and 3 <= len(wide) <= 20
+    stepped = spec_mod._int_values(IntParam(name="training.epochs", low=1, high=10, step=4))
+    assert stepped == [1, 5, 9]
+
+
+def test_searched_t_freeze_must_fit_the_smallest_searched_epochs(tmp_path: Path) -> None:
+    base = MINIMAL.replace("training: {epochs: 4}", "training: {epochs: 12, freeze: {t_freeze: 2}}")
+    path = _write(tmp_path, base)
+    space = (
+        "search.space=[{name: training.freeze.t_freeze, type: int, low: 1, high: %d}, "
+        "{name: training.epochs, type: int, low: 6, high: 12}]"
+    )
+    assert load_spec(path, (space % 6,)).training.freeze is not None
+    issues = _issues(path, (space % 8,))
+    assert [i.path for i in issues] == ["search.space.0.high"]
+    assert "never freezes" in issues[0].message
