@@ -40,8 +40,10 @@ from studies.spec import (
     PosInt,
     ResourcesSpec,
     SearchSpec,
+    Seed,
     SpecError,
     SpecIssue,
+    StoragePath,
     StorageSpec,
     TrackingSpec,
     TrainingSpec,
@@ -49,6 +51,7 @@ from studies.spec import (
     build_plan,
     check_search_space,
     dump_yaml,
+    metric_issues,
     spec_hash,
 )
 from workers.dotted import ROOT
@@ -143,7 +146,7 @@ class LRTuningSpec(BaseModel):
     low: PosFloat = 1e-3
     high: PosFloat = 1e2  # wide enough for every arm: corrected layers need ~‖x‖²+1 times plain η
     points: Annotated[int, Field(strict=True, ge=3, le=64)] = 11  # log-spaced grid points
-    seeds: Annotated[tuple[NonNegInt, ...], Field(min_length=2)] = (1000, 1001)
+    seeds: Annotated[tuple[Seed, ...], Field(min_length=2)] = (1000, 1001)
     reference_batch_size: PosInt = 64
     epochs: PosInt | None = None  # tuning budget; None: the confirmatory training.epochs
     metric: Annotated[str, Field(min_length=1)] = "val_accuracy"
@@ -209,7 +212,7 @@ class BatchSizeStudySpec(BaseModel):
     control: Arm = "linear"  # the arm each fix arm's interaction is measured against
     controls: tuple[Arm, ...] | None = None  # arms the claim says do NOT decline; None: the model's
     batch_sizes: Annotated[tuple[PosInt, ...], Field(min_length=2)] = (8, 16, 32, 64, 128, 256, 512)
-    seeds: Annotated[tuple[NonNegInt, ...], Field(min_length=2)] = (0, 1, 2, 3, 4, 5, 6, 7)
+    seeds: Annotated[tuple[Seed, ...], Field(min_length=2)] = (0, 1, 2, 3, 4, 5, 6, 7)
     budgets: Annotated[tuple[Budget, ...], Field(min_length=1)] = ("epochs", "updates")
     lr_policy: Literal["constant", "linear", "sqrt", "tuned"] = "constant"
     lr_tuning: LRTuningSpec = LRTuningSpec()
@@ -218,7 +221,7 @@ class BatchSizeStudySpec(BaseModel):
     max_concurrent: PosInt = 2  # trials at once (Tune's max_concurrent_trials)
     retries: NonNegInt = 2  # FailureConfig(max_failures) per trial
     tracking: TrackingSpec = TrackingSpec()
-    storage_path: Annotated[str, Field(min_length=1)] = "runs"  # local dir or s3://bucket/prefix
+    storage_path: StoragePath = "runs"  # local dir or s3://bucket/prefix
     storage: StorageSpec = StorageSpec()
 
     @model_validator(mode="after")
@@ -299,6 +302,24 @@ class BatchSizeStudySpec(BaseModel):
                     "lr_tuning.seeds",
                     f"tuning seeds {overlap} are also confirmatory seeds; tune on held-out seeds",
                 )
+            )
+        if not issues:
+            issues += metric_issues(
+                self.lr_tuning.metric,
+                self.lr_tuning.mode,
+                model=self.model,
+                data=self.data,
+                metric_path="lr_tuning.metric",
+                mode_path="lr_tuning.mode",
+            )
+            issues += metric_issues(
+                self.analysis.metric,
+                "max" if self.analysis.higher_is_better else "min",
+                model=self.model,
+                data=self.data,
+                metric_path="analysis.metric",
+                mode_path="analysis.higher_is_better",
+                allow_test=True,
             )
         if not issues:
             # Every (arm, batch size) trial must be valid on its own: data fits model, budgets, ...

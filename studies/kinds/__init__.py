@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from studies.spec import SpecError, SpecIssue, load_spec, parse_yaml
+from studies.spec import SpecError, SpecIssue, load_spec, parse_yaml, read_spec_text
 
 __all__ = [
     "KINDS",
@@ -134,11 +134,7 @@ def load_study(
     """
     path = Path(path)
     if kind is None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SpecError([SpecIssue("", f"cannot read the spec: {exc}", None, str(path))]) from None
-        document, _ = parse_yaml(text, source=str(path))
+        document, _ = parse_yaml(read_spec_text(path), source=str(path))
         study_kind = kind_of(document, source=str(path))
     else:
         study_kind = KINDS[kind]
@@ -147,7 +143,7 @@ def load_study(
 
 def presets_of(path: str | Path) -> list[str]:
     """The preset names a spec file defines."""
-    document, _ = parse_yaml(Path(path).read_text(encoding="utf-8"), source=str(path))
+    document, _ = parse_yaml(read_spec_text(path), source=str(path))
     presets = document.get("presets") if isinstance(document, Mapping) else None
     return sorted(presets) if isinstance(presets, Mapping) else []
 
