@@ -17,7 +17,8 @@ Design notes (why it looks like this):
 - The learning-rate schedule is a pure function of the update index (:func:`lr_at_step`): it needs no
   state of its own and survives rebuilding the optimizer when the selector is frozen.
 - Gate statistics come from the noise-free ``gate_probs`` on the validation split in eval mode
-  (PROTOCOL.md §1), never from the noisy training samples.
+  (docs/science.md), never from the noisy training samples, and see the same padding mask as the
+  gate itself (text: the mean over real tokens).
 """
 
 from __future__ import annotations
@@ -486,8 +487,9 @@ def _evaluate(
     n_gate = [0] * len(gates)
 
     def make_hook(i: int) -> Callable[..., None]:
-        def hook(module: Any, args: tuple[Any, ...]) -> None:
-            probs = module.gate_probs(args[0]).float()  # (B, K)
+        def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            # The gate's own padding mask: text gates pool over real tokens only.
+            probs = module.gate_probs(args[0], mask=kwargs.get("mask")).float()  # (B, K)
             p = probs.clamp_min(1e-12)
             ent_sum[i] += float(-(probs * p.log()).sum(-1).sum().item())
             s = probs.sum(0).detach().cpu().double()
@@ -496,7 +498,7 @@ def _evaluate(
 
         return hook
 
-    handles = [g.register_forward_pre_hook(make_hook(i)) for i, g in enumerate(gates)]
+    handles = [g.register_forward_pre_hook(make_hook(i), with_kwargs=True) for i, g in enumerate(gates)]
     try:
         for start in range(0, x_all.shape[0], batch_size):
             x = x_all[start : start + batch_size]

@@ -584,3 +584,49 @@ def test_real_vit_resume_across_the_freeze_equals_uninterrupted() -> None:
     resumed = fit(build(), splits, cfg, seed=11, resume_state=states[1])
     assert full.freeze_epoch == 1 and len(full.history) == 3
     assert strip_timing(resumed.history) == strip_timing(full.history)
+
+
+def test_text_gate_metrics_use_the_gates_own_padding_mask() -> None:
+    """On padded text the logged gate statistics are what the gate computes: pooled over real tokens."""
+    from autonorm_core.data import load_dataset
+    from autonorm_core.models import create_model
+    from autonorm_core.norms import AutoNorm
+
+    splits = load_dataset("pang_lee_polarity", seed=0, subset=(96, 64))
+    model = create_model("text_encoder", splits, preset="tiny", depth=1, norm={"type": "autonorm"})
+    gates = [m for m in model.modules() if isinstance(m, AutoNorm)]
+    reported: dict[str, float] = {}
+    recomputed: dict[str, float] = {}
+    unmasked: dict[str, float] = {}
+
+    class Check:
+        def on_epoch_end(self, epoch: int, model: nn.Module, metrics: dict[str, float]) -> None:
+            model.eval()
+            seen: dict[int, tuple[torch.Tensor, Any]] = {}
+            hooks = [
+                g.register_forward_pre_hook(
+                    lambda m, a, kw, i=i: seen.__setitem__(i, (a[0], kw.get("mask"))), with_kwargs=True
+                )
+                for i, g in enumerate(gates)
+            ]
+            with torch.no_grad():
+                model(splits.val[0])
+                for h in hooks:
+                    h.remove()
+                for i, g in enumerate(gates):
+                    x, mask = seen[i]
+                    assert mask is not None and not bool(mask.all())  # there is padding to exclude
+                    p = g.gate_probs(x, mask=mask)
+                    recomputed[f"gate_entropy/layer_{i}"] = float(
+                        -(p * p.clamp_min(1e-12).log()).sum(-1).mean()
+                    )
+                    q = g.gate_probs(x)
+                    unmasked[f"gate_entropy/layer_{i}"] = float(
+                        -(q * q.clamp_min(1e-12).log()).sum(-1).mean()
+                    )
+            reported.update(metrics)
+
+    fit(model, splits, TrainConfig(epochs=1, batch_size=32, lr=3e-2), seed=0, callbacks=[Check()])
+    for key, value in recomputed.items():
+        assert reported[key] == pytest.approx(value, abs=1e-6), key
+    assert any(abs(unmasked[k] - recomputed[k]) > 1e-6 for k in recomputed), "the mask changed nothing"
