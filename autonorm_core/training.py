@@ -108,7 +108,7 @@ class GateFreeze:
     The decision uses the mean over AutoNorm layers of the validation gate entropy H of that epoch.
 
     Attributes:
-        t_freeze: 1-based epoch at whose end the rule is applied (PROTOCOL default 10). Never reached
+        t_freeze: 1-based epoch at whose end the rule is applied (default 10, as in the paper). Never reached
             when the run is shorter: the selector then trains throughout.
         eps_h: entropy threshold in nats (0 .. ln 2 for two candidates).
         rule: ``freeze_if_high`` freezes when H >= eps_h -- the paper's literal "has not fallen below
@@ -173,7 +173,7 @@ class TrainConfig:
         eval_batch_size: batch size of evaluation passes (memory only; results do not depend on it
             beyond float rounding).
         tau_final: when set, every AutoNorm's Gumbel temperature anneals linearly per update from its
-            initial value to this one; ``None`` keeps tau fixed (PROTOCOL default).
+            initial value to this one; ``None`` keeps tau fixed (the default).
     """
 
     epochs: int = 10
