@@ -19,7 +19,8 @@ reproducible without global seeding and a training loop can save and restore the
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 import torch
@@ -110,6 +111,43 @@ def _check_dim(dim: int) -> None:
         raise ValueError(f"dim must be a positive int, got {dim!r}")
 
 
+# Hand-written eager fast paths (:class:`_TokenMean`, :class:`_DyTLayerNormMix`) are on unless a caller
+# asks for the reference expressions (tests compare the two; bench/norms.py times both in one run).
+_FAST_PATHS = {"on": True}
+
+
+@contextmanager
+def _reference_paths() -> Iterator[None]:
+    """Within the block, mixtures and token pooling run the plain reference expressions (private)."""
+    previous = _FAST_PATHS["on"]
+    _FAST_PATHS["on"] = False
+    try:
+        yield
+    finally:
+        _FAST_PATHS["on"] = previous
+
+
+class _TokenMean(torch.autograd.Function):
+    """``x.mean(dim=1)`` of a ``(B, T, D)`` input whose backward returns a broadcast *view*.
+
+    Autograd's ``MeanBackward`` materialises ``grad.expand(B, T, D) / T`` as a full tensor before it
+    is added to the input's other gradient; the view costs nothing and the engine adds it in place
+    into the dense gradient of the mixture (one memory pass less per AutoNorm layer). Same values:
+    the forward is ``x.mean(1)``, the backward ``(grad / T)`` broadcast over the tokens.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        ctx.tokens = x.shape[1]
+        return x.mean(dim=1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        b, d = grad.shape
+        return (grad / ctx.tokens).unsqueeze(1).expand(b, ctx.tokens, d)
+
+
 def _pool_tokens(x: Tensor, mask: Tensor | None = None) -> Tensor:
     """Per-sample summary used by the self-conditioned layers: mean over the real tokens of (B, T, D).
 
@@ -120,6 +158,14 @@ def _pool_tokens(x: Tensor, mask: Tensor | None = None) -> Tensor:
     """
     if x.ndim == 3:
         if mask is None:
+            if (
+                _FAST_PATHS["on"]
+                and x.requires_grad
+                and torch.is_grad_enabled()
+                and not torch.compiler.is_compiling()
+            ):
+                pooled: Tensor = _TokenMean.apply(x)
+                return pooled
             return x.mean(dim=1)  # (B, D)
         if mask.shape != x.shape[:2]:
             raise ValueError(f"mask must have shape {tuple(x.shape[:2])} (B, T), got {tuple(mask.shape)}")
@@ -463,7 +509,24 @@ def _at_least_float32(t: Tensor) -> Tensor:
 
 
 def _mix(branches: nn.ModuleList, x: Tensor, weights: Tensor, mask: Tensor | None) -> Tensor:
-    """``Σ_k w_k · branch_k(x)`` with per-sample weights ``(B, K)`` that sum to 1."""
+    """``Σ_k w_k · branch_k(x)`` with per-sample weights ``(B, K)`` that sum to 1.
+
+    A (DyT, LayerNorm) pair in eager mode runs :class:`_DyTLayerNormMix` (see :func:`_fused_pair`);
+    everything else, and every ``torch.compile`` graph, runs the reference expression below.
+    """
+    pair = _fused_pair(branches, x)
+    if pair is not None:
+        i_dyt, i_ln = pair
+        dyt, ln = branches[i_dyt], branches[i_ln]
+        out: Tensor = _DyTLayerNormMix.apply(
+            x, weights[:, i_ln], dyt.alpha, dyt.weight, dyt.bias, ln.weight, ln.bias, ln.eps
+        )
+        return out
+    return _reference_mix(branches, x, weights, mask)
+
+
+def _reference_mix(branches: nn.ModuleList, x: Tensor, weights: Tensor, mask: Tensor | None) -> Tensor:
+    """The mixture as plain module calls and tensor expressions (the tests' reference)."""
     ys = [branch(x, mask=mask) for branch in branches]
     if len(ys) == 2:
         # lerp(y0, y1, w1) = w0 y0 + w1 y1 when w0 = 1 − w1: one kernel instead of three, and the same
@@ -473,6 +536,135 @@ def _mix(branches: nn.ModuleList, x: Tensor, weights: Tensor, mask: Tensor | Non
     for k in range(1, len(ys)):
         out = torch.addcmul(out, ys[k], _per_sample(weights[:, k], ys[k]))
     return out
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+    )
+
+
+def _fused_pair(branches: nn.ModuleList, x: Tensor) -> tuple[int, int] | None:
+    """Indices ``(dyt, layernorm)`` when the fused eager mixture applies, else ``None``.
+
+    It applies to exactly two branches, a fused :class:`DyT` and a :class:`LayerNorm` with affine
+    parameters, in eager mode, without autocast, with parameters of the input's dtype, and when no
+    hook watches a branch (hooks must see the branch modules run). ``torch.compile`` graphs take the
+    reference expression instead: Inductor fuses it into fewer passes than any eager kernel sequence.
+    """
+    if not _FAST_PATHS["on"] or len(branches) != 2 or x.ndim not in (2, 3) or torch.compiler.is_compiling():
+        return None
+    if torch.is_autocast_enabled(x.device.type):
+        return None
+    a, b = branches[0], branches[1]
+    if type(a) is DyT and type(b) is LayerNorm:
+        dyt, ln, pair = a, b, (0, 1)
+    elif type(a) is LayerNorm and type(b) is DyT:
+        dyt, ln, pair = b, a, (1, 0)
+    else:
+        return None
+    if not dyt.fused or ln.weight is None or ln.bias is None or len(ln.normalized_shape) != 1:
+        return None
+    if _has_hooks(dyt) or _has_hooks(ln) or nn.modules.module._global_forward_hooks:
+        return None
+    if nn.modules.module._global_forward_pre_hooks:
+        return None
+    dtype = x.dtype
+    if dyt.weight.dtype != dtype or ln.weight.dtype != dtype or not x.is_contiguous():
+        return None
+    return pair
+
+
+class _DyTLayerNormMix(torch.autograd.Function):
+    """``lerp(DyT(x), LN(x), w)``, i.e. ``(1 − w) ⊙ DyT(x) + w ⊙ LN(x)`` per sample, in one function.
+
+    Forward: PyTorch's fused LayerNorm kernel (which also returns the mean and 1/σ it used), DyT as in
+    :class:`_DyTFunction`, and the ``lerp`` in place into DyT's output. Backward, from what the forward
+    saved (nothing recomputed) and with the per-sample weight ``w`` folded into per-sample reductions
+    instead of full-size ``(1 − w) g`` temporaries:
+
+    * ``G0 = Σ_t g`` and ``GT = Σ_t g ⊙ t`` (B, D) give DyT's ``∂β = Σ_b (1 − w_b) G0_b``,
+      ``∂γ = Σ_b (1 − w_b) GT_b`` and ``⟨g, DyT(x)⟩_b = GT_b · γ + G0_b · β``;
+    * the weight gradient ``⟨g, LN(x)⟩_b − ⟨g, DyT(x)⟩_b`` (one per-sample dot product);
+    * PyTorch's fused LayerNorm backward on ``w g``;
+    * ``h = (1 − w) tanh'(αx) ⊙ γ ⊙ g``, ``∂α = ⟨h, x⟩`` and the input gradient accumulated in
+      place as ``∂x_LN + α h``.
+
+    Full-size memory: three fresh tensors in the forward (LN's output and ``tanh(αx)``, both saved,
+    and the output), two in the backward (one scratch buffer reused for ``g ⊙ t``, ``g ⊙ LN(x)``,
+    ``w g`` and ``h``, and the input gradient); fresh allocations of that size cost page faults on
+    CPU, often more than the arithmetic.
+
+    Against autograd over the module calls this skips the lerp backward's full-size temporaries, the
+    ``(1 − w) g`` product, the extra accumulation node and the module dispatch. First order only
+    (``once_differentiable``).
+
+    Inputs: ``x`` (B, T, D) or (B, D) contiguous; ``w_ln`` (B,) LayerNorm's weight per sample; DyT's
+    ``alpha, weight, bias``; LayerNorm's ``weight, bias, eps``.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        w_ln: Tensor,
+        alpha: Tensor,
+        dyt_weight: Tensor,
+        dyt_bias: Tensor,
+        ln_weight: Tensor,
+        ln_bias: Tensor,
+        eps: float,
+    ) -> Tensor:
+        dim = x.shape[-1]
+        y_ln, mean, rstd = torch.native_layer_norm(x, (dim,), ln_weight, ln_bias, eps)
+        t = torch.mul(x, alpha).tanh_()
+        w = _per_sample(w_ln, x)
+        out = torch.addcmul(dyt_bias, t, dyt_weight).lerp_(y_ln, w)  # DyT(x), then mixed in place
+        ctx.save_for_backward(x, w_ln, alpha, dyt_weight, dyt_bias, ln_weight, ln_bias, t, y_ln, mean, rstd)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        x, w_ln, alpha, dyt_weight, dyt_bias, ln_weight, ln_bias, t, y_ln, mean, rstd = ctx.saved_tensors
+        need_x, need_w, need_alpha, need_dw, need_db, need_lw, need_lb, _ = ctx.needs_input_grad
+        g = grad_out.contiguous()
+        batch, dim = g.shape[0], g.shape[-1]
+        w = w_ln.to(g.dtype)  # (B,)
+        keep = 1.0 - w  # DyT's weight per sample
+        g3 = g.reshape(batch, -1, dim)  # (B, T, D)
+        grad_w = grad_alpha = grad_dw = grad_db = grad_x = grad_lw = grad_lb = None
+        if need_w or need_db:
+            g0 = g3.sum(dim=1)  # (B, D)
+            if need_db:
+                grad_db = keep @ g0
+        # One full-size scratch buffer serves g ⊙ t, g ⊙ LN(x), w g and h in turn.
+        scratch = torch.empty_like(g)
+        if need_w or need_dw:
+            gt = torch.mul(g, t, out=scratch).reshape(g3.shape).sum(dim=1)  # (B, D)
+            if need_dw:
+                grad_dw = keep @ gt
+        if need_w:
+            dot_ln = torch.mul(g, y_ln, out=scratch).reshape(batch, -1).sum(dim=1)  # ⟨g, LN(x)⟩ per sample
+            dot_dyt = torch.addmv(g0 @ dyt_bias, gt, dyt_weight)
+            grad_w = (dot_ln - dot_dyt).to(w_ln.dtype)
+        if need_x or need_lw or need_lb:
+            g_ln = torch.mul(g, _per_sample(w, g), out=scratch)
+            grad_x, grad_lw, grad_lb = torch.ops.aten.native_layer_norm_backward(
+                g_ln, x, (dim,), mean, rstd, ln_weight, ln_bias, [need_x, need_lw, need_lb]
+            )
+        if need_x or need_alpha:
+            h = torch.mul(g, dyt_weight, out=scratch)  # ∂L/∂t of DyT's unweighted output
+            torch.ops.aten.tanh_backward.grad_input(h, t, grad_input=h)  # ∂/∂(αx), in place
+            h.mul_(_per_sample(keep, h))  # DyT's share of the gradient, in place
+            if need_alpha:
+                grad_alpha = (h.reshape(-1) @ x.reshape(-1)).reshape(alpha.shape)
+            if need_x:
+                grad_x = h.mul_(alpha) if grad_x is None else grad_x.addcmul_(h, alpha)
+        return grad_x, grad_w, grad_alpha, grad_dw, grad_db, grad_lw, grad_lb, None
 
 
 class NormSelector(nn.Module):

@@ -530,3 +530,121 @@ def test_compiled_training_step_matches_eager() -> None:
         results.append([y, x.grad, *(p.grad for p in m.parameters())])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+# -- eager fast paths: the fused (DyT, LayerNorm) mixture and the token mean's backward ---------------------
+
+
+def _fast_and_reference(m: nn.Module, x: Tensor, mask: Tensor | None, seed: int = 4) -> list[list[Tensor]]:
+    """Output, input gradient and every parameter gradient, with the fast paths and without."""
+    from autonorm_core.norms import _reference_paths
+
+    dy = _input(x.shape, seed=11).to(x.dtype)
+    runs = []
+    for reference in (False, True):
+        if hasattr(m, "manual_seed"):
+            m.manual_seed(seed)  # the same Gumbel noise for both runs
+        xi = x.detach().clone().requires_grad_(True)
+        params = [p for p in m.parameters() if p.requires_grad]
+        if reference:
+            with _reference_paths():
+                y = m(xi, mask=mask)
+        else:
+            y = m(xi, mask=mask)
+        grads = torch.autograd.grad(y, [xi, *params], dy, allow_unused=True)
+        runs.append([y, *(torch.zeros_like(p) if g is None else g for g, p in zip(grads, [xi, *params]))])
+    return runs
+
+
+def _perturbed(m: AutoNorm) -> AutoNorm:
+    with torch.no_grad():
+        for i, p in enumerate(m.parameters()):
+            p.add_(
+                0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(100 + i), dtype=p.dtype)
+            )
+    return m
+
+
+@pytest.mark.parametrize("shape", [(4, 7, DIM), (5, DIM)], ids=["BTD", "BD"])
+@pytest.mark.parametrize("candidates", [("dyt", "layernorm"), ("layernorm", "dyt")], ids=["dyt_ln", "ln_dyt"])
+@pytest.mark.parametrize("hard", [False, True], ids=["soft", "hard"])
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+def test_fused_mixture_matches_the_reference_in_values_and_every_gradient(
+    shape: tuple[int, ...], candidates: tuple[str, str], hard: bool, masked: bool
+) -> None:
+    if masked and len(shape) == 2:
+        pytest.skip("a mask applies to (B, T, D) inputs only")
+    m = _perturbed(AutoNorm(DIM, candidates=candidates, hard=hard, selector_init="default", seed=2).double())
+    x = _input(shape).double()
+    mask = (torch.arange(shape[1])[None, :] < torch.tensor([7, 3, 1, 5])[:, None]) if masked else None
+    fast, reference = _fast_and_reference(m.train(), x, mask)
+    names = ["out", "x", *(n for n, _ in m.named_parameters())]
+    assert len(fast) == len(names)
+    for name, a, b in zip(names, fast, reference):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+    if not hard:  # α, γ and β of both branches and the selector really receive gradient
+        for name, g in zip(names[2:], fast[2:]):
+            assert g.abs().sum() > 0, name
+
+
+def test_fused_mixture_float32_matches_reference_within_float_tolerance() -> None:
+    m = _perturbed(AutoNorm(DIM, selector_init="default", seed=1)).train()
+    fast, reference = _fast_and_reference(m, _input((6, 9, DIM)), None)
+    for a, b in zip(fast, reference):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_mixture_is_the_path_taken_and_passes_gradcheck() -> None:
+    from autonorm_core.norms import _DyTLayerNormMix
+
+    m = AutoNorm(DIM, selector_init="default").train()
+    y = m(_input((2, 3, DIM)).requires_grad_(True))
+    assert y.grad_fn is not None and type(y.grad_fn).__name__ == "_DyTLayerNormMixBackward"
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, DIM, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.rand(3, dtype=torch.float64, generator=g, requires_grad=True)
+    params = [
+        torch.randn(shape, dtype=torch.float64, generator=g, requires_grad=True)
+        for shape in ((1,), (DIM,), (DIM,), (DIM,), (DIM,))
+    ]
+    assert torch.autograd.gradcheck(lambda *a: _DyTLayerNormMix.apply(*a, 1e-5), (x, w, *params))
+
+
+def test_fused_mixture_frozen_soft_gate_matches_reference() -> None:
+    m = _perturbed(AutoNorm(DIM, selector_init="default", seed=0).double())
+    m.freeze()  # soft weights: the mixture still runs, its gradient reaches x through the gate
+    fast, reference = _fast_and_reference(m.train(), _input((3, 5, DIM)).double(), None)
+    for a, b in zip(fast, reference):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_fused_mixture_gives_way_to_hooks_autocast_and_other_candidates() -> None:
+    x = _input((2, 3, DIM)).requires_grad_(True)
+    m = AutoNorm(DIM).train()
+    calls = _count_calls(m.branches[0])
+    y = m(x)
+    assert calls == [1] and type(y.grad_fn).__name__ != "_DyTLayerNormMixBackward"  # hooks see the branch
+    plain = AutoNorm(DIM).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert type(plain(x).grad_fn).__name__ != "_DyTLayerNormMixBackward"
+    three = AutoNorm(DIM, candidates=("dyt", "layernorm", "rmsnorm")).train()
+    assert type(three(x).grad_fn).__name__ != "_DyTLayerNormMixBackward"
+
+
+def test_random_selector_uses_the_fused_mixture_with_reference_values() -> None:
+    m = RandomSelector(DIM, seed=0).double().train()
+    fast, reference = _fast_and_reference(m, _input((3, 4, DIM)).double(), None)
+    for a, b in zip(fast, reference):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_token_mean_backward_equals_autograd_mean() -> None:
+    from autonorm_core.norms import _pool_tokens
+
+    x = _input((3, 5, DIM)).requires_grad_(True)
+    pooled = _pool_tokens(x)
+    assert torch.equal(pooled, x.detach().mean(1))
+    dy = _input((3, DIM), seed=3)
+    (fast,) = torch.autograd.grad(pooled, x, dy)
+    (ref,) = torch.autograd.grad(x.mean(1), x, dy)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-7)
