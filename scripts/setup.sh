@@ -25,4 +25,25 @@ else
 fi
 
 bash scripts/fetch_data.sh
+
+# A browser for tests/integration/test_browser.py: Debian's chromium and its chromedriver, driven headless by
+# Selenium with the driver path given explicitly (Selenium Manager never downloads a browser or a driver).
+if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then
+  echo "[setup] browser present: $(/usr/bin/chromium --version 2>/dev/null | head -n 1)"
+else
+  as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"
+    elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+    else echo "[setup] need root (or sudo) to run: $*" >&2; return 1
+    fi
+  }
+  candidate="$(apt-cache policy chromium-driver 2>/dev/null | awk '/Candidate:/ {print $2}')"
+  if [ -z "$candidate" ] || [ "$candidate" = "(none)" ]; then
+    echo "[setup] apt does not know chromium-driver yet: running apt-get update"
+    as_root apt-get update -qq
+  fi
+  echo "[setup] installing chromium and chromium-driver with apt-get (first run: about a minute)"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver
+  [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || { echo "[setup] chromium missing after install" >&2; exit 1; }
+fi
 echo "[setup] ready: $VENV/bin/python"

@@ -1,0 +1,378 @@
+"""What a user sees in the MLflow UI of a finished batch-size study, in a real browser.
+
+A smoke batch-size study runs on a local Ray with a cheap planted trial function (every phase, the
+analysis and the report are the real ones), into a storage directory whose MLflow store is sqlite.
+An ``mlflow server`` then serves that store and its artifacts on loopback, and Debian's chromium,
+driven headless by Selenium, opens it the way a user would:
+
+* the runs table: one study run; expanding it shows its phase runs, expanding those their trial
+  runs, each nested (indented) under its parent, every trial name readable in full;
+* the study run's page: the verdict tags;
+* the artifact viewer: ``report.html`` rendered (in a sandboxed iframe from a blob URL) with every
+  plot loaded.
+
+Every page is saved as a screenshot under the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from studies.kinds import StudyOutcome, run_study_spec
+from tests.integration.browser import headless_chromium, wait_until
+from tests.services import MlflowServer, embedded_ray, start_mlflow_server
+from tests.studies.test_batchsize_study import planted_trial, smoke_spec
+
+pytestmark = [pytest.mark.slow, pytest.mark.services, pytest.mark.ray]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+#: The runs table's rows (the pinned left part holds the run name), and a row's expand/collapse button.
+ROWS = ".ag-pinned-left-cols-container [role=row]"
+EXPANDER = "button[data-component-id$='runnamecellrenderer.tsx_46']"
+NAME_CELL = "[col-id='attributes.`Run Name`']"
+NAME_LINK = "a[href*='/runs/']"
+TAG = "[role=status][data-component-id$='keyvaluetag.tsx_60']"
+LOAD = 90.0  # seconds for a page of the UI to render on a busy 2-core machine
+
+
+@dataclass(frozen=True)
+class Study:
+    """A finished study as MLflow holds it, and a server showing it."""
+
+    out: StudyOutcome
+    server: MlflowServer
+    experiment_id: str
+    study_run: Any
+    phases: dict[str, Any]  # run id -> run
+    trials: dict[str, Any]  # run id -> run
+
+    def url(self, fragment: str) -> str:
+        return f"{self.server.tracking_uri}/#/experiments/{self.experiment_id}{fragment}"
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Study]:
+    from mlflow import MlflowClient
+
+    storage = tmp_path_factory.mktemp("browser_study")
+    with pytest.MonkeyPatch.context() as env:
+        for key in list(os.environ):
+            if key.startswith(("AWS_", "RAY_", "MLFLOW_")):
+                env.delenv(key)
+        backend = f"sqlite:///{storage}/mlflow.db"
+        spec = smoke_spec(
+            f"storage_path={storage}",
+            f"tracking.uri={backend}",
+            "lr_tuning.low=0.1",
+            "lr_tuning.high=10.0",
+            "lr_tuning.points=3",
+            "analysis.n_boot=200",
+            "analysis.n_perm=99",
+        )
+        path = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        with embedded_ray("rt_br_", {"PYTHONPATH": path}):
+            out = run_study_spec(spec, trainable=planted_trial, progress=False)
+        assert out.parent_run_id is not None and out.verdict is not None
+        client = MlflowClient(tracking_uri=backend)
+        study_run = client.get_run(out.parent_run_id)
+        exp = study_run.info.experiment_id
+        phases = {
+            r.info.run_id: r
+            for r in client.search_runs(
+                [exp], filter_string=f"tags.mlflow.parentRunId = '{out.parent_run_id}'"
+            )
+        }
+        trials = {
+            r.info.run_id: r
+            for r in client.search_runs(
+                [exp], filter_string="tags.`autonorm.role` = 'trial'", max_results=1000
+            )
+        }
+        assert len(phases) == 2 and len(trials) == spec.total_trials
+        with start_mlflow_server(
+            backend, f"file://{storage}/mlartifacts", {}, directory=storage / "mlflow-server"
+        ) as server:
+            yield Study(out, server, exp, study_run, phases, trials)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    # Tall enough that the runs table renders every row of the smoke study at once (ag-grid only
+    # puts rows near the viewport into the page).
+    with headless_chromium(tmp_path_factory.mktemp("chromium"), width=1600, height=2400) as driver:
+        yield driver
+
+
+def _shot(driver: Any, path: Path) -> None:
+    assert driver.save_screenshot(str(path)), path
+
+
+def _close_assistant(driver: Any) -> None:
+    """The MLflow Assistant side panel opens by default and takes a third of the width."""
+    for button in driver.find_elements(
+        "css selector", "button[data-component-id='mlflow.assistant.chat_panel.close']"
+    ):
+        with contextlib.suppress(Exception):
+            button.click()
+
+
+def _visible_rows(driver: Any) -> list[dict[str, Any]]:
+    """The runs table's rows in display order: run id, name, x of the name (nesting indents it).
+
+    One script for the whole table: a WebDriver round trip per cell is slow on a busy machine.
+    """
+    rows: list[dict[str, Any]] = driver.execute_script(
+        """
+        return Array.from(document.querySelectorAll(arguments[0])).map(row => {
+            const link = row.querySelector(arguments[1]);
+            return {id: row.getAttribute('row-id'), index: Number(row.getAttribute('row-index')),
+                    name: link ? link.innerText : null, x: link ? link.getBoundingClientRect().x : null,
+                    row: row, link: link};
+        });
+        """,
+        ROWS,
+        f"{NAME_CELL} {NAME_LINK}",
+    )
+    assert all(r["name"] is not None for r in rows), "a runs table row without a run name link"
+    return sorted(rows, key=lambda r: r["index"])
+
+
+def _expand(driver: Any, run_id: str, children: set[str], shot: Path) -> list[dict[str, Any]]:
+    """Expand ``run_id``'s row (unless its children already show) and wait for them all."""
+
+    def shown() -> list[dict[str, Any]] | None:
+        rows = _visible_rows(driver)
+        return rows if children <= {r["id"] for r in rows} else None
+
+    if shown() is None:
+        row = next(r for r in _visible_rows(driver) if r["id"] == run_id)
+        row["row"].find_element("css selector", EXPANDER).click()
+    return wait_until(
+        shown, timeout=LOAD, what=f"the child runs of {run_id} in the runs table", driver=driver, shot=shot
+    )
+
+
+def test_runs_table_nests_phases_under_the_study_and_trials_under_their_phase(
+    study: Study, browser: Any, tmp_path: Path
+) -> None:
+    driver = browser
+    total = 1 + len(study.phases) + len(study.trials)
+    driver.get(study.url("/runs"))
+    rows = wait_until(
+        lambda: _visible_rows(driver),
+        timeout=LOAD,
+        what="the runs table",
+        driver=driver,
+        shot=tmp_path / "x.png",
+    )
+    _close_assistant(driver)
+    wait_until(
+        lambda: f"{total} matching runs" in driver.find_element("tag name", "body").text,
+        timeout=LOAD,
+        what=f"'{total} matching runs'",
+        driver=driver,
+        shot=tmp_path / "count.png",
+    )
+    _shot(driver, tmp_path / "1-runs-collapsed.png")
+    # Collapsed, the table shows the study run alone, by its name, with an expand button.
+    rows = _visible_rows(driver)
+    assert [(r["id"], r["name"]) for r in rows] == [(study.out.parent_run_id, study.study_run.info.run_name)]
+    assert rows[0]["row"].find_element("css selector", EXPANDER).is_displayed()
+
+    rows = _expand(driver, study.out.parent_run_id, set(study.phases), tmp_path / "x.png")  # type: ignore[arg-type]
+    assert rows[0]["id"] == study.out.parent_run_id and len(rows) == 1 + len(study.phases)
+    study_x = rows[0]["x"]
+    for row in rows[1:]:
+        assert row["name"] == study.phases[row["id"]].info.run_name
+        assert row["x"] > study_x, f"phase run {row['name']} is not indented under the study run"
+    _shot(driver, tmp_path / "2-runs-phases.png")
+
+    for phase_id in study.phases:
+        children = {t for t, run in study.trials.items() if run.data.tags["mlflow.parentRunId"] == phase_id}
+        assert children
+        _expand(driver, phase_id, children, tmp_path / "x.png")
+    rows = _visible_rows(driver)
+    _shot(driver, tmp_path / "3-runs-expanded.png")
+    assert len(rows) == total and {r["id"] for r in rows} == {
+        study.out.parent_run_id,
+        *study.phases,
+        *study.trials,
+    }
+    # Each trial row sits in the block of rows right under its own phase, one indent deeper.
+    current_phase: dict[str, Any] | None = None
+    for row in rows[1:]:
+        if row["id"] in study.phases:
+            current_phase = row
+            assert row["x"] > study_x
+            continue
+        assert current_phase is not None, f"trial {row['name']} shown above every phase"
+        assert study.trials[row["id"]].data.tags["mlflow.parentRunId"] == current_phase["id"], row["name"]
+        assert row["x"] > current_phase["x"], f"trial {row['name']} is not indented under its phase"
+
+
+def _widen_name_column(driver: Any, pixels: int) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    header = driver.find_element("css selector", f".ag-header-cell{NAME_CELL}")
+    before = header.rect["width"]
+    handle = header.find_element("css selector", ".ag-header-cell-resize")
+    ActionChains(driver).click_and_hold(handle).move_by_offset(pixels, 0).release().perform()
+    wait_until(lambda: header.rect["width"] > before + pixels / 2, timeout=10, what="the wider column")
+
+
+_ARM_B = re.compile(r"(?<![A-Za-z0-9])B(\d+)(?![0-9])")
+
+
+def test_trial_run_names_are_readable(study: Study, browser: Any, tmp_path: Path) -> None:
+    driver = browser
+    driver.get(study.url("/runs"))
+    wait_until(lambda: _visible_rows(driver), timeout=LOAD, what="the runs table", driver=driver)
+    _close_assistant(driver)
+    _expand(driver, study.out.parent_run_id, set(study.phases), tmp_path / "x.png")  # type: ignore[arg-type]
+    for phase_id in study.phases:
+        children = {t for t, run in study.trials.items() if run.data.tags["mlflow.parentRunId"] == phase_id}
+        _expand(driver, phase_id, children, tmp_path / "x.png")
+    # A user drags the Run Name column wider; then every name shows in full (no ellipsis).
+    _widen_name_column(driver, 250)
+    _shot(driver, tmp_path / "4-runs-names.png")
+    rows = {r["id"]: r for r in _visible_rows(driver)}
+    names = []
+    for run_id, run in study.trials.items():
+        row = rows[run_id]
+        name = row["name"]
+        names.append(name)
+        assert name == run.info.run_name, (name, run.info.run_name)
+        clipped = driver.execute_script(
+            "const a = arguments[0], cell = arguments[0].closest('[role=gridcell]');"
+            "const r = a.getBoundingClientRect(), c = cell.getBoundingClientRect();"
+            "return a.scrollWidth > a.clientWidth + 1 || r.right > c.right + 1;",
+            row["link"],
+        )
+        assert not clipped, f"trial run name {name!r} is cut off in the runs table"
+        assert not name.startswith("tune_entry"), name  # Tune's default name says nothing to a user
+        arm = run.data.params["model.layer.type"]
+        batch = run.data.params["training.batch_size"]
+        if _ARM_B.search(name):  # a name that gives the batch size gives the right one, and the arm
+            assert f"B{batch}" in _ARM_B.findall(name) or batch in _ARM_B.findall(name), (name, batch)
+            assert arm in name, (name, arm)
+    assert len(names) == len(study.trials)
+
+
+def test_study_run_page_shows_the_verdict_tags(study: Study, browser: Any, tmp_path: Path) -> None:
+    driver = browser
+    verdict = study.out.verdict
+    assert verdict is not None
+    driver.get(study.url(f"/runs/{study.out.parent_run_id}"))
+
+    def tags() -> dict[str, str] | None:
+        found = {}
+        for tag in driver.find_elements("css selector", TAG):
+            if tag.is_displayed():
+                key = tag.get_attribute("title")
+                text = tag.text.replace("\n", "")
+                assert text.startswith(f"{key}:"), text
+                found[key] = text[len(key) + 1 :].strip()
+        return found if "verdict/study" in found else None
+
+    shown = wait_until(
+        tags, timeout=LOAD, what="the study run's tags", driver=driver, shot=tmp_path / "x.png"
+    )
+    _close_assistant(driver)
+    tag = driver.find_element("css selector", f"{TAG}[title='verdict/study']")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", tag)
+    _shot(driver, tmp_path / "5-study-run.png")
+    body = driver.find_element("tag name", "body").text
+    assert study.study_run.info.run_name in body
+    assert shown["verdict/study"] == verdict["study_verdict"]
+    for arm, label in verdict["verdict"].items():
+        assert shown[f"verdict/{arm}"] == label, arm
+    for arm, label in verdict["controls"].items():
+        assert shown[f"control/{arm}"] == label, arm
+    # ... and each is readable in full: neither its key nor its value is cut off with an ellipsis.
+    keys = [
+        "verdict/study",
+        *(f"verdict/{a}" for a in verdict["verdict"]),
+        *(f"control/{a}" for a in verdict["controls"]),
+    ]
+    for key in keys:
+        element = driver.find_element("css selector", f"{TAG}[title='{key}']")
+        clipped = driver.execute_script(
+            "return Array.from(arguments[0].querySelectorAll('span'))"
+            ".filter(s => s.scrollWidth > s.clientWidth + 1).map(s => s.innerText);",
+            element,
+        )
+        assert not clipped, f"tag {key} is cut off on the run page: {clipped}"
+    # The page lists the phase runs as the study run's children.
+    for phase in study.phases.values():
+        assert phase.info.run_name in body
+
+
+def test_report_html_renders_with_every_plot_loaded(study: Study, browser: Any, tmp_path: Path) -> None:
+    driver = browser
+    verdict = study.out.verdict
+    assert verdict is not None
+    driver.get(study.url(f"/runs/{study.out.parent_run_id}/artifacts"))
+    node = "[data-testid=artifact-tree-node][artifact-name='{}']"
+    report = wait_until(
+        lambda: driver.find_element("css selector", node.format("report.html")),
+        timeout=LOAD,
+        what="report.html in the artifact tree",
+        driver=driver,
+        shot=tmp_path / "x.png",
+    )
+    _close_assistant(driver)
+    listed = {
+        e.get_attribute("artifact-name")
+        for e in driver.find_elements("css selector", "[data-testid=artifact-tree-node]")
+    }
+    assert {"report.html", "report.md", "verdict.json", "forest.png", "metric_vs_batch_size.png"} <= listed
+    report.click()
+    frame = wait_until(
+        lambda: driver.find_element("css selector", "iframe.mlflow-html-iframe"),
+        timeout=LOAD,
+        what="the HTML artifact viewer",
+        driver=driver,
+        shot=tmp_path / "x.png",
+    )
+    assert frame.get_attribute("src").startswith("blob:")
+    assert frame.rect["width"] > 300 and frame.rect["height"] > 200, frame.rect
+    _shot(driver, tmp_path / "6-report.png")
+    driver.switch_to.frame(frame)
+    try:
+        # The report opens with the study verdict, the one a user reads first.
+        heading = wait_until(
+            lambda: driver.find_element("css selector", "#study-verdict").text or None,
+            timeout=LOAD,
+            what="the report's study verdict",
+        )
+        assert heading.startswith(f"Study verdict: {verdict['study_verdict']}"), heading
+        assert driver.find_element("tag name", "h1").text.endswith(study.study_run.info.run_name)
+
+        def images() -> list[dict[str, Any]] | None:
+            found = driver.execute_script(
+                "return Array.from(document.images).map(i => ({alt: i.alt, src: i.src.slice(0, 22),"
+                " complete: i.complete, w: i.naturalWidth, h: i.naturalHeight,"
+                " shown: i.getBoundingClientRect().width}));"
+            )
+            return found if found and all(i["complete"] for i in found) else None
+
+        imgs = wait_until(images, timeout=LOAD, what="the report's images to finish loading")
+        assert {"metric_vs_batch_size", "forest"} <= {i["alt"] for i in imgs}, imgs
+        for img in imgs:
+            assert img["src"] == "data:image/png;base64,", img
+            assert img["w"] > 0 and img["h"] > 0, f"plot {img['alt']} did not load"
+            assert img["shown"] > 100, f"plot {img['alt']} is not shown at a readable size"
+        first = driver.find_element("css selector", "img[alt='metric_vs_batch_size']")
+        driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", first)
+    finally:
+        driver.switch_to.default_content()
+    _shot(driver, tmp_path / "7-report-plot.png")
