@@ -176,7 +176,7 @@ class TrainConfig:
             initial value to this one; ``None`` keeps tau fixed (the default).
     """
 
-    epochs: int = 10
+    epochs: int = 20
     batch_size: int = 64
     lr: float = 1e-3
     optimizer: Literal["adamw", "sgd"] = "adamw"
@@ -191,7 +191,7 @@ class TrainConfig:
     reference_batch_size: int = 64
     budget: Literal["epochs", "updates"] = "epochs"
     max_updates: int | None = None
-    eval_batch_size: int = 512
+    eval_batch_size: int = 256
     tau_final: float | None = None
 
     def __post_init__(self) -> None:

@@ -605,7 +605,7 @@ class AutoNormSpec(_Spec):
     hard: StrictBool = False  # straight-through one-hot samples in training
     eval_mode: Literal["softmax", "argmax", "sample"] = "softmax"
     selector_init: Literal["zeros", "default"] = "zeros"  # zeros: the gate starts at uniform weights
-    sample_after_freeze: StrictBool = False
+    # (noise after freezing is training.freeze.sample_after_freeze: the fit's freeze rule decides it)
     hidden_dim: PosInt | None = None  # selector MLP width; None: dim // 2
     # once frozen, a batch whose gate weight is at least this for one branch computes only that branch
     fast_path_threshold: Annotated[float, Field(strict=True, gt=0.5, le=1.0)] = 1.0 - 1e-3

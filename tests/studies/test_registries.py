@@ -232,3 +232,27 @@ def test_searched_data_set_needs_the_metric_under_every_choice() -> None:
     with pytest.raises(SpecError) as info:
         validate_spec(doc)
     assert any(i.path == "search.metric" and "diabetes and digits" in i.message for i in info.value.issues)
+
+
+def test_spec_and_core_training_defaults_agree() -> None:
+    """One source per setting: every field the spec and the core config share has one default."""
+    import dataclasses
+
+    from autonorm_core.training import GateFreeze, TrainConfig
+    from studies.spec import FreezeSpec, TrainingSpec
+
+    for spec_cls, core_cls in ((TrainingSpec, TrainConfig), (FreezeSpec, GateFreeze)):
+        core = {f.name: f.default for f in dataclasses.fields(core_cls) if f.default is not dataclasses.MISSING}
+        shared = set(core) & set(spec_cls.model_fields)
+        assert shared, spec_cls
+        for name in sorted(shared):
+            if name == "freeze":
+                continue  # a nested section, compared as FreezeSpec vs GateFreeze
+            assert spec_cls.model_fields[name].default == core[name], f"{spec_cls.__name__}.{name}"
+
+
+def test_noise_after_freezing_has_one_setting() -> None:
+    from studies.spec import AutoNormSpec, FreezeSpec
+
+    assert "sample_after_freeze" not in AutoNormSpec.model_fields
+    assert "sample_after_freeze" in FreezeSpec.model_fields
