@@ -48,6 +48,9 @@ class StudyRunner:
         trainable: trial function for every plan (tests inject one).
         progress: print progress lines.
         ray_address / ray_init_kwargs: see :func:`workers.session.ray_session`.
+        planned: the study's estimate before launch (``wall_s``, ``trials``, ``cpu_hours``, ...):
+            logged as ``planned_<key>`` params, and compared with the actual values at the end
+            (``actual_<key>`` metrics), so estimates can be judged over time.
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class StudyRunner:
         progress: bool = True,
         ray_address: str | None = None,
         ray_init_kwargs: Mapping[str, Any] | None = None,
+        planned: Mapping[str, float] | None = None,
     ) -> None:
         from workers.runner import _artifact_location, _tracking_uri
         from workers.tracking import StudyTracker, study_key
@@ -85,7 +89,12 @@ class StudyRunner:
             run_name=name,
         )
         self._tags = dict(tags or {})
-        self._params = {**dict(params or {}), "expected_trials": str(expected_trials)}
+        self.planned = {k: float(v) for k, v in (planned or {}).items()}
+        self._params = {
+            **dict(params or {}),
+            "expected_trials": str(expected_trials),
+            **{f"planned_{k}": f"{v:.6g}" for k, v in self.planned.items()},
+        }
         self._artifacts = dict(artifacts or {})
         self._trainable = trainable
         self._progress = progress
@@ -117,6 +126,8 @@ class StudyRunner:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         status = "FINISHED" if exc_type is None else "KILLED" if exc_type is KeyboardInterrupt else "FAILED"
+        if exc_type is None:
+            self._log_actual()
         try:
             if self.tracker.run_id is None and exc_type is None:
                 self.tracker.open(tags=self._tags, params=self._params, artifacts=self._artifacts)
@@ -127,6 +138,23 @@ class StudyRunner:
             session, self._session = self._session, None
             if session is not None:
                 session.__exit__(exc_type, exc, tb)
+
+    def actual(self) -> dict[str, float]:
+        """What the study cost so far, in the keys of ``planned``."""
+        cpu_h, gpu_h = self.resource_hours()
+        trials = sum(len(result.trials) for _, _, result in self.results)
+        return {"wall_s": self.wall_time_s, "trials": float(trials), "cpu_hours": cpu_h, "gpu_hours": gpu_h}
+
+    def _log_actual(self) -> None:
+        actual = self.actual()
+        if self.planned:
+            parts = [
+                f"{k} {self.planned[k]:.4g} planned / {actual[k]:.4g} actual"
+                for k in ("wall_s", "trials", "cpu_hours")
+                if k in self.planned and k in actual
+            ]
+            print(f"[{self.name}] " + ", ".join(parts), flush=True)
+        self.log_outputs(metrics={f"actual_{k}": v for k, v in actual.items()})
 
     # -------------------------------------------------------------------------------- phases
 

@@ -216,8 +216,30 @@ def run_study_spec(spec: Any, *, allow_changed_spec: bool = False, **runner_opti
         _check_unchanged(spec, study_dir, allow_changed=allow_changed_spec)
         study_dir.write_text(SPEC_FILE, spec.to_yaml())
         print(f"[{spec.name}] {kind.name} study; spec -> {study_dir.uri}/{SPEC_FILE}", flush=True)
+        planned = _estimate(spec) if runner_options.get("trainable") is None else None
+        if planned is not None:
+            runner_options["planned"] = planned
         outcome: StudyOutcome = kind.impl().run(spec, **runner_options)
     return outcome
+
+
+def _estimate(spec: Any) -> dict[str, float] | None:
+    """The plan's estimate (trials, CPU/GPU hours, wall time on this machine); ``None`` if planning
+    fails — an estimate must never stop a study."""
+    try:
+        from studies.planning import plan_study
+
+        plan = plan_study(spec)
+    except Exception as exc:
+        print(f"[{spec.name}] no estimate: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return None
+    est = {k: float(plan[k]) for k in ("trials", "cpu_hours", "gpu_hours", "wall_s")}
+    print(
+        f"[{spec.name}] plan: {int(est['trials'])} trials, {est['cpu_hours']:.3g} CPU h, {est['gpu_hours']:.3g} GPU h, "
+        f"~{est['wall_s'] / 60:.1f} min on this machine (`autonorm-study plan` for details)",
+        flush=True,
+    )
+    return est
 
 
 def _print(text: str) -> None:

@@ -240,6 +240,7 @@ def run(
     ray_init_kwargs: Any = None,
     trainable: Any = None,
     progress: bool = True,
+    planned: Mapping[str, float] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> StudyOutcome:
     """Run every phase, analyse, write and log the outputs; idempotent (a rerun resumes)."""
@@ -267,6 +268,7 @@ def run(
         progress=progress,
         ray_address=ray_address,
         ray_init_kwargs=ray_init_kwargs,
+        planned=planned,
     ) as runner:
         for budget in spec.budgets:
             plan = spec.tuning_plan(budget, environ=environ)

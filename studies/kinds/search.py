@@ -73,6 +73,7 @@ def run(
     ray_init_kwargs: Any = None,
     trainable: Any = None,
     progress: bool = True,
+    planned: Mapping[str, float] | None = None,
 ) -> StudyOutcome:
     from workers.study import StudyRunner
 
@@ -89,6 +90,7 @@ def run(
         progress=progress,
         ray_address=ray_address,
         ray_init_kwargs=ray_init_kwargs,
+        planned=planned,
     ) as runner:
         result = runner.run(plan, phase="search", nested=False)
         png = _gate_entropy_plot(plan, runner.local_dir())

@@ -313,6 +313,11 @@ def test_smoke_mlflow_one_study_run_phases_nested_every_trial_a_leaf(
     exp = study.info.experiment_id
     assert study.info.status == "FINISHED"
     assert study.data.params["expected_trials"] == str(spec.total_trials)
+    # The plan's estimate before launch and the actual cost, side by side on the study run.
+    assert float(study.data.params["planned_trials"]) == spec.total_trials
+    assert float(study.data.params["planned_wall_s"]) > 0
+    assert study.data.metrics["actual_trials"] == spec.total_trials
+    assert study.data.metrics["actual_wall_s"] > 0
     tops = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'study'")
     assert [r.info.run_id for r in tops] == [out.parent_run_id]
     phases = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{out.parent_run_id}'")
