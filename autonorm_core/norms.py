@@ -581,26 +581,27 @@ def _fused_pair(branches: nn.ModuleList, x: Tensor) -> tuple[int, int] | None:
 class _DyTLayerNormMix(torch.autograd.Function):
     """``lerp(DyT(x), LN(x), w)``, i.e. ``(1 − w) ⊙ DyT(x) + w ⊙ LN(x)`` per sample, in one function.
 
-    Forward: PyTorch's fused LayerNorm kernel (which also returns the mean and 1/σ it used), DyT as in
-    :class:`_DyTFunction`, and the ``lerp`` in place into DyT's output. Backward, from what the forward
-    saved (nothing recomputed) and with the per-sample weight ``w`` folded into per-sample reductions
-    instead of full-size ``(1 − w) g`` temporaries:
+    DyT's ``tanh`` is computed as ``tanh(u) = 2 σ(2u) − 1``: ATen's CPU sigmoid is ~2.5x faster than
+    its tanh, and the affine map folds into DyT's own, ``γ ⊙ tanh(αx) + β = 2γ ⊙ s + (β − γ)`` with
+    ``s = σ(2αx)``, so it costs no extra pass (absolute difference from ``tanh``: under 2e-7 in
+    float32, 1e-16 in float64). Forward: PyTorch's fused LayerNorm kernel (which also returns the
+    mean and 1/σ it used), ``s``, DyT's output and the ``lerp`` in place into it. Backward, from what
+    the forward saved (nothing recomputed) and with the per-sample weight ``w`` folded into per-sample
+    reductions instead of full-size ``(1 − w) g`` temporaries (``t = 2s − 1``):
 
-    * ``G0 = Σ_t g`` and ``GT = Σ_t g ⊙ t`` (B, D) give DyT's ``∂β = Σ_b (1 − w_b) G0_b``,
-      ``∂γ = Σ_b (1 − w_b) GT_b`` and ``⟨g, DyT(x)⟩_b = GT_b · γ + G0_b · β``;
-    * the weight gradient ``⟨g, LN(x)⟩_b − ⟨g, DyT(x)⟩_b`` (one per-sample dot product);
+    * ``G0 = Σ_t g`` and ``GT = Σ_t g ⊙ t = 2 Σ_t g ⊙ s − G0`` (B, D) give DyT's
+      ``∂β = Σ_b (1 − w_b) G0_b``, ``∂γ = Σ_b (1 − w_b) GT_b`` and ``⟨g, DyT(x)⟩_b = GT_b · γ + G0_b · β``;
+    * the weight gradient ``⟨g, LN(x)⟩_b − ⟨g, DyT(x)⟩_b``;
     * PyTorch's fused LayerNorm backward on ``w g``;
-    * ``h = (1 − w) tanh'(αx) ⊙ γ ⊙ g``, ``∂α = ⟨h, x⟩`` and the input gradient accumulated in
-      place as ``∂x_LN + α h``.
+    * ``h = (1 − w) γ ⊙ g ⊙ s (1 − s)`` (``σ'``, with ``tanh' = 4 σ'``), ``∂α = 4 ⟨h, x⟩`` and the
+      input gradient accumulated in place as ``∂x_LN + 4α h``.
 
-    Full-size memory: three fresh tensors in the forward (LN's output and ``tanh(αx)``, both saved,
-    and the output), two in the backward (one scratch buffer reused for ``g ⊙ t``, ``g ⊙ LN(x)``,
-    ``w g`` and ``h``, and the input gradient); fresh allocations of that size cost page faults on
-    CPU, often more than the arithmetic.
-
-    Against autograd over the module calls this skips the lerp backward's full-size temporaries, the
-    ``(1 − w) g`` product, the extra accumulation node and the module dispatch. First order only
-    (``once_differentiable``).
+    Full-size memory: three fresh tensors in the forward (LN's output and ``s``, both saved, and the
+    output), two in the backward (one scratch buffer reused for ``g ⊙ s``, ``g ⊙ LN(x)``, ``w g`` and
+    ``h``, and the input gradient); fresh allocations of that size cost page faults on CPU, often
+    more than the arithmetic. Against autograd over the module calls this skips the lerp backward's
+    full-size temporaries, the ``(1 − w) g`` product, the extra accumulation node and the module
+    dispatch. First order only (``once_differentiable``).
 
     Inputs: ``x`` (B, T, D) or (B, D) contiguous; ``w_ln`` (B,) LayerNorm's weight per sample; DyT's
     ``alpha, weight, bias``; LayerNorm's ``weight, bias, eps``.
@@ -620,16 +621,17 @@ class _DyTLayerNormMix(torch.autograd.Function):
     ) -> Tensor:
         dim = x.shape[-1]
         y_ln, mean, rstd = torch.native_layer_norm(x, (dim,), ln_weight, ln_bias, eps)
-        t = torch.mul(x, alpha).tanh_()
+        s = torch.mul(x, alpha * 2.0).sigmoid_()  # tanh(αx) = 2s − 1
         w = _per_sample(w_ln, x)
-        out = torch.addcmul(dyt_bias, t, dyt_weight).lerp_(y_ln, w)  # DyT(x), then mixed in place
-        ctx.save_for_backward(x, w_ln, alpha, dyt_weight, dyt_bias, ln_weight, ln_bias, t, y_ln, mean, rstd)
+        # DyT(x) = 2γ s + (β − γ), then mixed in place
+        out = torch.addcmul(dyt_bias - dyt_weight, s, dyt_weight * 2.0).lerp_(y_ln, w)
+        ctx.save_for_backward(x, w_ln, alpha, dyt_weight, dyt_bias, ln_weight, ln_bias, s, y_ln, mean, rstd)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        x, w_ln, alpha, dyt_weight, dyt_bias, ln_weight, ln_bias, t, y_ln, mean, rstd = ctx.saved_tensors
+        x, w_ln, alpha, dyt_weight, dyt_bias, ln_weight, ln_bias, s, y_ln, mean, rstd = ctx.saved_tensors
         need_x, need_w, need_alpha, need_dw, need_db, need_lw, need_lb, _ = ctx.needs_input_grad
         g = grad_out.contiguous()
         batch, dim = g.shape[0], g.shape[-1]
@@ -637,14 +639,15 @@ class _DyTLayerNormMix(torch.autograd.Function):
         keep = 1.0 - w  # DyT's weight per sample
         g3 = g.reshape(batch, -1, dim)  # (B, T, D)
         grad_w = grad_alpha = grad_dw = grad_db = grad_x = grad_lw = grad_lb = None
-        if need_w or need_db:
+        # One full-size scratch buffer serves g ⊙ s, g ⊙ LN(x), w g and h in turn.
+        scratch = torch.empty_like(g)
+        if need_w or need_db or need_dw:
             g0 = g3.sum(dim=1)  # (B, D)
             if need_db:
                 grad_db = keep @ g0
-        # One full-size scratch buffer serves g ⊙ t, g ⊙ LN(x), w g and h in turn.
-        scratch = torch.empty_like(g)
         if need_w or need_dw:
-            gt = torch.mul(g, t, out=scratch).reshape(g3.shape).sum(dim=1)  # (B, D)
+            gs = torch.mul(g, s, out=scratch).reshape(g3.shape).sum(dim=1)  # (B, D)
+            gt = gs.mul_(2.0).sub_(g0)  # Σ_t g ⊙ tanh(αx)
             if need_dw:
                 grad_dw = keep @ gt
         if need_w:
@@ -658,12 +661,13 @@ class _DyTLayerNormMix(torch.autograd.Function):
             )
         if need_x or need_alpha:
             h = torch.mul(g, dyt_weight, out=scratch)  # ∂L/∂t of DyT's unweighted output
-            torch.ops.aten.tanh_backward.grad_input(h, t, grad_input=h)  # ∂/∂(αx), in place
+            torch.ops.aten.sigmoid_backward.grad_input(h, s, grad_input=h)  # × s (1 − s), in place
             h.mul_(_per_sample(keep, h))  # DyT's share of the gradient, in place
             if need_alpha:
-                grad_alpha = (h.reshape(-1) @ x.reshape(-1)).reshape(alpha.shape)
+                grad_alpha = (h.reshape(-1) @ x.reshape(-1)).mul_(4.0).reshape(alpha.shape)
             if need_x:
-                grad_x = h.mul_(alpha) if grad_x is None else grad_x.addcmul_(h, alpha)
+                scale = alpha * 4.0
+                grad_x = h.mul_(scale) if grad_x is None else grad_x.addcmul_(h, scale)
         return grad_x, grad_w, grad_alpha, grad_dw, grad_db, grad_lw, grad_lb, None
 
 
