@@ -407,7 +407,13 @@ class BatchSizeStudySpec(BaseModel):
     # ---- plans --------------------------------------------------------------------------------
 
     def to_document(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        """The resolved spec as plain data, loadable again (``study_spec.yaml``): the fields the study
+        derives (the layer type from the arms, lr scaling and budget per plan) are left out."""
+        doc = self.model_dump(mode="json")
+        doc["model"].pop("layer", None)
+        for derived in ("lr_scaling", "budget"):
+            doc["training"].pop(derived, None)
+        return doc
 
     def to_yaml(self) -> str:
         return dump_yaml(self.to_document())

@@ -364,16 +364,26 @@ def _print_verdict(
     _say(f"STUDY VERDICT: {verdict.get('study_verdict')}  {'; '.join(verdict.get('study_reasons') or [])}")
     if verdict.get("exploratory"):
         _say("exploratory: underpowered by design (see reasons); no claim either way")
-    arms = verdict.get("arms", {})
-    labels = {**verdict.get("verdict", {}), **verdict.get("controls", {})}
-    for arm in sorted(arms, key=lambda a: (a not in spec.control_arms, a)):
-        r = arms[arm]
-        _say(
-            f"  {arm:<18} n={r.get('n')} failed={r.get('n_failed')} slope={_num(r.get('slope'))} "
-            f"{_ci(r.get('slope_ci'))} interaction={_num(r.get('interaction'))} {_ci(r.get('interaction_ci'))} "
-            f"p_holm={_num(r.get('p_value_holm'))} -> {labels.get(arm, '?')}"
-            + (f" ({'; '.join(r.get('reasons') or [])})" if r.get("reasons") else "")
-        )
+    budgets = verdict.get("budgets") or {}
+    sections = budgets.items() if len(budgets) > 1 else [("", verdict)]
+    combined = {**verdict.get("verdict", {}), **verdict.get("controls", {})}
+    for budget, result in sections:
+        if budget:
+            _say(
+                f" {budget} budget: {result.get('study_verdict')}  {'; '.join(result.get('study_reasons') or [])}"
+            )
+        labels = {**result.get("verdict", {}), **result.get("controls", {})}
+        arms = result.get("arms", {})
+        for arm in sorted(arms, key=lambda a: (a not in spec.control_arms, a)):
+            r = arms[arm]
+            _say(
+                f"  {arm:<18} n={r.get('n')} failed={r.get('n_failed')} slope={_num(r.get('slope'))} "
+                f"{_ci(r.get('slope_ci'))} interaction={_num(r.get('interaction'))} {_ci(r.get('interaction_ci'))} "
+                f"p_holm={_num(r.get('p_value_holm'))} -> {labels.get(arm, '?')}"
+                + (f" ({'; '.join(r.get('reasons') or [])})" if r.get("reasons") else "")
+            )
+    if len(budgets) > 1:
+        _say(" both budgets together: " + ", ".join(f"{arm} {label}" for arm, label in combined.items()))
     _say(f"outputs in {study_dir}; MLflow run {run_id} ({uri})")
 
 

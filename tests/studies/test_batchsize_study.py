@@ -275,6 +275,32 @@ def test_smoke_writes_every_output_and_is_exploratory(smoke: tuple[BatchSizeStud
 
 @pytest.mark.ray
 @pytest.mark.slow
+def test_status_report_and_resume_work_on_the_study_directory(
+    smoke: tuple[BatchSizeStudySpec, StudyOutcome], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mlflow import MlflowClient
+
+    from studies import cli
+
+    spec, out = smoke
+    study_dir = out.study_dir
+    assert cli.main(["status", study_dir, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["trials"] == status["expected_trials"] == spec.total_trials
+    assert status["by_status"] == {"completed": spec.total_trials}
+    assert status["study_verdict"] == out.verdict["study_verdict"]  # type: ignore[index]
+    assert cli.main(["report", study_dir]) == 0
+    report = Path(study_dir) / "report"
+    assert json.loads((report / "verdict.json").read_text())["verdict"] == out.verdict["verdict"]  # type: ignore[index]
+    assert cli.main(["resume", study_dir]) == 0  # finished: restores every phase, runs nothing
+    client = MlflowClient(tracking_uri=out.tracking_uri)
+    exp = client.get_run(out.parent_run_id).info.experiment_id  # type: ignore[arg-type]
+    trials = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'trial'")
+    assert len(trials) == spec.total_trials  # nothing duplicated
+
+
+@pytest.mark.ray
+@pytest.mark.slow
 def test_smoke_trains_every_arm_with_its_own_tuned_lr_on_the_same_seeds(
     smoke: tuple[BatchSizeStudySpec, StudyOutcome],
 ) -> None:
