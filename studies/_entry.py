@@ -7,15 +7,23 @@ printed with their field paths and end the process with status 2, never with a t
 
 The resolved spec is written to ``<storage_path>/<name>/study_spec.yaml`` before the study starts,
 so ``autonorm-study resume|status|report <that directory>`` need nothing else.
+
+A study driver running as a Ray job runs in Ray's temporary copy of the uploaded working directory
+(``.../runtime_resources/working_dir_files/_ray_pkg_<hash>``), which Ray deletes. A relative
+``storage_path`` there (and the default sqlite MLflow store inside it) would vanish with the job, so
+it is placed under ``$AUTONORM_HOME`` (default ``~/autonorm``) instead (:func:`durable_storage_path`),
+and the driver says where. At the end of every study the results directory and direct MLflow links
+are printed (:func:`print_where`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from studies.spec import SpecError
@@ -26,9 +34,13 @@ __all__ = [
     "EXIT_STUDY_ERROR",
     "add_layer_options",
     "add_study_options",
+    "durable_storage_path",
+    "in_ray_job_package",
+    "load_for_run",
     "load_from_args",
     "overrides_from_args",
     "print_spec_error",
+    "print_where",
     "study_main",
 ]
 
@@ -88,7 +100,11 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
 
 
 def load_from_args(
-    args: argparse.Namespace, *, spec_path: Path | None = None, kind: str | None = None
+    args: argparse.Namespace,
+    *,
+    spec_path: Path | None = None,
+    kind: str | None = None,
+    extra: Sequence[str] = (),
 ) -> Any:
     """Load the spec named by ``args`` (or ``spec_path``) with its preset and overrides, any kind.
 
@@ -98,11 +114,91 @@ def load_from_args(
     from studies.kinds import load_study
 
     path = spec_path if spec_path is not None else args.spec
-    return load_study(path, overrides_from_args(args), preset=args.preset, kind=kind)
+    return load_study(path, [*overrides_from_args(args), *extra], preset=args.preset, kind=kind)
 
 
 def print_spec_error(err: SpecError, *, file: Any = None) -> None:
     print(err.format(), file=file or sys.stderr)
+
+
+RAY_PACKAGE_PREFIX = "_ray_pkg_"
+"""How Ray names an unpacked ``working_dir`` package (``ray._private.runtime_env.packaging``)."""
+
+
+def in_ray_job_package(cwd: str | os.PathLike[str]) -> bool:
+    """Whether ``cwd`` lies in a Ray runtime-env package directory (a job's uploaded working dir),
+    which Ray deletes when it no longer needs it."""
+    parts = PurePosixPath(Path(cwd).as_posix()).parts
+    return any(p.startswith(RAY_PACKAGE_PREFIX) for p in parts) or "working_dir_files" in parts
+
+
+def autonorm_home(environ: Mapping[str, str]) -> Path:
+    """``$AUTONORM_HOME``, default ``~/autonorm``: where a job's relative storage paths go."""
+    return Path(environ.get("AUTONORM_HOME") or "~/autonorm").expanduser().resolve()
+
+
+def durable_storage_path(
+    storage_path: str, *, cwd: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """The storage path to use instead of ``storage_path`` when it would land in a Ray job's package.
+
+    ``None`` (keep it) for URIs, absolute paths and any driver not running inside a package directory;
+    ``<AUTONORM_HOME>/<storage_path>`` otherwise.
+    """
+    env = os.environ if environ is None else environ
+    here = Path.cwd() if cwd is None else Path(cwd)
+    if "://" in storage_path or Path(storage_path).expanduser().is_absolute():
+        return None
+    if not in_ray_job_package(here):
+        return None
+    return str(autonorm_home(env) / storage_path)
+
+
+def load_for_run(load: Callable[[Sequence[str]], Any], *, file: Any = None) -> Any:
+    """``load(extra_overrides)`` for a run: again with ``storage_path=<AUTONORM_HOME>/...`` when the
+    spec's storage path would land in a Ray job's temporary package (:func:`durable_storage_path`)."""
+    spec = load(())
+    durable = durable_storage_path(str(spec.storage_path))
+    if durable is None:
+        return spec
+    print(
+        f"[{spec.name}] running inside a Ray job's temporary working dir: storage_path {spec.storage_path!r} "
+        f"-> {durable} (set AUTONORM_HOME, or give an absolute path or s3:// URI)",
+        file=file or sys.stdout,
+        flush=True,
+    )
+    return load((f"storage_path={json.dumps(durable)}",))
+
+
+def print_where(outcome: Any, *, file: Any = None) -> None:
+    """Where a finished study's results are: its directory, its MLflow store, direct UI links."""
+    from workers.tracking import _http_limits, mlflow_links
+
+    out = file or sys.stdout
+    print(f"[{outcome.name}] results: {outcome.study_dir}", file=out)
+    print(f"[{outcome.name}] MLflow tracking URI: {outcome.tracking_uri}", file=out)
+    if not outcome.parent_run_id:
+        return
+    try:
+        from mlflow import MlflowClient
+
+        with _http_limits(10, 1, override=False):  # one lookup, not MLflow's minutes of retries
+            client = MlflowClient(tracking_uri=outcome.tracking_uri)
+            experiment_id = client.get_run(outcome.parent_run_id).info.experiment_id
+    except Exception as exc:  # the study is done; a link we cannot make is not an error
+        print(
+            f"[{outcome.name}] MLflow run {outcome.parent_run_id} (no link: {type(exc).__name__})", file=out
+        )
+        return
+    runs, run = mlflow_links(outcome.tracking_uri, experiment_id, outcome.parent_run_id)
+    print(f"[{outcome.name}] MLflow runs: {runs}", file=out)
+    print(f"[{outcome.name}] MLflow study run: {run}", file=out)
+    if not outcome.tracking_uri.startswith(("http://", "https://")):
+        print(
+            f"[{outcome.name}]   (serve it with: mlflow ui --backend-store-uri {outcome.tracking_uri})",
+            file=out,
+        )
+    out.flush()
 
 
 def study_main(
@@ -131,14 +227,15 @@ def study_main(
     )
     args = parser.parse_args(argv)
     try:
-        spec = load_from_args(args)
         if args.dry_run:
+            spec = load_from_args(args)
             print(spec.to_yaml(), end="")
             from studies.study_dir import StudyDir
 
             total = kind_for(spec).impl().total_trials(spec)
             print(f"# kind {spec.kind}: {total} trials in all, study directory {StudyDir.of(spec).uri}")
             return 0
+        spec = load_for_run(lambda extra: load_from_args(args, extra=extra))
         outcome = run_study_spec(spec, allow_changed_spec=args.allow_changed_spec)
     except SpecError as e:
         print_spec_error(e)
@@ -147,4 +244,5 @@ def study_main(
         print(f"error: {e}", file=sys.stderr)
         return EXIT_STUDY_ERROR
     print(json.dumps(outcome.summary, indent=2, default=str))
+    print_where(outcome)
     return 0

@@ -26,11 +26,19 @@ environment, so we send the ``Authorization`` header explicitly (checked against
 ``ray start --head`` cluster: without it the submission is refused, with only ``RAY_AUTH_TOKEN`` set it
 succeeds). The token is not put into the job's environment (the cluster already has it) and no value
 of a carried variable is printed.
+
+For a cluster on another machine (an address that is not loopback) ``submit`` drops a loopback
+``MLFLOW_TRACKING_URI`` (it would name the cluster's own host; the cluster needs its own tracking
+server) and requires durable storage: ``s3://...`` or an absolute path, never a relative one. With
+``--wait`` it follows the job's log as it is written (Ray's log tail) and exits 0 only when the job
+SUCCEEDED. Every ``run`` ends by printing the results directory and direct MLflow links.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import ipaddress
 import json
 import os
 import shlex
@@ -44,14 +52,25 @@ from urllib.parse import urlsplit
 from studies._entry import (
     EXIT_SPEC_ERROR,
     add_layer_options,
+    load_for_run,
     overrides_from_args,
     print_spec_error,
+    print_where,
 )
 from studies.kinds import KINDS, SPEC_FILE, kind_for, load_study, presets_of, run_study_spec
 from studies.spec import SpecError, SpecIssue, git_commit, resolve_storage_path
 from workers.errors import StudyError
 
-__all__ = ["CARRIED_NAMES", "DEFAULT_EXCLUDES", "carried_env", "job_entrypoint", "main", "ray_auth_headers"]
+__all__ = [
+    "CARRIED_NAMES",
+    "DEFAULT_EXCLUDES",
+    "carried_env",
+    "drop_loopback_tracking_uri",
+    "is_loopback",
+    "job_entrypoint",
+    "main",
+    "ray_auth_headers",
+]
 
 DEFAULT_EXCLUDES = (
     ".venv",
@@ -90,8 +109,9 @@ _TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # --------------------------------------------------------------------------------------------------
 
 
-def _load_target(target: str, args: argparse.Namespace) -> Any:
-    """A spec file (with preset/overrides), or a study directory holding ``study_spec.yaml``."""
+def _load_target(target: str, args: argparse.Namespace, extra: Sequence[str] = ()) -> Any:
+    """A spec file (with preset/overrides, then ``extra``), or a study directory holding
+    ``study_spec.yaml``."""
     path = Path(target)
     if path.is_dir():
         spec_file = path / SPEC_FILE
@@ -105,8 +125,8 @@ def _load_target(target: str, args: argparse.Namespace) -> Any:
             )
         # The directory is <storage_path>/<name>: wherever it is now, that is where the study lives.
         here = f"storage_path={json.dumps(str(path.resolve().parent))}"
-        return load_study(spec_file, [here, *overrides_from_args(args)], kind=args.kind)
-    return load_study(path, overrides_from_args(args), preset=args.preset, kind=args.kind)
+        return load_study(spec_file, [here, *overrides_from_args(args), *extra], kind=args.kind)
+    return load_study(path, [*overrides_from_args(args), *extra], preset=args.preset, kind=args.kind)
 
 
 def _print_json(obj: Any) -> None:
@@ -155,17 +175,18 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _run(spec: Any, args: argparse.Namespace) -> int:
     outcome = run_study_spec(spec, allow_changed_spec=getattr(args, "allow_changed_spec", False))
     _print_json(outcome.summary)
+    print_where(outcome)
     return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    return _run(_load_target(args.spec, args), args)
+    return _run(load_for_run(lambda extra: _load_target(args.spec, args, extra)), args)
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
     from studies.study_dir import StudyDir
 
-    spec = _load_target(args.target, args)
+    spec = load_for_run(lambda extra: _load_target(args.target, args, extra))
     where = StudyDir.of(spec)
     if where.read_text(SPEC_FILE) is None:
         print(f"nothing to resume: no study at {where.uri} (use `autonorm-study run`)", file=sys.stderr)
@@ -260,6 +281,61 @@ def carried_env(
     return env
 
 
+def _host_of(address: str) -> str | None:
+    try:
+        return urlsplit(address if "://" in address else f"http://{address}").hostname
+    except ValueError:
+        return None
+
+
+def is_loopback(address: str | None) -> bool:
+    """Whether a cluster or service address names this machine only (``localhost``, ``127.x``,
+    ``::1``). No address (Ray's default, a local cluster) and ``auto`` count as loopback."""
+    if not address or address == "auto":
+        return True
+    host = _host_of(address)
+    if host is None:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def drop_loopback_tracking_uri(
+    env: dict[str, str], cluster: str | None, *, warn: Callable[[str], None] | None = None
+) -> None:
+    """Remove a loopback ``MLFLOW_TRACKING_URI`` from ``env`` when the job runs on another machine:
+    there ``127.0.0.1`` is the cluster's own host, not this one."""
+    uri = env.get("MLFLOW_TRACKING_URI")
+    if not uri or is_loopback(cluster) or "://" not in uri or uri.startswith("sqlite:"):
+        return
+    if not is_loopback(uri):
+        return
+    del env["MLFLOW_TRACKING_URI"]
+    if warn is not None:
+        warn(
+            f"warning: not carrying MLFLOW_TRACKING_URI ({_host_of(uri)} is this machine) to the cluster at "
+            f"{cluster}: the cluster needs its own tracking server. Set MLFLOW_TRACKING_URI in the cluster's "
+            "environment, or pass --tracking-uri with an address the cluster can reach; otherwise the study "
+            "logs to sqlite in its storage directory"
+        )
+
+
+def _durable_storage_issue(storage_path: str, cluster: str | None) -> str | None:
+    """Why ``storage_path`` cannot hold results of a study on a remote cluster (``None``: it can)."""
+    if is_loopback(cluster) or "://" in storage_path or Path(storage_path).expanduser().is_absolute():
+        return None
+    return (
+        f"storage_path {storage_path!r} is relative, and the cluster at {cluster} is another machine: a relative "
+        "path would be resolved in the job's temporary working directory, which Ray deletes. Give durable "
+        "storage the cluster can write: --storage-path s3://bucket/prefix, or an absolute path on the cluster "
+        "(a shared filesystem)"
+    )
+
+
 def job_entrypoint(
     spec_rel: str,
     *,
@@ -296,6 +372,10 @@ def _cmd_submit(args: argparse.Namespace) -> int:
                 )
             ]
         ) from None
+    cluster = args.address or os.environ.get("RAY_ADDRESS")
+    issue = _durable_storage_issue(str(spec.storage_path), cluster)
+    if issue is not None:
+        raise SpecError([SpecIssue("storage_path", issue, None, args.spec)])
     overrides = overrides_from_args(args)
     storage = resolve_storage_path(spec.storage_path)
     if storage != spec.storage_path:
@@ -308,6 +388,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     except ValueError:
         pass
     env = carried_env(os.environ, args.env, warn=lambda msg: print(msg, file=sys.stderr))
+    drop_loopback_tracking_uri(env, cluster, warn=lambda msg: print(msg, file=sys.stderr))
     entrypoint = job_entrypoint(
         spec_rel, preset=args.preset, overrides=overrides, script=script, python=args.python
     )
@@ -338,24 +419,33 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     return _follow(client, job_id, timeout=args.timeout)
 
 
+async def _tail(client: Any, job_id: str) -> None:
+    async for chunk in client.tail_job_logs(job_id):
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+
+
+def _status(client: Any, job_id: str) -> str:
+    return str(client.get_job_status(job_id)).rsplit(".", 1)[-1]
+
+
 def _follow(client: Any, job_id: str, *, timeout: float | None) -> int:
-    """Stream the job's logs until it ends; 0 only when it SUCCEEDED."""
+    """Stream the job's logs as they come (Ray's log tail) until it ends; 0 only when it SUCCEEDED."""
     start = time.monotonic()
-    shown = 0
-    status = "PENDING"
-    while True:
-        status = str(client.get_job_status(job_id)).rsplit(".", 1)[-1]
-        logs = client.get_job_logs(job_id)
-        if len(logs) > shown:
-            sys.stdout.write(logs[shown:])
-            sys.stdout.flush()
-            shown = len(logs)
-        if status in _TERMINAL:
-            break
-        if timeout is not None and time.monotonic() - start > timeout:
-            print(f"job {job_id} still {status} after {timeout:.0f} s; not waiting longer", file=sys.stderr)
-            return 1
+    try:
+        asyncio.run(asyncio.wait_for(_tail(client, job_id), timeout))
+    except TimeoutError:
+        pass
+    except Exception as e:  # the stream broke (a dashboard restart): the job's status still decides
+        print(f"log stream of job {job_id} ended: {type(e).__name__}: {e}", file=sys.stderr)
+    # The stream closes when the driver exits; the job's final status may follow a moment later.
+    status = _status(client, job_id)
+    while status not in _TERMINAL and (timeout is None or time.monotonic() - start < timeout):
         time.sleep(2.0)
+        status = _status(client, job_id)
+    if status not in _TERMINAL:
+        print(f"job {job_id} still {status} after {timeout:.0f} s; not waiting longer", file=sys.stderr)
+        return 1
     print(f"job {job_id}: {status}")
     return 0 if status == "SUCCEEDED" else 1
 

@@ -119,6 +119,11 @@ class StudyPlan:
         params: params for the parent run (``expected_trials`` is added by workers).
         artifacts: ``file name -> text`` logged on the parent run at start (e.g. the resolved spec).
         metric_whitelist: prefixes of reported metrics that go to MLflow (our own metrics only).
+        run_name: how each trial's Tune trial and MLflow run are named: a template whose
+            ``{dotted.path}`` fields are read from the trial's resolved config and ``{index}`` is the
+            trial's 1-based number in the plan; a format spec may follow a colon. Examples:
+            ``"{model.layer.type}-B{training.batch_size}-s{seed}"``, ``"search-{index:03d}"``,
+            ``"autonorm_s-s{seed}"``. Empty: ``<name>-{index:03d}``.
     """
 
     name: str
@@ -150,6 +155,7 @@ class StudyPlan:
         "examples_per_s",
         "lr",
     )
+    run_name: str = ""
 
 
 def expected_trials(plan: StudyPlan) -> int:

@@ -1,15 +1,18 @@
 """A terse progress line for a running study: ``trials done/total, running, ETA``.
 
 Tune's own reporters print wide tables per trial; a study of dozens of trials wants one line every
-few seconds, in a job log as much as in a terminal.
+few seconds, in a job log as much as in a terminal. :func:`quiet_checkpoint_logs` keeps Ray's
+per-epoch "Checkpoint successfully created" lines out of it.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ray.tune import Callback
@@ -17,7 +20,58 @@ from ray.tune import Callback
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial
 
-__all__ = ["ProgressCallback", "format_eta"]
+__all__ = ["CHECKPOINT_LINE", "ProgressCallback", "format_eta", "quiet_checkpoint_logs"]
+
+CHECKPOINT_LINE = "Checkpoint successfully created"
+"""Ray Train's INFO line (logger ``ray.train._internal.storage``) at every checkpoint a trial reports:
+once per trial per epoch, forwarded from the trial's process to the driver's output."""
+SHOW_CHECKPOINT_LOGS_ENV = "AUTONORM_SHOW_CHECKPOINT_LOGS"
+
+
+def _without_checkpoint_lines(handler: Callable[[Any], None]) -> Callable[[Any], None]:
+    def handle(data: Any) -> None:
+        lines = data.get("lines") if isinstance(data, dict) else None
+        if isinstance(lines, list):
+            kept = [line for line in lines if CHECKPOINT_LINE not in str(line)]
+            if lines and not kept:
+                return
+            if len(kept) != len(lines):
+                data = {**data, "lines": kept}
+        handler(data)
+
+    handle._autonorm_quiet = True  # type: ignore[attr-defined]
+    return handle
+
+
+def quiet_checkpoint_logs(dispatcher: Any = None, *, environ: Mapping[str, str] | None = None) -> bool:
+    """Drop Ray's "Checkpoint successfully created" lines from what this driver prints.
+
+    They are logged in each trial's process and forwarded to the driver, which prints them through
+    Ray's worker-output dispatcher (``ray._private.ray_logging.global_worker_stdstream_dispatcher``,
+    private API): its handlers are wrapped to skip those lines, in this driver only; the trials'
+    own log files keep them. Call after ``ray.init`` (the dispatcher's handlers exist from then on).
+    ``AUTONORM_SHOW_CHECKPOINT_LOGS=1`` keeps them. Returns whether the filter is in place.
+    """
+    env = os.environ if environ is None else environ
+    if env.get(SHOW_CHECKPOINT_LOGS_ENV) == "1":
+        return False
+    # A trial run in this very process (local mode) logs it here directly.
+    logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
+    if dispatcher is None:
+        try:
+            from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+        except ImportError:
+            return False
+    lock = getattr(dispatcher, "_lock", None)
+    handlers = getattr(dispatcher, "handlers", None)
+    if lock is None or not isinstance(handlers, list):
+        return False
+    with lock:
+        dispatcher.handlers = [
+            (name, h if getattr(h, "_autonorm_quiet", False) else _without_checkpoint_lines(h))
+            for name, h in dispatcher.handlers
+        ]
+    return True
 
 
 def format_eta(seconds: float | None) -> str:
@@ -32,13 +86,17 @@ def format_eta(seconds: float | None) -> str:
     return f"{s}s"
 
 
+_DONE = ("TERMINATED", "ERROR")
+
+
 class ProgressCallback(Callback):  # type: ignore[misc]
     """Prints ``[study] trials 3/8 done (1 error), 2 running, 3 pending, ETA 1m20s`` lines.
 
     Tune calls :meth:`on_step_end` after every loop iteration of its driver; a line is printed at
     most every ``interval_s`` seconds and whenever the number of finished trials changes, plus a
     final line at :meth:`on_experiment_end`. The ETA assumes the remaining trials take as long as
-    the finished ones did on average, at the current parallelism.
+    the ones finished *since this driver started* did on average, at the current parallelism: after a
+    resume, trials finished by an earlier driver count as done but not against this driver's clock.
 
     Args:
         name: study name shown in brackets.
@@ -65,6 +123,7 @@ class ProgressCallback(Callback):  # type: ignore[misc]
         self._start: float | None = None
         self._last_print = -float("inf")
         self._last_done = -1
+        self._done_before: frozenset[str] | None = None
         self.lines: list[str] = []
 
     def __getstate__(self) -> dict[str, Any]:
@@ -73,6 +132,7 @@ class ProgressCallback(Callback):  # type: ignore[misc]
         state["_start"] = None
         state["_last_print"] = -float("inf")
         state["_last_done"] = -1
+        state["_done_before"] = None
         state["lines"] = []
         return state
 
@@ -90,16 +150,23 @@ class ProgressCallback(Callback):  # type: ignore[misc]
         running = counts["RUNNING"]
         total = max(self.total or 0, len(trials))
         pending = max(0, total - done - running)
+        if self._done_before is None:
+            self._done_before = self._finished(trials)
+        done_here = sum(t.status in _DONE and t.trial_id not in self._done_before for t in trials)
         eta: float | None = None
-        if self._start is not None and done > 0:
+        if self._start is not None and done_here > 0:
             elapsed = self._clock() - self._start
-            per_trial = elapsed / done
+            per_trial = elapsed / done_here
             eta = per_trial * (total - done)
         errors = f" ({counts['ERROR']} error)" if counts["ERROR"] else ""
         return (
             f"[{self.name}] trials {done}/{total} done{errors}, {running} running, {pending} pending, "
             f"ETA {format_eta(eta if done < total else 0.0)}"
         )
+
+    @staticmethod
+    def _finished(trials: list[Trial]) -> frozenset[str]:
+        return frozenset(t.trial_id for t in trials if t.status in _DONE)
 
     def _emit(self, text: str) -> None:
         self.lines.append(text)
@@ -109,8 +176,11 @@ class ProgressCallback(Callback):  # type: ignore[misc]
     def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
         if self._start is None:
             self._start = self._clock()
+        if self._done_before is None:
+            # The first look at the trials: what is finished now was finished by an earlier driver.
+            self._done_before = self._finished(trials)
         now = self._clock()
-        done = sum(t.status in ("TERMINATED", "ERROR") for t in trials)
+        done = sum(t.status in _DONE for t in trials)
         if done != self._last_done or now - self._last_print >= self.interval_s:
             self._emit(self.line(trials))
             self._last_print = now

@@ -7,21 +7,31 @@ checkpoints; finished trials are not run again and MLflow runs are re-attached, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from workers.errors import ResourceError
 from workers.plan import StudyPlan, expected_trials
-from workers.progress import ProgressCallback
+from workers.progress import ProgressCallback, quiet_checkpoint_logs
 from workers.search import FINAL_STATUSES, create_scheduler, create_searcher, grid_param_space
 from workers.session import ray_session
 from workers.storage import ResolvedStorage, resolve_storage
-from workers.tracking import ROLE_PHASE, ROLE_STUDY, MlflowTrackingCallback, default_tracking_uri, study_key
+from workers.tracking import (
+    ROLE_PHASE,
+    ROLE_STUDY,
+    MlflowTrackingCallback,
+    TrialNamer,
+    default_tracking_uri,
+    study_key,
+    trial_tag_templates,
+)
 from workers.trainable import TrialFunction, autonorm_trial, tune_entry
 
 __all__ = [
@@ -30,6 +40,7 @@ __all__ = [
     "TrialStatus",
     "best_trial",
     "expected_trials",
+    "export_optuna_study",
     "read_trials",
     "run_study",
     "trial_status",
@@ -289,6 +300,8 @@ def run_study(
     tracking_uri = _tracking_uri(plan, storage)
     trial_fn = trainable or autonorm_trial
     total = expected_trials(plan)
+    namer = TrialNamer(plan.run_name, plan_name=plan.name, base_config=plan.base_config)
+    parent_tags, trial_tags = trial_tag_templates(dict(plan.tags))
 
     tracker = MlflowTrackingCallback(
         tracking_uri=tracking_uri,
@@ -297,13 +310,15 @@ def run_study(
         base_config=plan.base_config,
         metric_whitelist=plan.metric_whitelist,
         artifact_location=_artifact_location(plan, storage, tracking_uri),
-        parent_tags=dict(plan.tags),
+        parent_tags=parent_tags,
         parent_params=dict(plan.params),
         artifacts=dict(plan.artifacts),
         expected_trials=total,
         study_name=plan.name,
         role=ROLE_PHASE if nest_under else ROLE_STUDY,
         nest_under=nest_under,
+        run_namer=namer,
+        trial_tags=trial_tags,
     )
     # Build the search pieces before starting anything: a bad plan fails fast, with nothing to clean up.
     if plan.sampler.type == "grid":
@@ -317,6 +332,7 @@ def run_study(
     with ray_session(ray_address, ray_init_kwargs, env_vars={"MLFLOW_TRACKING_URI": tracking_uri}):
         check_resources(plan)
         _stop_credential_propagation()
+        quiet_checkpoint_logs()
         trials, restored = _fit(
             plan,
             trial_fn,
@@ -328,6 +344,7 @@ def run_study(
             searcher,
             scheduler,
             ProgressCallback(name=plan.name, total=total) if progress else None,
+            namer,
         )
     run_ids = tracker.child_run_ids()
     return StudyResult(
@@ -351,8 +368,12 @@ def _fit(
     searcher: Any,
     scheduler: Any,
     progress: ProgressCallback | None,
+    namer: TrialNamer,
 ) -> tuple[list[Any] | None, bool]:
-    """Start or restore the Tuner and run it; the tracker's runs are closed whatever happens."""
+    """Start or restore the Tuner and run it; the tracker's runs are closed whatever happens.
+
+    An Optuna-sampled plan's study is saved as ``<experiment dir>/optuna.db`` once Tune returns.
+    """
     from ray import tune
 
     total = expected_trials(plan)
@@ -405,6 +426,7 @@ def _fit(
                     max_concurrent_trials=max(1, plan.max_concurrent),
                     reuse_actors=True,
                     trial_dirname_creator=_trial_dirname,
+                    trial_name_creator=namer,
                 ),
                 run_config=tune.RunConfig(
                     name=plan.name,
@@ -417,6 +439,9 @@ def _fit(
                 ),
             )
         tuner.fit()
+        used_searcher = _searcher_of(tuner) if searcher is not None else None
+        if used_searcher is not None:
+            _save_optuna_study(plan, storage, experiment_path, used_searcher, tracker)
         # The public way to the Trial objects (status, config, last result) of the whole experiment.
         analysis = tune.ExperimentAnalysis(experiment_path, storage_filesystem=storage.filesystem)
         trials = list(analysis.trials)
@@ -429,6 +454,87 @@ def _fit(
     finally:
         tracker.close(status=parent_status, trials=trials, summary=_summary(trials, total))
     return trials, restored
+
+
+def _searcher_of(tuner: Any) -> Any:
+    """The Optuna searcher a Tuner ran with: Tune restores the pickled one in place after a restore,
+    and wraps it (``ConcurrencyLimiter``) without copying it. Private Ray API; ``None`` if it moved."""
+    config = getattr(getattr(tuner, "_local_tuner", None), "_tune_config", None)
+    search = getattr(config, "search_alg", None)
+    while search is not None and not hasattr(search, "_ot_study") and hasattr(search, "searcher"):
+        search = search.searcher
+    return search if hasattr(search, "_ot_study") else None
+
+
+OPTUNA_DB = "optuna.db"
+
+
+def export_optuna_study(source: Any, path: str | os.PathLike[str], study_name: str) -> int:
+    """Copy every finished trial of the Optuna study ``source`` into the SQLite study ``study_name``
+    at ``path`` (created when missing); trials copied before are skipped. Returns how many were added.
+
+    A trial is known by the ``autonorm.source_number`` user attribute it gets here, so running this
+    again after a resumed study adds only the trials that finished since.
+    """
+    import optuna
+
+    url = f"sqlite:///{Path(path).resolve()}"
+    target = optuna.create_study(
+        storage=url, study_name=study_name, directions=source.directions, load_if_exists=True
+    )
+    done = {t.user_attrs.get("autonorm.source_number") for t in target.get_trials(deepcopy=False)}
+    new = []
+    for trial in source.get_trials(deepcopy=True):
+        if not trial.state.is_finished() or trial.number in done:
+            continue
+        trial.set_user_attr("autonorm.source_number", trial.number)
+        new.append(trial)
+    target.add_trials(new)
+    return len(new)
+
+
+def _save_optuna_study(
+    plan: StudyPlan,
+    storage: ResolvedStorage,
+    experiment_path: str,
+    searcher: Any,
+    tracker: MlflowTrackingCallback,
+) -> None:
+    """``<experiment dir>/optuna.db`` (for ``optuna-dashboard``), also an artifact of the plan's run.
+
+    The searcher keeps its study in memory (what Tune pickles and restores); this is a copy made at
+    the end of every run. Never fails the study: a problem is logged.
+    """
+    import tempfile
+
+    try:
+        if storage.is_local:
+            local = Path(experiment_path) / OPTUNA_DB
+            added = export_optuna_study(searcher._ot_study, local, plan.name)
+        else:
+            scratch = Path(tempfile.mkdtemp(prefix="optuna-"))
+            local = scratch / OPTUNA_DB
+            fs = storage.filesystem
+            assert fs is not None
+            with (
+                contextlib.suppress(FileNotFoundError, OSError),
+                fs.open_input_stream(f"{experiment_path}/{OPTUNA_DB}") as src,
+            ):
+                local.write_bytes(src.read())
+            added = export_optuna_study(searcher._ot_study, local, plan.name)
+            with fs.open_output_stream(f"{experiment_path}/{OPTUNA_DB}") as out:
+                out.write(local.read_bytes())
+        where = f"{storage.experiment_uri(plan.name)}/{OPTUNA_DB}"
+        logger.info("optuna study %s: %d trial(s) added to %s", plan.name, added, where)
+        if storage.is_local:
+            print(f"[{plan.name}] optuna study -> optuna-dashboard sqlite:///{local.resolve()}", flush=True)
+        else:
+            print(
+                f"[{plan.name}] optuna study -> {where} (download it, then optuna-dashboard sqlite:///optuna.db)"
+            )
+        tracker.log_file(local)
+    except Exception as exc:
+        logger.error("could not save the Optuna study of %s to %s: %s", plan.name, OPTUNA_DB, exc)
 
 
 def _summary(trials: list[Any] | None, total: int) -> dict[str, float] | None:

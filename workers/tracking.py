@@ -34,11 +34,15 @@ An MLflow outage does not stop the study, nor slow it down (:class:`RetryPolicy`
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
 import math
 import os
+import re
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -49,6 +53,7 @@ from urllib.parse import urlparse
 
 from ray.tune import Callback
 
+from workers.dotted import get_path
 from workers.trainable import config_from_result
 
 if TYPE_CHECKING:
@@ -64,15 +69,22 @@ __all__ = [
     "TAG_TRIAL_ID",
     "TAG_TRIAL_STATUS",
     "TAG_UNDELIVERED",
+    "TRIAL_TAG_PREFIX",
     "MlflowTrackingCallback",
     "MlflowUnavailable",
     "RetryPolicy",
     "StudyTracker",
+    "TrialNamer",
     "check_tracking_uri",
     "default_tracking_uri",
     "ensure_sqlite_schema",
     "flatten_params",
+    "mlflow_links",
+    "render_run_name",
+    "source_tags",
     "study_key",
+    "trial_index",
+    "trial_tag_templates",
 ]
 
 logger = logging.getLogger(__name__)
@@ -86,8 +98,158 @@ TAG_UNDELIVERED = "autonorm.undelivered_trials"
 ROLE_STUDY = "study"
 ROLE_PHASE = "phase"
 ROLE_TRIAL = "trial"
+TAG_PHASE = "autonorm.phase"
+TAG_ARM = "autonorm.arm"
+TRIAL_TAG_PREFIX = "autonorm.trial_tag."
+"""A plan tag ``autonorm.trial_tag.<name>`` is not put on the plan's run: each trial run gets the tag
+``autonorm.<name>``, its value a :func:`render_run_name` template (``{model.layer.type}``)."""
+SOURCE_GIT_COMMIT = "mlflow.source.git.commit"
+SOURCE_NAME = "mlflow.source.name"
+SOURCE_TYPE = "mlflow.source.type"
+DEFAULT_UI = "http://127.0.0.1:5000"
 
 _T = TypeVar("_T")
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------- naming, source
+
+
+_FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
+_MAX_RUN_NAME = 250
+
+
+def render_run_name(template: str, config: Mapping[str, Any], index: int | str | None) -> str:
+    """``template`` with each ``{dotted.path[:format]}`` replaced by the config's value there.
+
+    ``{index}`` is the trial's number; a missing path renders as ``?``; a format spec that does not
+    fit the value (``{index:03d}`` of a trial id) falls back to ``str``.
+    """
+
+    def field(match: re.Match[str]) -> str:
+        path, spec = match.group(1).strip(), match.group(2) or ""
+        value = index if path == "index" else get_path(config, path, default=None)
+        if value is None:
+            return "?"
+        try:
+            return format(value, spec)
+        except (TypeError, ValueError):
+            return str(value)
+
+    return _FIELD.sub(field, template)[:_MAX_RUN_NAME]
+
+
+_GENERATED_ID = re.compile(r"[0-9a-f]+_(\d{5})")
+_LEADING_INT = re.compile(r"(\d+)")
+
+
+def trial_index(trial: Any) -> int | None:
+    """A trial's 1-based number in its experiment, from the ids Tune gives it.
+
+    Tune's grid generator makes ids ``<prefix>_<counter:05d>`` (counter from 0); its searcher wrapper
+    makes random ids and an ``experiment_tag`` starting with a counter from 1. ``None`` otherwise.
+    """
+    match = _GENERATED_ID.fullmatch(str(getattr(trial, "trial_id", "")))
+    if match:
+        return int(match.group(1)) + 1
+    match = _LEADING_INT.match(str(getattr(trial, "experiment_tag", "") or ""))
+    return int(match.group(1)) if match else None
+
+
+class TrialNamer:
+    """Tune's ``trial_name_creator`` and the trial run's MLflow name: ``template`` rendered with the
+    trial's resolved config (:func:`render_run_name`). Picklable: Tune stores it with the experiment.
+
+    Args:
+        template: the plan's ``run_name``; empty means ``<plan name>-{index:03d}``.
+        plan_name: the plan's name.
+        base_config: the plan's base trial config (the trial's own params are applied on top).
+    """
+
+    def __init__(self, template: str, *, plan_name: str, base_config: Mapping[str, Any]) -> None:
+        self.template = template or f"{plan_name}-{{index:03d}}"
+        self.base_config = dict(base_config)
+
+    def config(self, trial: Any) -> dict[str, Any]:
+        try:
+            return config_from_result(trial.last_result, self.base_config, dict(trial.config or {}))
+        except Exception:  # a config the trial itself will reject: name it from what we have
+            return dict(self.base_config)
+
+    def __call__(self, trial: Any) -> str:
+        index = trial_index(trial)
+        return render_run_name(
+            self.template, self.config(trial), index if index is not None else trial.trial_id
+        )
+
+
+def trial_tag_templates(plan_tags: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Split a plan's tags into ``(tags of the plan's run, tag templates of every trial run)``.
+
+    Trial runs get the plan's ``autonorm.phase`` and ``autonorm.arm`` as they are, and
+    ``autonorm.<name>`` for every ``autonorm.trial_tag.<name>`` (a template, rendered per trial),
+    which does not go on the plan's run.
+    """
+    parent = {k: v for k, v in plan_tags.items() if not k.startswith(TRIAL_TAG_PREFIX)}
+    trial = {k: v for k, v in parent.items() if k in (TAG_PHASE, TAG_ARM)}
+    for key, value in plan_tags.items():
+        if key.startswith(TRIAL_TAG_PREFIX):
+            trial[f"autonorm.{key[len(TRIAL_TAG_PREFIX) :]}"] = value
+    return parent, trial
+
+
+@functools.lru_cache(maxsize=4)
+def _git_head(root: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and commit else None
+
+
+def _source_name(argv: Sequence[str]) -> str:
+    script = argv[0] if argv else ""
+    path = Path(script)
+    if not script or path.name in ("autonorm-study", "__main__.py", "-c", "-m") or path.name == "cli.py":
+        return "autonorm-study"
+    with contextlib.suppress(ValueError, OSError):
+        return path.resolve().relative_to(_REPO_ROOT).as_posix()
+    return path.name
+
+
+def source_tags(
+    environ: Mapping[str, str] | None = None, argv: Sequence[str] | None = None
+) -> dict[str, str]:
+    """MLflow's standard source tags for every run of a study (study, phase and trial runs).
+
+    ``mlflow.source.git.commit`` from ``AUTONORM_GIT_COMMIT`` (what ``autonorm-study submit`` passes to
+    a job, whose working dir has no ``.git``), else ``git rev-parse HEAD`` of this checkout (once per
+    process), omitted when neither is known; ``mlflow.source.name`` the entry script (``autonorm-study``
+    for the CLI); ``mlflow.source.type`` ``JOB``.
+    """
+    env = os.environ if environ is None else environ
+    tags = {SOURCE_NAME: _source_name(sys.argv if argv is None else argv), SOURCE_TYPE: "JOB"}
+    commit = env.get("AUTONORM_GIT_COMMIT") or _git_head(str(_REPO_ROOT))
+    if commit and commit != "unknown":
+        tags[SOURCE_GIT_COMMIT] = commit
+    return tags
+
+
+def mlflow_links(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> list[str]:
+    """Direct links into the MLflow UI: the experiment's runs table, then the run (when given).
+
+    The tracking server's own address for ``http(s)://`` URIs, ``http://127.0.0.1:5000`` otherwise
+    (``mlflow ui --backend-store-uri <uri>`` serves it there). The runs table, not the experiment's
+    default page: MLflow 3 opens an experiment on its GenAI overview.
+    """
+    base = tracking_uri.rstrip("/") if urlparse(tracking_uri).scheme in ("http", "https") else DEFAULT_UI
+    links = [f"{base}/#/experiments/{experiment_id}/runs"]
+    if run_id:
+        links.append(f"{base}/#/experiments/{experiment_id}/runs/{run_id}")
+    return links
 
 
 def study_key(experiment_uri: str) -> str:
@@ -402,6 +564,10 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
         parent_tags / parent_params / artifacts: written on the parent run at :meth:`prepare`.
         expected_trials: planned number of trials (parent param ``expected_trials``).
         retry: retry policy for MLflow calls.
+        run_namer: names each trial's run (:class:`TrialNamer`); ``str(trial)`` when ``None``.
+        trial_tags: tags of every trial run, values rendered per trial (:func:`trial_tag_templates`).
+
+    Every run it creates also gets MLflow's source tags (:func:`source_tags`).
     """
 
     def __init__(
@@ -421,7 +587,11 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
         study_name: str | None = None,
         role: str = ROLE_STUDY,
         nest_under: str | None = None,
+        run_namer: Callable[[Any], str] | None = None,
+        trial_tags: Mapping[str, str] | None = None,
     ) -> None:
+        self.run_namer = run_namer
+        self.trial_tags = dict(trial_tags or {})
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
         self.key = key
@@ -598,7 +768,7 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
                 self._call(self.client.set_terminated, old, "KILLED")
             parent = None
         if parent is None:
-            tags = {TAG_ROLE: self.role, TAG_STUDY_KEY: self.key, **self.parent_tags}
+            tags = {TAG_ROLE: self.role, TAG_STUDY_KEY: self.key, **source_tags(), **self.parent_tags}
             if self.nest_under:
                 tags[TAG_PARENT] = self.nest_under
             run = self._call(self.client.create_run, experiment_id, tags=tags, run_name=self.study_name)
@@ -614,8 +784,8 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
             parent_id = self._parent_id = parent.info.run_id
             if parent.info.status != "RUNNING":
                 self._call(self.client.update_run, parent_id, status="RUNNING")
-            if self.parent_tags and log_artifacts:
-                tags_list = [RunTag(k, str(v)) for k, v in self.parent_tags.items()]
+            if log_artifacts:
+                tags_list = [RunTag(k, str(v)) for k, v in {**source_tags(), **self.parent_tags}.items()]
                 self._call(self.client.log_batch, parent_id, tags=tags_list)
         if log_artifacts or not self._artifacts_logged:
             for name, text in self.artifacts.items():
@@ -749,7 +919,15 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
                     self._uncreated.discard(trial.trial_id)
                     return found
         self._uncreated.add(trial.trial_id)
+        # The trial's own resolved config when its result carries it; resolved here otherwise.
+        config = config_from_result(trial.last_result, self.base_config, dict(trial.config or {}))
+        index = trial_index(trial)
         tags = {
+            **source_tags(),
+            **{
+                k: render_run_name(v, config, index if index is not None else trial.trial_id)
+                for k, v in getattr(self, "trial_tags", {}).items()
+            },
             TAG_ROLE: ROLE_TRIAL,
             TAG_TRIAL_ID: trial.trial_id,
             TAG_PARENT: self._parent_id,
@@ -760,18 +938,28 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
             tags["autonorm.node_id"] = str(node_id)
         # One attempt only (a retried create could make two runs); the next result tries again.
         run = self._call(
-            self.client.create_run, self._experiment_id, tags=tags, run_name=str(trial), attempts=1
+            self.client.create_run, self._experiment_id, tags=tags, run_name=self._run_name(trial), attempts=1
         )
         child = _ChildRun(run_id=run.info.run_id)
         self._children[trial.trial_id] = child
         self._uncreated.discard(trial.trial_id)
-        # The trial's own resolved config when its result carries it; resolved here otherwise.
-        config = config_from_result(trial.last_result, self.base_config, dict(trial.config or {}))
         params = [Param(k, v) for k, v in flatten_params(config).items()]
         for i in range(0, len(params), 100):
             chunk = params[i : i + 100]
             self._call(self.client.log_batch, child.run_id, params=chunk)
         return child
+
+    def _run_name(self, trial: Trial) -> str:
+        """The trial run's name: the plan's :class:`TrialNamer`, else Tune's display name of the trial
+        unless that is the internal trainable's (``tune_entry_...``)."""
+        namer = getattr(self, "run_namer", None)  # callbacks pickled by an older version have none
+        if namer is not None:
+            with contextlib.suppress(Exception):
+                return str(namer(trial))
+        name = str(trial)
+        if name.startswith("tune_entry"):
+            return f"{self.study_name}-{trial.trial_id}"
+        return name
 
     def _flush(self, trial_id: str, child: _ChildRun, *, attempts: int | None) -> None:
         from mlflow.entities import Metric
@@ -924,6 +1112,18 @@ class MlflowTrackingCallback(MlflowWriter, Callback):  # type: ignore[misc]
         except Exception as exc:
             logger.error("could not close the MLflow parent run %s: %s", parent_id, exc)
 
+    def log_file(self, path: Path, artifact_path: str | None = None) -> None:
+        """A file as an artifact of the plan's run (raises when MLflow does not take it)."""
+        if not self._connect() or self._parent_id is None:
+            raise MlflowUnavailable(f"MLflow unreachable; {path.name} not logged")
+        self._call(
+            self.client.log_artifact,
+            self._parent_id,
+            str(path),
+            artifact_path,
+            attempts=self.retry.final_attempts,
+        )
+
     def child_run_ids(self) -> dict[str, str]:
         """``trial_id -> MLflow run id`` as MLflow knows it now (what this tracker knows, when MLflow
         does not answer)."""
@@ -995,13 +1195,13 @@ class StudyTracker(MlflowWriter):
             if run.info.status != "RUNNING":
                 self._call(self.client.update_run, self.run_id, status="RUNNING")
         else:
-            all_tags = {TAG_ROLE: ROLE_STUDY, TAG_STUDY_KEY: self.key, **dict(tags or {})}
+            all_tags = {TAG_ROLE: ROLE_STUDY, TAG_STUDY_KEY: self.key, **source_tags(), **dict(tags or {})}
             run = self._call(self.client.create_run, experiment_id, tags=all_tags, run_name=self.run_name)
             self.run_id = run.info.run_id
             existing = {}
         # Params are immutable in MLflow: only the ones the run does not have yet.
         new_params = [Param(k, str(v)[:6000]) for k, v in (params or {}).items() if k not in existing]
-        tag_items = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+        tag_items = [RunTag(k, str(v)) for k, v in {**source_tags(), **dict(tags or {})}.items()]
         for i in range(0, max(len(new_params), 1), 100):
             self._call(self.client.log_batch, self.run_id, params=new_params[i : i + 100], tags=tag_items)
             tag_items = []

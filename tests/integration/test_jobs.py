@@ -9,6 +9,7 @@ the test reads them back: MLflow runs for the search study, ``verdict.json`` for
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -22,6 +23,16 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
+# `<plan name>-<index>` by default, or what the plan's run_name template makes; never Tune's
+# internal trainable (`tune_entry_...`) or its bare trial id.
+READABLE = re.compile(r"[A-Za-z][\w.]*(-[\w.]+)+")
+
+
+def _assert_readable(runs: list[object]) -> None:
+    names = [r.info.run_name for r in runs]  # type: ignore[attr-defined]
+    assert len(set(names)) == len(names), names
+    for name in names:
+        assert READABLE.fullmatch(name) and not name.startswith(("tune_entry", "trial_")), names
 
 
 def _job_env(ray_head: RayNode, tmp_path: Path) -> dict[str, str]:
@@ -98,6 +109,15 @@ def test_ray_job_submit_runs_the_search_study_and_logs_it_to_mlflow(
         assert "val_accuracy" in child.data.metrics, sorted(child.data.metrics)
         assert 0.0 <= child.data.metrics["val_accuracy"] <= 1.0
     assert len(runs) == 3  # nothing else was logged (e.g. by a driver that fell back to ./mlruns)
+    _assert_readable(children)
+    for run in runs:
+        assert run.data.tags.get("mlflow.source.type") == "JOB"
+        assert run.data.tags.get("mlflow.source.name") == "studies/autonorm_search.py"
+    # The driver says where the results are, with a direct link to the runs table.
+    study_dir = tmp_path / "runs" / parent.info.run_name
+    assert f"results: {study_dir}" in output, output[-4000:]
+    assert f"/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}" in output
+    assert (study_dir / "optuna.db").is_file()
 
 
 def test_autonorm_study_submit_runs_the_batchsize_study_to_a_verdict(
@@ -163,6 +183,11 @@ def test_autonorm_study_submit_runs_the_batchsize_study_to_a_verdict(
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=1000)
     tagged = [r for r in runs if any(k.startswith("verdict/") for k in r.data.tags)]
     assert len(tagged) == 1
+    assert f"results: {storage / 'batchsize_correlation_smoke'}" in output
+    assert f"/#/experiments/{tagged[0].info.experiment_id}/runs/{tagged[0].info.run_id}" in output
+    _assert_readable([r for r in runs if r.data.tags.get("autonorm.role") == "trial"])
+    commits = {r.data.tags.get("mlflow.source.git.commit") for r in runs}
+    assert len(commits) == 1 and None not in commits  # carried into the job by `submit`
     assert {
         k.removeprefix("verdict/"): v for k, v in tagged[0].data.tags.items() if k.startswith("verdict/")
     } == {**{k: str(v) for k, v in verdict["verdict"].items()}, "study": verdict["study_verdict"]}

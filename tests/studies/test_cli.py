@@ -6,13 +6,14 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
 from studies import _entry, cli
-from studies.kinds import SPEC_FILE, kind_of, run_study_spec
+from studies.kinds import SPEC_FILE, kind_for, kind_of, run_study_spec
 from studies.spec import load_spec
 from studies.study_dir import StudyDir
 from tests.studies.broken_cases import load_cases
@@ -60,7 +61,9 @@ def test_validate_broken_spec_exits_2_without_traceback(case_id: str) -> None:
 def test_validate_ok_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["validate", str(SHIPPED), "--preset", "smoke"]) == 0
     out = capsys.readouterr().out
-    assert "ok: autonorm_search" in out and "4 trials (2 at a time)" in out
+    smoke = load_spec(SHIPPED, preset="smoke")
+    total = kind_for(smoke).impl().total_trials(smoke)
+    assert "ok: autonorm_search" in out and f" {total} trials (2 at a time)" in out
 
 
 def test_validate_print_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -162,7 +165,8 @@ def test_study_directory_is_a_target(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert cli.main(["validate", str(study_dir)]) == 0
     assert cli.main(["status", str(study_dir)]) == 0
     out = capsys.readouterr().out
-    assert "trials: 0 of 4 (none yet)" in out
+    total = kind_for(spec).impl().total_trials(spec)
+    assert f"trials: 0 of {total} (none yet)" in out
     assert cli.main(["validate", str(tmp_path)]) == 2  # a directory without study_spec.yaml
     assert "not a study directory" in capsys.readouterr().err
 
@@ -309,11 +313,17 @@ class _FakeJobClient:
         self.submitted = kwargs
         return "raysubmit_123"
 
+    status = "SUCCEEDED"
+
     def get_job_status(self, job_id: str) -> str:
-        return "SUCCEEDED"
+        return f"JobStatus.{self.status}"
 
     def get_job_logs(self, job_id: str) -> str:
-        return "study done\n"
+        raise AssertionError("submit --wait follows the log tail; it never downloads the whole log")
+
+    async def tail_job_logs(self, job_id: str) -> AsyncIterator[str]:
+        for chunk in ("[study] trials 1/2 done\n", "study done\n"):
+            yield chunk
 
 
 def test_submit_wires_working_dir_env_and_auth(
@@ -368,7 +378,8 @@ def test_submit_wires_working_dir_env_and_auth(
     ]  # absolute, not the job's tmp copy
     assert job["metadata"]["autonorm.study"] == "autonorm_search"
     captured = capsys.readouterr()
-    assert "raysubmit_123" in captured.out and "SUCCEEDED" in captured.out
+    assert "raysubmit_123" in captured.out and "job raysubmit_123: SUCCEEDED" in captured.out
+    assert "[study] trials 1/2 done\nstudy done\n" in captured.out  # the streamed log, in order
     assert "warning: --env AWS_SECRET_ACCESS_KEY" in captured.err and "job API" in captured.err
     for secret in ("sekrit-token", "sekrit-aws", "sekrit-mlflow", "sekrit-key-id"):
         assert secret not in captured.out and secret not in captured.err
@@ -569,3 +580,150 @@ def test_submit_of_another_kind_runs_its_script(monkeypatch: pytest.MonkeyPatch)
         "--spec",
         "studies/specs/batchsize_correlation.yaml",
     ]
+
+
+# ---- submit to a cluster on another machine ---------------------------------------------------------
+
+
+def _submit(monkeypatch: pytest.MonkeyPatch, *extra: str, status: str = "SUCCEEDED") -> tuple[int, Any]:
+    import ray.job_submission
+
+    class Client(_FakeJobClient):
+        pass
+
+    Client.status = status
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
+    monkeypatch.chdir(ROOT)
+    code = cli.main(["submit", "studies/specs/autonorm_search.yaml", "--preset", "smoke", *extra])
+    return code, _FakeJobClient.instances[-1] if _FakeJobClient.instances else None
+
+
+def test_submit_to_a_remote_cluster_drops_a_loopback_tracking_uri(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://localhost:5000")
+    code, client = _submit(
+        monkeypatch, "--address", "http://ray-head.internal:8265", "--storage-path", "/shared/runs"
+    )
+    assert code == 0
+    env_vars = client.submitted["runtime_env"]["env_vars"]
+    assert "MLFLOW_TRACKING_URI" not in env_vars
+    err = capsys.readouterr().err
+    assert "not carrying MLFLOW_TRACKING_URI" in err and "needs its own" in err
+    # The same URI to a local cluster is carried: there it names the right machine.
+    code, client = _submit(monkeypatch, "--address", "http://127.0.0.1:8265")
+    assert (
+        code == 0
+        and client.submitted["runtime_env"]["env_vars"]["MLFLOW_TRACKING_URI"] == "http://localhost:5000"
+    )
+
+
+def test_submit_to_a_remote_cluster_requires_durable_storage(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _FakeJobClient.instances.clear()
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    code, client = _submit(
+        monkeypatch, "--address", "ray-head.internal:8265"
+    )  # the spec's storage_path: runs
+    assert code == 2 and client is None  # nothing submitted
+    err = capsys.readouterr().err
+    assert "storage_path" in err and "s3://" in err and "absolute path" in err
+    code, client = _submit(
+        monkeypatch, "--address", "ray-head.internal:8265", "--storage-path", "s3://bucket/runs"
+    )
+    assert code == 0 and "storage_path=s3://bucket/runs" in client.submitted["entrypoint"].replace('"', "")
+
+
+@pytest.mark.parametrize(("status", "code"), [("SUCCEEDED", 0), ("FAILED", 1), ("STOPPED", 1)])
+def test_submit_wait_exits_0_only_on_success(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], status: str, code: int
+) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    got, _ = _submit(monkeypatch, "--address", "http://127.0.0.1:8265", "--wait", status=status)
+    assert got == code
+    assert f"job raysubmit_123: {status}" in capsys.readouterr().out
+
+
+# ---- a study driver inside a Ray job's working-dir package ----------------------------------------
+
+
+def _fake_run(tmp_path: Path, captured: dict[str, Any]) -> Any:
+    from studies.kinds import StudyOutcome
+
+    def fake_run(spec: Any, *, allow_changed_spec: bool = False, **_: Any) -> StudyOutcome:
+        captured["storage_path"] = spec.storage_path
+        return StudyOutcome(
+            kind=spec.kind,
+            name=spec.name,
+            study_dir=f"{spec.storage_path}/{spec.name}",
+            tracking_uri="http://127.0.0.1:1",
+            parent_run_id=None,
+        )
+
+    return fake_run
+
+
+def test_relative_storage_inside_a_ray_job_package_goes_to_autonorm_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import studies.kinds
+
+    package = tmp_path / "session_x" / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123abcd"
+    package.mkdir(parents=True)
+    monkeypatch.chdir(package)
+    monkeypatch.setenv("AUTONORM_HOME", str(tmp_path / "home"))
+    captured: dict[str, Any] = {}
+    monkeypatch.setattr(studies.kinds, "run_study_spec", _fake_run(tmp_path, captured))
+    monkeypatch.setattr(cli, "run_study_spec", _fake_run(tmp_path, captured))
+    code = _entry.study_main(["--preset", "smoke"], prog="t", description="t", default_spec=SHIPPED)
+    assert code == 0
+    assert captured["storage_path"] == str(tmp_path / "home" / "runs")  # not inside the package
+    out = capsys.readouterr().out
+    assert f"-> {tmp_path / 'home' / 'runs'}" in out
+    assert f"results: {tmp_path / 'home' / 'runs'}/autonorm_search" in out
+    # `autonorm-study run` takes the same path; an absolute storage path is kept as given.
+    assert cli.main(["run", str(SHIPPED), "--preset", "smoke"]) == 0
+    assert captured["storage_path"] == str(tmp_path / "home" / "runs")
+    assert cli.main(["run", str(SHIPPED), "--preset", "smoke", "--storage-path", str(tmp_path / "abs")]) == 0
+    assert captured["storage_path"] == str(tmp_path / "abs")
+
+
+def test_relative_storage_outside_a_job_package_stays_where_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import studies.kinds
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AUTONORM_HOME", str(tmp_path / "home"))
+    captured: dict[str, Any] = {}
+    monkeypatch.setattr(studies.kinds, "run_study_spec", _fake_run(tmp_path, captured))
+    monkeypatch.setattr(cli, "run_study_spec", _fake_run(tmp_path, captured))
+    assert cli.main(["run", str(SHIPPED), "--preset", "smoke"]) == 0
+    assert captured["storage_path"] == "runs"  # as given: resolved against this directory when it runs
+    assert _entry.durable_storage_path("runs", cwd=tmp_path / "_ray_pkg_1", environ={}) == str(
+        Path("~/autonorm").expanduser().resolve() / "runs"
+    )
+    assert _entry.durable_storage_path("s3://b/runs", cwd=tmp_path / "_ray_pkg_1", environ={}) is None
+
+
+def test_end_of_study_prints_direct_mlflow_links(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mlflow import MlflowClient
+
+    from studies.kinds import StudyOutcome
+    from workers.tracking import default_tracking_uri, ensure_sqlite_schema
+
+    uri = default_tracking_uri(tmp_path)
+    ensure_sqlite_schema(uri, artifact_root=str(tmp_path))
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment("links", artifact_location=f"file://{tmp_path}/a")
+    run_id = client.create_run(experiment_id).info.run_id
+    outcome = StudyOutcome(
+        kind="search", name="s", study_dir=str(tmp_path / "s"), tracking_uri=uri, parent_run_id=run_id
+    )
+    _entry.print_where(outcome)
+    out = capsys.readouterr().out
+    assert f"results: {tmp_path / 's'}" in out
+    assert f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs\n" in out
+    assert f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}" in out
+    assert f"mlflow ui --backend-store-uri {uri}" in out

@@ -557,3 +557,58 @@ def test_child_params_come_from_the_config_the_trial_reported(tmp_path: Path) ->
     (child,) = _runs(MlflowClient(cb.tracking_uri), "trial")
     assert child.data.params == {"model.hidden": "[8, 4]", "seed": "5"}  # not re-resolved from the base
     assert CONFIG_RESULT_KEY not in child.data.metrics
+
+
+def test_runs_get_readable_names_trial_tags_and_source_tags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers.tracking import SOURCE_GIT_COMMIT, SOURCE_NAME, SOURCE_TYPE, TrialNamer
+
+    monkeypatch.setenv("AUTONORM_GIT_COMMIT", "0123abcd")
+    base = {"model": {"layer": {"type": "linear"}}, "training": {"epochs": 3, "batch_size": 32}, "seed": 0}
+    cb = _callback(
+        tmp_path,
+        base_config=base,
+        run_namer=TrialNamer(
+            "{model.layer.type}-B{training.batch_size}-s{seed}", plan_name="p", base_config=base
+        ),
+        trial_tags={"autonorm.phase": "confirmatory", "autonorm.arm": "{model.layer.type}"},
+    )
+    cb.prepare(fresh=True)
+    cb.setup(total_num_samples=1)
+    trial = FakeTrial("9f8e7_00000", {"model.layer.type": "corrected", "seed": 2})
+    assert str(trial).startswith("trial_")  # what the run would otherwise be called
+    _feed(cb, trial, range(1, 2))
+    trial.status = "TERMINATED"
+    cb.close(status="FINISHED", trials=[trial])
+    # A study run opened by the study tracker gets the source tags too.
+    tracker = StudyTracker(
+        tracking_uri=cb.tracking_uri, experiment_name="exp", key="k", artifact_location=cb.artifact_location
+    )
+    tracker.open(tags={"autonorm.spec_hash": "abc"})
+
+    client = MlflowClient(cb.tracking_uri)
+    (child,) = _runs(client, "trial")
+    assert child.info.run_name == "corrected-B32-s2"
+    assert child.data.tags["autonorm.arm"] == "corrected"
+    assert child.data.tags["autonorm.phase"] == "confirmatory"
+    studies = _runs(client, "study")
+    assert len(studies) == 2
+    for run in [child, *studies]:
+        assert run.data.tags[SOURCE_GIT_COMMIT] == "0123abcd"
+        assert run.data.tags[SOURCE_TYPE] == "JOB"
+        assert run.data.tags[SOURCE_NAME]
+
+
+def test_without_a_namer_no_run_is_named_after_the_tune_trainable(tmp_path: Path) -> None:
+    class TuneNamedTrial(FakeTrial):
+        def __str__(self) -> str:
+            return f"tune_entry_{self.trial_id}"
+
+    cb = _callback(tmp_path)
+    cb.prepare(fresh=True)
+    trial = TuneNamedTrial("c0003", {"seed": 1})
+    _feed(cb, trial, range(1, 2))
+    cb.close(status="FINISHED", trials=[trial])
+    (child,) = _runs(MlflowClient(cb.tracking_uri), "trial")
+    assert child.info.run_name == "exp-c0003"

@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pyarrow.fs
 import pytest
 
 from workers.plan import ParamDef, SamplerConfig, StorageConfig, StudyPlan, TrackingConfig, expected_trials
-from workers.progress import ProgressCallback, format_eta
-from workers.runner import _max_epochs, _tracking_uri
+from workers.progress import CHECKPOINT_LINE, ProgressCallback, format_eta, quiet_checkpoint_logs
+from workers.runner import _max_epochs, _tracking_uri, export_optuna_study
 from workers.storage import resolve_storage
 
 
@@ -91,7 +92,9 @@ def test_progress_lines_are_throttled_and_count_states() -> None:
     out = io.StringIO()
     cb = ProgressCallback(name="study", total=4, interval_s=10.0, stream=out, clock=lambda: now[0])
     cb.setup(total_num_samples=4)
-    trials = [SimpleNamespace(status=s) for s in ("RUNNING", "RUNNING", "PENDING")]
+    trials = [
+        SimpleNamespace(trial_id=f"t{i}", status=s) for i, s in enumerate(("RUNNING", "RUNNING", "PENDING"))
+    ]
     cb.on_step_end(iteration=1, trials=trials)  # type: ignore[arg-type]
     now[0] = 3.0
     cb.on_step_end(iteration=2, trials=trials)  # type: ignore[arg-type]  # throttled: nothing new
@@ -129,3 +132,95 @@ def test_tune_no_longer_propagates_credentials() -> None:
     _stop_credential_propagation()
     assert not (_CREDENTIAL_ENV_VARS & set(class_cache.ENV_VARS_TO_PROPAGATE))
     assert "PL_DISABLE_FORK" in class_cache.DEFAULT_ENV_VARS  # the module we patch is still the one we know
+
+
+def test_eta_after_a_resume_counts_only_trials_finished_by_this_driver() -> None:
+    # A resumed study: 6 of 8 trials were finished by the previous driver. If they counted against
+    # this driver's clock, the first line would promise 2 more trials in ~0 s.
+    now = [100.0]
+    cb = ProgressCallback(name="s", total=8, interval_s=0.0, stream=io.StringIO(), clock=lambda: now[0])
+    cb.setup(total_num_samples=8)
+    trials = [SimpleNamespace(trial_id=f"t{i}", status="TERMINATED") for i in range(6)]
+    trials += [
+        SimpleNamespace(trial_id="t6", status="RUNNING"),
+        SimpleNamespace(trial_id="t7", status="RUNNING"),
+    ]
+    now[0] = 130.0
+    cb.on_step_end(iteration=1, trials=trials)  # type: ignore[arg-type]
+    assert cb.lines[-1] == "[s] trials 6/8 done, 2 running, 0 pending, ETA ?"
+    now[0] = 160.0  # the first trial this driver finished took 60 s since it started
+    trials[6].status = "TERMINATED"
+    cb.on_step_end(iteration=2, trials=trials)  # type: ignore[arg-type]
+    assert cb.lines[-1] == "[s] trials 7/8 done, 1 running, 0 pending, ETA 1m00s"
+    # What Tune pickles (and restores) starts its own clock and its own notion of "finished before".
+    state = cb.__getstate__()
+    assert state["_done_before"] is None and state["_start"] is None
+
+
+class _Dispatcher:
+    """The two attributes of Ray's worker-output dispatcher that the filter uses."""
+
+    def __init__(self, handler: Any) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self.handlers = [("ray_print_logs", handler)]
+
+    def emit(self, data: dict[str, Any]) -> None:
+        for _, handle in self.handlers:
+            handle(data)
+
+
+def test_checkpoint_lines_are_dropped_from_the_driver_output_only() -> None:
+    seen: list[list[str]] = []
+    dispatcher = _Dispatcher(lambda data: seen.append(list(data["lines"])))
+    assert quiet_checkpoint_logs(dispatcher, environ={})
+    assert quiet_checkpoint_logs(dispatcher, environ={})  # idempotent: wrapped once
+    ckpt = f"{CHECKPOINT_LINE} at: Checkpoint(filesystem=local, path=/r/s/trial_1/checkpoint_000003)"
+    dispatcher.emit({"pid": 7, "is_err": True, "lines": [ckpt]})
+    dispatcher.emit({"pid": 7, "is_err": True, "lines": ["epoch 3 done", ckpt, "Traceback (most recent..."]})
+    assert seen == [["epoch 3 done", "Traceback (most recent..."]]
+    # Opting out keeps them.
+    kept: list[list[str]] = []
+    other = _Dispatcher(lambda data: kept.append(list(data["lines"])))
+    assert not quiet_checkpoint_logs(other, environ={"AUTONORM_SHOW_CHECKPOINT_LOGS": "1"})
+    other.emit({"lines": [ckpt]})
+    assert kept == [[ckpt]]
+
+
+def test_ray_still_logs_the_checkpoint_line_we_filter() -> None:
+    # Pins the message and the private dispatcher we wrap: if Ray renames either, this fails.
+    import inspect
+
+    import ray._private.ray_logging as ray_logging
+    import ray.train._internal.storage as train_storage
+
+    assert CHECKPOINT_LINE in inspect.getsource(train_storage)
+    dispatcher = ray_logging.global_worker_stdstream_dispatcher
+    assert isinstance(dispatcher.handlers, list) and hasattr(dispatcher, "_lock")
+
+
+def test_optuna_export_copies_finished_trials_once(tmp_path: Path) -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    source = optuna.create_study(direction="maximize")
+    values = []
+    for _ in range(3):
+        trial = source.ask({"x": optuna.distributions.FloatDistribution(0.0, 1.0)})
+        values.append(trial.params["x"])
+        source.tell(trial, values[-1])
+    pruned = source.ask({"x": optuna.distributions.FloatDistribution(0.0, 1.0)})
+    source.tell(pruned, state=optuna.trial.TrialState.PRUNED)
+    running = source.ask({"x": optuna.distributions.FloatDistribution(0.0, 1.0)})
+    db = tmp_path / "optuna.db"
+    assert export_optuna_study(source, db, "plan") == 4  # the running trial is not copied yet
+    source.tell(running, state=optuna.trial.TrialState.FAIL)
+    assert export_optuna_study(source, db, "plan") == 1  # only what finished since
+    loaded = optuna.load_study(storage=f"sqlite:///{db}", study_name="plan")
+    trials = loaded.get_trials(deepcopy=False)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3 + ["PRUNED", "FAIL"]
+    assert [t.value for t in trials[:3]] == values
+    assert [t.params["x"] for t in trials[:3]] == values
+    assert loaded.direction == optuna.study.StudyDirection.MAXIMIZE
+    assert loaded.best_value == max(values)
