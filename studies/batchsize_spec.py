@@ -467,7 +467,14 @@ class BatchSizeStudySpec(BaseModel):
             environ=environ,
         )
         grid = ((ROOT, tuple(dict(c) for c in cells)), ("seed", tuple(int(s) for s in seeds)))
-        return dataclasses.replace(plan, grid=grid)
+        # Readable trial names (MLflow legends, run lists): the arm, the batch size, the seed.
+        name = (
+            "{model.layer.type}-B{training.batch_size}"
+            + ("-lr{training.lr:g}" if phase == "lr_tuning" else "")
+            + "-s{seed}"
+        )
+        tags = (*plan.tags, ("autonorm.trial_tag.arm", "{model.layer.type}"))
+        return dataclasses.replace(plan, grid=grid, run_name=name, tags=tags)
 
     def tuning_plan(self, budget: str, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
         """Phase 1: every arm (x batch size for ``tuned``) x the LR grid x the tuning seeds."""

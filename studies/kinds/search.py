@@ -77,7 +77,7 @@ def run(
 ) -> StudyOutcome:
     from workers.study import StudyRunner
 
-    plan = spec.to_plan()
+    plan = dataclasses.replace(spec.to_plan(), run_name="search-{index:03d}")
     with StudyRunner(
         name=plan.name,
         storage=plan.storage,
@@ -145,13 +145,22 @@ def arm_config(best: Mapping[str, Any], arm: str) -> dict[str, Any]:
 
 
 def _grid_plan(
-    plan: StudyPlan, *, name: str, base: Mapping[str, Any], grid: Any, max_concurrent: int
+    plan: StudyPlan,
+    *,
+    name: str,
+    base: Mapping[str, Any],
+    grid: Any,
+    max_concurrent: int,
+    arm: str,
+    run_name: str,
 ) -> StudyPlan:
     from workers.plan import SamplerConfig, SchedulerConfig
 
     return dataclasses.replace(
         plan,
         name=name,
+        run_name=run_name,
+        tags=(*plan.tags, ("autonorm.arm", arm)),
         base_config=copy.deepcopy(dict(base)),
         space=(),
         grid=tuple(grid),
@@ -215,6 +224,8 @@ def _confirm_and_claims(
                     base=tune_base,
                     grid=(("training.lr", tune.grid(searched_lr)), ("seed", tuple(tune.seeds))),
                     max_concurrent=slots,
+                    arm=arm,
+                    run_name=f"{arm}-lr{{training.lr:.3g}}-s{{seed}}",
                 )
                 picked, record = _pick_lr(
                     runner.run(tplan, phase="confirm-lr").trials, plan.metric, plan.mode
@@ -228,6 +239,8 @@ def _confirm_and_claims(
                 base=base,
                 grid=(("seed", tuple(confirm.seeds)),),
                 max_concurrent=slots,
+                arm=arm,
+                run_name=f"{arm}-s{{seed}}",
             )
             confirmed = runner.run(cplan, phase="confirm")
             run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})

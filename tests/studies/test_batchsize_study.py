@@ -351,6 +351,18 @@ def test_smoke_mlflow_one_study_run_phases_nested_every_trial_a_leaf(
     trials = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'trial'")
     assert len(trials) == spec.total_trials
     assert {r.data.tags["mlflow.parentRunId"] for r in trials} == {p.info.run_id for p in phases}
+    # Names a person reads in run lists and chart legends: arm, batch size (lr while tuning), seed.
+    import re
+
+    for r in trials:
+        p = r.data.params
+        assert re.fullmatch(r"[a-z_]+-B\d+(-lr[0-9.e+-]+)?-s\d+", r.info.run_name), r.info.run_name
+        assert r.info.run_name.startswith(f"{p['model.layer.type']}-B{p['training.batch_size']}-")
+        assert (
+            r.info.run_name.endswith(f"-s{p['seed']}")
+            and r.data.tags["autonorm.arm"] == p["model.layer.type"]
+        )
+        assert r.data.tags.get("mlflow.source.git.commit")
     tags = study.data.tags
     for arm, verdict in out.verdict["verdict"].items():  # type: ignore[index]
         assert tags[f"verdict/{arm}"] == verdict

@@ -190,3 +190,6 @@ def test_claims_end_to_end(local_ray: None, tmp_path: Path) -> None:
     exp = client.get_run(out.parent_run_id).info.experiment_id
     trials = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'trial'")
     assert len(trials) == total_trials(spec)
+    names = {t.info.run_name for t in trials}
+    assert {f"{arm}-s{seed}" for arm in _LEVEL for seed in seeds} <= names
+    assert {"search-001", "search-002"} <= names
