@@ -1,0 +1,132 @@
+"""The benchmark scripts run end to end in their ``--quick`` / ``--cpu`` modes and write their keys.
+
+Each script runs as a subprocess, exactly as a person runs it, writing to a temporary path (never
+over the committed bench/results). Only the presence of the keys and that every ratio is a finite
+positive number are checked: NO speed is asserted, the machine is shared and its load unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+
+
+def _run(args: list[str], env: dict[str, str] | None = None) -> None:
+    full_env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **(env or {})}
+    proc = subprocess.run(args, cwd=ROOT, env=full_env, capture_output=True, text=True)
+    assert proc.returncode == 0, (
+        f"{args} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+
+
+def _load(path: Path) -> dict[str, Any]:
+    assert path.exists(), f"{path} was not written"
+    data = json.loads(path.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def _assert_ratios(data: dict[str, Any], keys: list[str]) -> None:
+    for key in keys:
+        assert key in data, f"missing key {key!r}; have {sorted(data)}"
+        value = data[key]
+        assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
+        assert math.isfinite(value) and value > 0, (key, value)
+
+
+def test_norms_quick_writes_the_goal_ratios(tmp_path: Path) -> None:
+    out = tmp_path / "norms.json"
+    _run([sys.executable, str(BENCH / "norms.py"), "--quick", "--out", str(out)])
+    data = _load(out)
+    _assert_ratios(
+        data,
+        [
+            "autonorm_over_branches",
+            "autonorm_reference_over_branches",
+            "frozen_hard_over_branch",
+            "frozen_hard_dyt_over_branch",
+            "layernorm",
+        ],
+    )
+    assert all(isinstance(v, float) for v in data.values())  # floats only, per the script's contract
+
+
+def test_step_quick_writes_the_step_ratio(tmp_path: Path) -> None:
+    out = tmp_path / "step.json"
+    _run([sys.executable, str(BENCH / "step.py"), "--quick", "--out", str(out)])
+    _assert_ratios(
+        _load(out),
+        [
+            "autonorm_over_frozen_ln",
+            "autonorm_reference_over_frozen_ln",
+            "dyt_over_layernorm",
+            "autonorm_s_frozen_over_frozen_ln",
+            "frozen_ln_ms",
+        ],
+    )
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_trial_overhead_quick_writes_ratio_and_startup(tmp_path: Path) -> None:
+    out = tmp_path / "trial_overhead.json"
+    _run([sys.executable, str(BENCH / "trial_overhead.py"), "--quick", "--out", str(out)])
+    data = _load(out)
+    _assert_ratios(data, ["throughput_ratio", "cpu_throughput_ratio", "plain_examples_per_s"])
+    assert math.isfinite(data["startup_s"])  # a difference of times: may be negative on a quiet machine
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_study_scaling_quick_writes_wall_over_ideal(tmp_path: Path) -> None:
+    out = tmp_path / "study_scaling.json"
+    _run([sys.executable, str(BENCH / "study_scaling.py"), "--quick", "--out", str(out)])
+    _assert_ratios(
+        _load(out),
+        [
+            "wall_over_ideal",
+            "span_over_ideal",
+            "optuna_ask_tell_ms_at_100",
+            "mlflow_log_ms_per_epoch",
+            "mlflow_log_fraction_of_epoch",
+            "examples_per_s_per_trial",
+        ],
+    )
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_gpu_smoke_cpu_variant_runs_every_step(tmp_path: Path) -> None:
+    out = tmp_path / "gpu_smoke.json"
+    _run(
+        ["bash", str(BENCH / "gpu_smoke.sh"), "--cpu"],
+        env={"GPU_SMOKE_OUT": str(out), "PYTHON": sys.executable},
+    )
+    data = _load(out)
+    assert data["mode"] == "cpu"
+    assert data["exit_status"] == {"norms": 0, "step": 0, "packed": 0, "whole": 0}
+    _assert_ratios(
+        data,
+        [
+            "examples_per_s_per_trial_packed",
+            "examples_per_s_per_trial_whole",
+            "trials_per_gpu_hour_packed",
+            "trials_per_gpu_hour_whole",
+            "packing_gain",
+            "autonorm_over_branches",
+            "frozen_hard_over_branch",
+            "autonorm_over_frozen_ln",
+        ],
+    )
+    for key in ("gpu_util_percent_packed", "gpu_util_percent_whole", "autonorm_over_branches_compiled"):
+        assert key in data  # null on CPU (no nvidia-smi; the quick norms run is eager only)
