@@ -11,7 +11,7 @@ random_selector     w_DyT ~ U(0, 1) per sample per forward (mean weights in eval
 ==================  =========================================================================
 
 plus the Penn Treebank WSJ POS sample tagged by a text encoder with AutoNorm, for the mean noise-free
-DyT weight per layer. The claims (PROTOCOL.md §1): (a) random >= learned gate on stationary vision;
+DyT weight per layer. The claims (docs/science.md): (a) random >= learned gate on stationary vision;
 (b) freezing recovers it; (c) NLP gates prefer DyT in deep layers; (d) vision gates collapse to LN early
 (H -> 0).
 
