@@ -242,7 +242,9 @@ def test_spec_and_core_training_defaults_agree() -> None:
     from studies.spec import FreezeSpec, TrainingSpec
 
     for spec_cls, core_cls in ((TrainingSpec, TrainConfig), (FreezeSpec, GateFreeze)):
-        core = {f.name: f.default for f in dataclasses.fields(core_cls) if f.default is not dataclasses.MISSING}
+        core = {
+            f.name: f.default for f in dataclasses.fields(core_cls) if f.default is not dataclasses.MISSING
+        }
         shared = set(core) & set(spec_cls.model_fields)
         assert shared, spec_cls
         for name in sorted(shared):
