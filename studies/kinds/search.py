@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from studies.claims import CONFIRM_COLUMNS
 from studies.confirm_spec import CONFIRM_ARMS
 from studies.kinds import StudyOutcome
 from studies.spec import StudySpec
@@ -195,13 +196,11 @@ def _pick_lr(trials: Sequence[TrialRecord], metric: str, mode: str) -> tuple[flo
 def _confirm_and_claims(
     spec: StudySpec, plan: StudyPlan, result: StudyResult, runner: Any
 ) -> tuple[dict[str, Any], dict[str, Path]]:
-    from studies.claims import autonorm_claims
     from studies.claims_report import write_claims_report
-    from studies.confirm_spec import data_kind_of
 
     confirm = spec.confirm
     assert confirm is not None
-    data_kind = confirm.data_kind if confirm.data_kind != "auto" else data_kind_of(spec.data.type)
+    data_kind = _data_kind(spec)
     best = result.best(plan.metric, plan.mode)
     slots = confirm.max_concurrent or plan.max_concurrent
     tuned: dict[str, Any] = {}
@@ -244,17 +243,7 @@ def _confirm_and_claims(
             )
             confirmed = runner.run(cplan, phase="confirm")
             run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
-    table, gate_logs = _confirm_table(spec, run_ids)
-    claims = autonorm_claims(
-        table,
-        gate_logs,
-        data_kind=data_kind,  # type: ignore[arg-type]
-        min_seeds=confirm.min_seeds,
-        alpha=confirm.alpha,
-        eps=confirm.eps,
-        metric=confirm.metric,
-        chance=_chance(spec),
-    )
+    table, gate_logs, claims = _claims(spec, run_ids)
     if best is None:
         for claim in claims.values():
             claim["verdict"] = "inconclusive"
@@ -295,19 +284,6 @@ def _confirm_and_claims(
     return verdict, dict(files)
 
 
-_CONFIRM_COLUMNS = [
-    "arm",
-    "seed",
-    "status",
-    "test_accuracy",
-    "val_accuracy",
-    "train_loss",
-    "lr",
-    "trial_id",
-    "mlflow_run_id",
-]
-
-
 def _confirm_table(
     spec: StudySpec, run_ids: Mapping[str, str]
 ) -> tuple[Any, dict[tuple[str, Any], list[dict[str, Any]]]]:
@@ -340,7 +316,36 @@ def _confirm_table(
             )
             if t.history:
                 gate_logs[(arm, seed)] = [dict(h) for h in t.history]
-    return pd.DataFrame(rows, columns=[*_CONFIRM_COLUMNS, "test_loss"]), gate_logs
+    return pd.DataFrame(rows, columns=[*CONFIRM_COLUMNS, "test_loss"]), gate_logs
+
+
+def _data_kind(spec: StudySpec) -> str:
+    from studies.confirm_spec import data_kind_of
+
+    assert spec.confirm is not None
+    return spec.confirm.data_kind if spec.confirm.data_kind != "auto" else data_kind_of(spec.data.type)
+
+
+def _claims(
+    spec: StudySpec, run_ids: Mapping[str, str]
+) -> tuple[Any, dict[tuple[str, Any], list[dict[str, Any]]], dict[str, Any]]:
+    """The confirmatory trials from the study directory and the claims computed on them."""
+    from studies.claims import autonorm_claims
+
+    confirm = spec.confirm
+    assert confirm is not None
+    table, gate_logs = _confirm_table(spec, run_ids)
+    claims = autonorm_claims(
+        table,
+        gate_logs,
+        data_kind=_data_kind(spec),  # type: ignore[arg-type]
+        min_seeds=confirm.min_seeds,
+        alpha=confirm.alpha,
+        eps=confirm.eps,
+        metric=confirm.metric,
+        chance=_chance(spec),
+    )
+    return table, gate_logs, claims
 
 
 def _chance(spec: StudySpec) -> float | None:
@@ -515,25 +520,13 @@ def report(spec: StudySpec, out_dir: Path) -> Path:
 
 def _claims_report(spec: StudySpec, plan: StudyPlan, trials: Sequence[TrialRecord], out_dir: Path) -> Path:
     """The claims re-analysed from the confirmatory phases in the study directory."""
-    from studies.claims import autonorm_claims
     from studies.claims_report import write_claims_report
-    from studies.confirm_spec import data_kind_of
     from studies.study_dir import StudyDir
 
     confirm = spec.confirm
     assert confirm is not None
-    data_kind = confirm.data_kind if confirm.data_kind != "auto" else data_kind_of(spec.data.type)
-    table, gate_logs = _confirm_table(spec, {})
-    claims = autonorm_claims(
-        table,
-        gate_logs,
-        data_kind=data_kind,  # type: ignore[arg-type]
-        min_seeds=confirm.min_seeds,
-        alpha=confirm.alpha,
-        eps=confirm.eps,
-        metric=confirm.metric,
-        chance=_chance(spec),
-    )
+    data_kind = _data_kind(spec)
+    table, gate_logs, claims = _claims(spec, {})
     tuned = {}
     if confirm.lr_tuning is not None:
         where = StudyDir.of(spec)
