@@ -86,6 +86,8 @@ def test_ray_job_submit_runs_the_search_study_and_logs_it_to_mlflow(
             "--set",
             "search.space.0.high=2",  # t_freeze in 1..epochs
             "--set",
+            "confirm=null",  # the search alone: its study run, two trial runs (no confirmatory phases)
+            "--set",
             f"storage_path={tmp_path / 'runs'}",
         ],
         env,
