@@ -1,6 +1,7 @@
 """``autonorm-study``: validate, run, resume, submit, inspect and report studies.
 
     autonorm-study validate SPEC [--preset NAME] [--set KEY=VALUE ...] [--print]
+    autonorm-study plan     SPEC [--cpus N] [--gpus M] [--json] [--pilot STUDY_DIR --power 0.8]
     autonorm-study run      SPEC [--preset NAME] [--set KEY=VALUE ...]
     autonorm-study resume   SPEC|STUDY_DIR [...]
     autonorm-study submit   SPEC [--address URL] [--wait] [...]     # a Ray job on a cluster
@@ -502,6 +503,48 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    """Trials per phase, calibrated cost and wall time before launch; with ``--pilot``, seeds needed."""
+    from studies.planning import (
+        format_pilot,
+        format_plan,
+        load_calibration,
+        pilot_power,
+        plan_study,
+        save_calibration,
+    )
+
+    spec = _load_target(args.spec, args)
+    calibration = load_calibration(args.calibration) if args.calibration else None
+    try:
+        if args.pilot:
+            result = pilot_power(
+                spec,
+                args.pilot,
+                power=args.power,
+                min_effect=args.min_effect,
+                cpus=args.cpus,
+                gpus=args.gpus,
+                calibration=calibration,
+                calibrate=not args.no_calibrate,
+            )
+            text = format_pilot(result)
+        else:
+            result = plan_study(
+                spec, cpus=args.cpus, gpus=args.gpus, calibration=calibration, calibrate=not args.no_calibrate
+            )
+            text = format_plan(result)
+            if args.save_calibration:
+                save_calibration(result["calibration"], args.save_calibration)
+    except ValueError as e:  # no pilot trials, a cluster too small for one trial, no step times
+        raise SpecError([SpecIssue("", str(e), None, args.spec)]) from None
+    if args.json:
+        _print_json(result)
+    else:
+        print(text)
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from studies.study_dir import StudyDir
 
@@ -546,6 +589,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_layer_options(p)
     p.add_argument("--print", action="store_true", help="print the resolved spec")
     p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("plan", help="what a study will run and cost before launch; seeds needed from a pilot")
+    p.add_argument("spec", help="spec YAML (or a study directory)")
+    add_layer_options(p)
+    p.add_argument("--cpus", type=float, default=None, help="cluster CPUs (default: this machine's)")
+    p.add_argument("--gpus", type=float, default=None, help="cluster GPUs (default: 0)")
+    p.add_argument("--calibration", default=None, help="step times measured on the target machine (JSON)")
+    p.add_argument("--save-calibration", default=None, help="write this machine's measured step times (JSON)")
+    p.add_argument("--no-calibrate", action="store_true", help="use --calibration only, time nothing here")
+    p.add_argument("--pilot", default=None, help="a finished pilot study directory: seeds needed for --power")
+    p.add_argument("--power", type=float, default=0.8)
+    p.add_argument("--min-effect", type=float, default=None, help="smallest effect worth detecting")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("run", help="run a study here (restores it when it was interrupted)")
     p.add_argument("spec")

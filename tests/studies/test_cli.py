@@ -727,3 +727,52 @@ def test_end_of_study_prints_direct_mlflow_links(tmp_path: Path, capsys: pytest.
     assert f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs\n" in out
     assert f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}" in out
     assert f"mlflow ui --backend-store-uri {uri}" in out
+
+
+def test_plan_json_counts_what_run_will_run(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from studies.kinds import kind_for, load_study
+
+    assert cli.main(["plan", str(BATCHSIZE), "--preset", "smoke", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    spec = load_study(BATCHSIZE, preset="smoke")
+    assert plan["trials"] == kind_for(spec).impl().total_trials(spec) == 42
+    assert plan["wall_s"] > 0 and plan["cpu_hours"] > 0 and plan["gpu_hours"] == 0
+    assert sum(p["trials"] for p in plan["phases"]) == plan["trials"]
+
+
+def test_plan_pilot_gives_seeds_needed_from_the_pilots_per_seed_slopes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import math
+
+    import numpy as np
+
+    from studies.power import seeds_needed
+
+    # A pilot of the smoke design: corrected declines with a per-seed interaction slope of known spread.
+    rng = np.random.default_rng(0)
+    slopes = {s: -0.02 + 0.01 * rng.standard_normal() for s in range(4)}
+    rows = ["arm,batch_size,seed,budget,status,test_accuracy,train_loss"]
+    for seed, slope in slopes.items():
+        for b in (8, 32, 128):
+            for arm, acc in (
+                ("linear", 0.8),
+                ("linear_batchnorm", 0.8),
+                ("corrected", 0.8 + slope * math.log2(b)),
+            ):
+                rows.append(f"{arm},{b},{seed},epochs,completed,{acc},0.3")
+    pilot = tmp_path / "pilot"
+    pilot.mkdir()
+    (pilot / "trials.csv").write_text("\n".join(rows) + "\n")
+    assert (
+        cli.main(
+            ["plan", str(BATCHSIZE), "--preset", "smoke", "--pilot", str(pilot), "--power", "0.8", "--json"]
+        )
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    expected = seeds_needed(list(slopes.values()), alpha=0.05, family_size=1, power=0.8, alternative="less")
+    assert out["seeds_needed"]["corrected"] == expected
