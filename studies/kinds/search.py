@@ -244,6 +244,7 @@ def _confirm_and_claims(
             confirmed = runner.run(cplan, phase="confirm")
             run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
     table, gate_logs, claims = _claims(spec, run_ids)
+    gate_lr_edges(claims, tuned)
     if best is None:
         for claim in claims.values():
             claim["verdict"] = "inconclusive"
@@ -317,6 +318,32 @@ def _confirm_table(
             if t.history:
                 gate_logs[(arm, seed)] = [dict(h) for h in t.history]
     return pd.DataFrame(rows, columns=[*CONFIRM_COLUMNS, "test_loss"]), gate_logs
+
+
+#: The arms each claim compares; c and d describe the unfrozen gate.
+CLAIM_ARMS = {
+    "a": ("random_selector", "autonorm"),
+    "b": ("autonorm_s", "autonorm"),
+    "e": ("autonorm_s", "frozen_ln"),
+    "c": ("autonorm",),
+    "c_attn": ("autonorm",),
+    "c_mlp": ("autonorm",),
+    "d": ("autonorm",),
+}
+
+
+def gate_lr_edges(claims: dict[str, Any], tuned: Mapping[str, Any]) -> None:
+    """A claim about an arm whose tuned η sits on the edge of its grid is not decided: the arm's best
+    η may lie outside the range, so the comparison may be between a tuned and an under-tuned arm.
+    Its verdict becomes ``inconclusive`` with reason ``lr-at-range-edge (<arm>)`` (in place)."""
+    for cid, claim in claims.items():
+        edges = [a for a in CLAIM_ARMS.get(cid, ()) if (tuned.get(a) or {}).get("at_range_edge")]
+        if not edges:
+            continue
+        claim.setdefault("reasons", []).extend(f"lr-at-range-edge ({arm})" for arm in edges)
+        if claim.get("verdict") in ("supported", "refuted"):
+            claim["verdict_before_lr_gate"] = claim["verdict"]
+            claim["verdict"] = "inconclusive"
 
 
 def _data_kind(spec: StudySpec) -> str:
@@ -527,13 +554,14 @@ def _claims_report(spec: StudySpec, plan: StudyPlan, trials: Sequence[TrialRecor
     assert confirm is not None
     data_kind = _data_kind(spec)
     table, gate_logs, claims = _claims(spec, {})
-    tuned = {}
+    tuned: dict[str, Any] = {}
     if confirm.lr_tuning is not None:
         where = StudyDir.of(spec)
         for arm in confirm.arms:
             tuned[arm] = _pick_lr(
                 read_trials(where.phase_plan(f"confirm-tune-{arm}")), plan.metric, plan.mode
             )[1]
+    gate_lr_edges(claims, tuned)
     best = best_trial(trials, plan.metric, plan.mode)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = write_claims_report(

@@ -193,3 +193,25 @@ def test_claims_end_to_end(local_ray: None, tmp_path: Path) -> None:
     names = {t.info.run_name for t in trials}
     assert {f"{arm}-s{seed}" for arm in _LEVEL for seed in seeds} <= names
     assert {"search-001", "search-002"} <= names
+
+
+def test_a_claim_about_an_arm_tuned_at_the_edge_of_its_grid_is_inconclusive() -> None:
+    from studies.kinds.search import gate_lr_edges
+
+    claims = {
+        "a": {"verdict": "refuted", "reasons": ["CI lies entirely in the opposite direction"]},
+        "b": {"verdict": "supported", "reasons": []},
+        "e": {"verdict": "supported", "reasons": []},
+    }
+    tuned = {
+        "random_selector": {"at_range_edge": True},
+        "autonorm": {"at_range_edge": False},
+        "autonorm_s": {},
+    }
+    gate_lr_edges(claims, tuned)
+    assert (
+        claims["a"]["verdict"] == "inconclusive"
+        and "lr-at-range-edge (random_selector)" in claims["a"]["reasons"]
+    )
+    assert claims["a"]["verdict_before_lr_gate"] == "refuted"
+    assert claims["b"]["verdict"] == "supported" and claims["e"]["verdict"] == "supported"

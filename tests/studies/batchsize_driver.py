@@ -1,0 +1,54 @@
+"""A batch-size study driver that the kill test runs as a subprocess, SIGKILLs mid-way, and runs again.
+
+Usage: python -m tests.studies.batchsize_driver STORAGE RAY_TEMP_DIR. Prints ``RESULT <json>`` at the end.
+The trial function is the planted one of test_batchsize_study, slowed down so that a kill lands
+inside a phase.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from studies.kinds import load_study, run_study_spec
+from workers.trainable import TrialSession
+
+SPEC = Path(__file__).resolve().parents[2] / "studies" / "specs" / "batchsize_correlation.yaml"
+OVERRIDES = ["lr_tuning.points=3", "analysis.n_boot=200", "analysis.n_perm=999"]
+
+
+def slow_planted_trial(config: dict[str, Any], session: TrialSession) -> None:
+    from tests.studies.test_batchsize_study import planted_trial
+
+    time.sleep(0.8)
+    planted_trial(config, session)
+
+
+def spec_for(storage: Path) -> Any:
+    return load_study(SPEC, [f"storage_path={storage}", *OVERRIDES], preset="smoke")
+
+
+def main() -> None:
+    storage, temp_dir = Path(sys.argv[1]), sys.argv[2]
+    repo = str(Path(__file__).resolve().parents[2])
+    out = run_study_spec(
+        spec_for(storage),
+        trainable=slow_planted_trial,
+        ray_init_kwargs={
+            "num_cpus": 2,
+            "_temp_dir": temp_dir,
+            "log_to_driver": False,
+            "runtime_env": {
+                "env_vars": {"PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
+            },
+        },
+    )
+    print("RESULT " + json.dumps({"parent": out.parent_run_id, "tracking_uri": out.tracking_uri}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""SIGKILL the batch-size smoke study mid-way, run it again: every trial accounted for exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+from mlflow import MlflowClient
+
+from tests.studies.batchsize_driver import spec_for
+from tests.workers.conftest import REPO_ROOT, ray_env
+from tests.workers.test_restore import _stop_tree
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def _driver(storage: Path, temp_dir: str) -> subprocess.Popen[str]:
+    env = {**os.environ, **ray_env(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.studies.batchsize_driver", str(storage), temp_dir],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def test_batchsize_study_killed_mid_way_then_rerun_accounts_exactly() -> None:
+    storage = Path(tempfile.mkdtemp(prefix="bs_kill_"))
+    temp_dir = tempfile.mkdtemp(prefix="rt_bk_", dir="/tmp")
+    spec = spec_for(storage)
+    try:
+        first = _driver(storage, temp_dir)
+        tree: list[psutil.Process] = []
+        confirm = storage / spec.name / "confirm-epochs"
+        try:
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and not confirm.exists():  # kill inside the second phase
+                assert first.poll() is None, first.stdout.read() if first.stdout else ""
+                time.sleep(0.2)
+            assert confirm.exists(), "the confirmatory phase never started"
+            time.sleep(4.0)
+            tree = psutil.Process(first.pid).children(recursive=True)
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait()
+        finally:
+            if first.poll() is None:
+                os.kill(first.pid, signal.SIGKILL)
+                first.wait()
+            _stop_tree(tree)
+        assert (storage / f"{spec.name}.lease").exists()  # the killed driver could not release it
+
+        second = _driver(storage, temp_dir)
+        out, _ = second.communicate(timeout=900)
+        assert second.returncode == 0, out[-4000:]
+        (line,) = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        result = json.loads(line[len("RESULT ") :])
+        assert not (storage / f"{spec.name}.lease").exists()
+
+        client = MlflowClient(result["tracking_uri"])
+        exp = client.get_experiment_by_name(spec.name)
+        assert exp is not None
+        runs = client.search_runs([exp.experiment_id], max_results=5000)
+        studies = [r for r in runs if r.data.tags.get("autonorm.role") == "study"]
+        trials = [r for r in runs if r.data.tags.get("autonorm.role") == "trial"]
+        assert [r.info.run_id for r in studies] == [result["parent"]]
+        ids = Counter(r.data.tags["ray.trial_id"] for r in trials)
+        assert len(ids) == spec.total_trials and set(ids.values()) == {1}  # none lost, none doubled
+        assert not [r.info.run_id for r in runs if r.info.status == "RUNNING"]
+        table = (storage / spec.name / "trials.csv").read_text().splitlines()
+        assert len(table) - 1 == spec.expected_trials
+        verdict = json.loads((storage / spec.name / "verdict.json").read_text())
+        assert sum(a["n"] + a["n_failed"] for a in verdict["arms"].values()) == spec.expected_trials
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
+        shutil.rmtree(temp_dir, ignore_errors=True)
