@@ -338,7 +338,7 @@ def gate_lr_edges(claims: dict[str, Any], tuned: Mapping[str, Any]) -> None:
     Its verdict becomes ``inconclusive`` with reason ``lr-at-range-edge (<arm>)`` (in place)."""
     for cid, claim in claims.items():
         edges = [a for a in CLAIM_ARMS.get(cid, ()) if (tuned.get(a) or {}).get("at_range_edge")]
-        if not edges:
+        if not edges or any("not applicable" in str(r) for r in claim.get("reasons") or []):
             continue
         claim.setdefault("reasons", []).extend(f"lr-at-range-edge ({arm})" for arm in edges)
         if claim.get("verdict") in ("supported", "refuted"):
