@@ -61,6 +61,9 @@ def study_run(s3_server: S3Server, mlflow_server: MlflowServer) -> Iterator[Stud
             "smoke",
             "--set",
             f"name={name}",
+            # A small confirm phase: its phase runs, reports and claims go through the scans too.
+            "--set",
+            "confirm={arms: [frozen_ln, autonorm_s], seeds: [100, 101], lr_tuning: null}",
             "--storage-path",
             f"s3://{s3_server.bucket}/{prefix}",
             "--set",
@@ -142,3 +145,15 @@ def test_secret_in_no_log_line(study_run: StudyRun, s3_server: S3Server, mlflow_
         if secret in text
     ]
     assert leaks == []
+
+
+def test_secret_in_no_object_under_the_storage_prefix(study_run: StudyRun, s3_server: S3Server) -> None:
+    """Tune state (tuner.pkl, experiment state, searcher state), checkpoints, study_spec.yaml, reports:
+    every object the study wrote under its storage prefix, read back byte by byte."""
+    client = s3_server.boto3_client()
+    keys = s3_server.list_keys(f"{study_run.storage_prefix}/")
+    assert any(k.endswith("study_spec.yaml") for k in keys) and any(k.endswith("tuner.pkl") for k in keys)
+    for key in keys:
+        body = client.get_object(Bucket=s3_server.bucket, Key=key)["Body"].read()
+        found = [i for i, secret in enumerate(_secrets(study_run, s3_server)) if secret.encode() in body]
+        assert found == [], key
