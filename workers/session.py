@@ -46,6 +46,22 @@ def _shutdown_local_ray(preexisting: set[int], timeout_s: float = 30.0) -> None:
             proc.kill()
 
 
+def _init_local(kwargs: Mapping[str, Any], preexisting: set[int], attempts: int = 3) -> None:
+    """``ray.init`` of a local cluster, retried when the node times out during startup: Ray gives its
+    processes a fixed ~30 s to come up, which a loaded machine can miss (seen here at load 15-20)."""
+    import ray
+
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as exc:
+            if "timed out during startup" not in str(exc) or attempt == attempts:
+                raise
+            logger.warning("local Ray did not start in time (attempt %d of %d); retrying", attempt, attempts)
+            _shutdown_local_ray(preexisting)
+
+
 @contextlib.contextmanager
 def ray_session(
     address: str | None = None,
@@ -81,7 +97,7 @@ def ray_session(
         kwargs["runtime_env"] = {"env_vars": dict(env_vars)}
     kwargs.update(init_kwargs or {})
     preexisting = _child_pids()
-    ray.init(**kwargs)
+    _init_local(kwargs, preexisting)
     try:
         yield True
     finally:
