@@ -48,8 +48,12 @@ def _pid_alive(pid: int) -> bool:
 class _Backend:
     """Create-if-absent, read, overwrite (own lease only), delete of one small object."""
 
-    def __init__(self, storage: ResolvedStorage, name: str) -> None:
+    def __init__(
+        self, storage: ResolvedStorage, name: str, *, endpoint_override: str | None, region: str
+    ) -> None:
         self.storage = storage
+        self.endpoint_override = endpoint_override
+        self.region = region
         self.key = f"{storage.storage_path.rstrip('/')}/{name}.lease"
         self.uri = f"{storage.uri.rstrip('/')}/{name}.lease"
 
@@ -105,20 +109,14 @@ class _Backend:
     # S3 ------------------------------------------------------------------------------------------
     def _client(self) -> Any:
         import boto3
-
-        fs: Any = self.storage.filesystem
-        endpoint = None
-        region = "us-east-1"
-        if fs is not None:
-            endpoint_override = getattr(fs, "endpoint_override", None)
-            scheme = getattr(fs, "scheme", "https")
-            if endpoint_override:
-                endpoint = f"{scheme}://{endpoint_override}"
-            region = getattr(fs, "region", region) or region
         from botocore.config import Config
 
+        # The same endpoint and region Tune's filesystem uses; keys from the environment only.
         return boto3.client(
-            "s3", endpoint_url=endpoint, region_name=region, config=Config(s3={"addressing_style": "path"})
+            "s3",
+            endpoint_url=self.endpoint_override,
+            region_name=self.region,
+            config=Config(s3={"addressing_style": "path"}),
         )
 
     def _bucket_key(self) -> tuple[str, str]:
@@ -141,6 +139,14 @@ class _Backend:
                 status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict")
             ):
                 return False
+            if if_none_match and (status == 501 or code == "NotImplemented"):
+                # A store without conditional writes: check, then put (a race of milliseconds remains).
+                logger.warning(
+                    "%s does not support conditional puts; the lease is not atomic there", self.uri
+                )
+                if self._s3_get() is not None:
+                    return False
+                return self._s3_put(body, if_none_match=False)
             raise
         return True
 
@@ -162,15 +168,22 @@ def study_lease(
     storage: ResolvedStorage,
     name: str,
     *,
+    endpoint_override: str | None = None,
+    region: str = "us-east-1",
     heartbeat_s: float = 10.0,
     expire_s: float = 60.0,
 ) -> Iterator[dict[str, Any]]:
     """Hold the study's lease for the block.
 
+    Args:
+        storage: the resolved storage (local directory or S3).
+        name: the study name (the lease is ``<storage>/<name>.lease``).
+        endpoint_override / region: the S3 endpoint and region (the storage section's).
+
     Raises:
         LeaseError: another live driver holds it (host, pid and heartbeat age in the message).
     """
-    backend = _Backend(storage, name)
+    backend = _Backend(storage, name, endpoint_override=endpoint_override, region=region)
     token = uuid.uuid4().hex
     me = {"host": socket.gethostname(), "pid": os.getpid(), "token": token}
 

@@ -212,7 +212,12 @@ def run_study_spec(spec: Any, *, allow_changed_spec: bool = False, **runner_opti
     kind = kind_for(spec)
     study_dir = StudyDir.of(spec)
     # The lease first: a second driver of the same study stops here, before writing anything.
-    with study_lease(study_dir.storage, spec.name):
+    with study_lease(
+        study_dir.storage,
+        spec.name,
+        endpoint_override=study_dir.config.endpoint_override,
+        region=study_dir.config.region,
+    ):
         _check_unchanged(spec, study_dir, allow_changed=allow_changed_spec)
         study_dir.write_text(SPEC_FILE, spec.to_yaml())
         print(f"[{spec.name}] {kind.name} study; spec -> {study_dir.uri}/{SPEC_FILE}", flush=True)

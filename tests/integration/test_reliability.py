@@ -102,9 +102,11 @@ def test_two_drivers_of_one_study_one_wins_one_is_refused(tmp_path: Path) -> Non
         "--set",
         "search.num_samples=2",
         "--set",
-        "training.epochs=1",
+        "training.epochs=2",
         "--set",
-        "search.space.0.high=1",
+        "search.space.0.high=2",
+        "--set",
+        "confirm=null",
     ]
     procs = [
         subprocess.Popen(

@@ -472,7 +472,7 @@ def tiny_study(tmp_path_factory: pytest.TempPathFactory) -> Any:
     try:
         spec = load_spec(
             SHIPPED,
-            [f"storage_path={storage}", "search.num_samples=3", "training.epochs=3"],
+            [f"storage_path={storage}", "search.num_samples=3", "training.epochs=3", "confirm=null"],
             preset="smoke",
         )
         plan = spec.to_plan(environ={})

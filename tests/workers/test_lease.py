@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +72,20 @@ def test_heartbeat_refreshes_the_lease(tmp_path: Path) -> None:
                 break
             time.sleep(0.05)
         assert json.loads((tmp_path / "s4.lease").read_text())["heartbeat"] > first
+
+
+@pytest.mark.services
+def test_lease_on_s3_is_exclusive_and_released(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a real S3-compatible store (SeaweedFS): the conditional put refuses a second holder."""
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    config = StorageConfig(path=f"s3://{s3_server.bucket}/lease-test", endpoint_override=s3_server.endpoint)
+    storage = resolve_storage(config)
+    kw = {"endpoint_override": s3_server.endpoint, "region": s3_server.region}
+    with study_lease(storage, "s5", **kw):
+        assert "lease-test/s5.lease" in s3_server.list_keys("lease-test/")
+        with pytest.raises(LeaseError, match=str(os.getpid())), study_lease(storage, "s5", **kw):
+            pass
+    assert "lease-test/s5.lease" not in s3_server.list_keys("lease-test/")
+    with study_lease(storage, "s5", **kw):  # free again
+        pass

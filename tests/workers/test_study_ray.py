@@ -108,7 +108,11 @@ def test_asha_study_in_mlflow(asha_study: tuple[StudyPlan, Any]) -> None:
     assert parents[0].data.params["expected_trials"] == str(plan.num_samples)
     assert parents[0].data.metrics["trials_pruned"] == Counter(t.status for t in result.trials)["pruned"]
     client = MlflowClient(result.tracking_uri)
-    assert [a.path for a in client.list_artifacts(result.parent_run_id)] == ["resolved_spec.yaml"]
+    # The plan's resolved spec and the copy of its Optuna study (optuna-dashboard reads it).
+    assert [a.path for a in client.list_artifacts(result.parent_run_id)] == [
+        "optuna.db",
+        "resolved_spec.yaml",
+    ]
     by_trial = Counter(c.data.tags[TAG_TRIAL_ID] for c in children)
     assert by_trial == Counter(t.trial_id for t in result.trials)  # exactly one child per trial
     records = {t.trial_id: t for t in result.trials}
