@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar, cast
 
 import torch
@@ -244,44 +244,67 @@ class Identity(nn.Module):
 
 
 class _DyTFunction(torch.autograd.Function):
-    """``γ ⊙ tanh(α x) + β`` with a hand-written backward that reuses the saved ``tanh``.
+    """``γ ⊙ tanh(α x) + β`` with a hand-written backward from what the forward saved.
 
-    Autograd on the naive expression saves ``α x`` and ``tanh(α x)`` and runs one kernel per
-    elementary op in both directions; this saves ``x`` and ``t = tanh(α x)`` only and computes
-    ``∂t/∂u = 1 − t²`` with the fused ``tanh_backward`` kernel (fewer kernels and saved tensors in
-    eager, see bench/norms.py). First order only: the saved ``tanh`` is not connected to ``x``, so
-    double backward raises instead of silently returning a wrong second derivative.
+    ``tanh`` is computed as ``tanh(u) = 2 σ(2u) − 1``: ATen's CPU ``sigmoid`` is ~3x faster than its
+    ``tanh`` (bench/norms.py), and the affine map folds into DyT's own, ``γ ⊙ tanh(αx) + β = 2γ ⊙ s +
+    (β − γ)`` with ``s = σ(2αx)``, so it costs no extra pass (absolute difference from ``tanh`` under
+    2e-7 in float32, 1e-16 in float64). The forward saves ``x`` and ``s`` only; the backward uses
+    ``tanh'(u) = 4 σ'(2u) = 4 s (1 − s)`` with the fused ``sigmoid_backward`` kernel, and
+    ``Σ g ⊙ tanh = 2 Σ g ⊙ s − Σ g`` for ``∂γ``. Against autograd over the naive expression: fewer
+    kernels and saved tensors. First order only: the saved ``s`` is not connected to ``x``, so double
+    backward raises instead of silently returning a wrong second derivative.
     """
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, alpha: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        u = x * alpha
-        if torch.compiler.is_compiling() and u.device.type == "cpu":
-            # Inductor's CPU tanh is ~3x slower than ATen's; the exp form vectorizes well and is exact
-            # to float32 rounding (exp overflow gives 1 − 0 = 1, underflow 1 − 2 = −1: no NaN).
-            t = 1.0 - 2.0 / (torch.exp(2.0 * u) + 1.0)
-        else:
-            t = u.tanh_()  # in place: one temporary less (measured ~20 % faster fwd+bwd in eager)
-        ctx.save_for_backward(x, alpha, weight, t)
-        return torch.addcmul(bias, t, weight)
+        if torch.compiler.is_compiling():
+            # Inside a compiled graph Inductor fuses the whole expression (CPU: its exp form vectorizes
+            # well; exp overflow gives 1 − 0 = 1, underflow 1 − 2 = −1: no NaN).
+            u = x * alpha
+            t = 1.0 - 2.0 / (torch.exp(2.0 * u) + 1.0) if u.device.type == "cpu" else torch.tanh(u)
+            ctx.save_for_backward(x, alpha, weight, t)
+            ctx.sigmoid_form = False
+            return torch.addcmul(bias, t, weight)
+        s = torch.mul(x, alpha * 2.0).sigmoid_()  # tanh(αx) = 2s − 1, in place: one temporary
+        ctx.save_for_backward(x, alpha, weight, s)
+        ctx.sigmoid_form = True
+        return torch.addcmul(bias - weight, s, weight * 2.0)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        x, alpha, weight, t = ctx.saved_tensors
+        x, alpha, weight, saved = ctx.saved_tensors
         need_x, need_alpha, need_weight, need_bias = ctx.needs_input_grad
         grad_x = grad_alpha = grad_weight = grad_bias = None
         dim = weight.shape[-1]
-        if need_x or need_alpha:
+        g2 = grad_out.reshape(-1, dim)
+        if ctx.sigmoid_form:
+            if need_x or need_alpha:
+                grad_u = grad_out * weight
+                torch.ops.aten.sigmoid_backward.grad_input(grad_u, saved, grad_input=grad_u)  # × s(1 − s)
+                if need_alpha:
+                    dot = grad_u.reshape(-1) @ x.reshape(-1).to(grad_u.dtype)
+                    grad_alpha = dot.mul_(4.0).reshape(alpha.shape)
+                if need_x:
+                    grad_x = grad_u.mul_(alpha * 4.0)  # grad_u is no longer needed: reuse its memory
+            if need_weight or need_bias:
+                g0 = g2.sum(0)
+                if need_bias:
+                    grad_bias = g0
+                if need_weight:
+                    gs = torch.mul(g2, saved.reshape(-1, dim)).sum(0)
+                    grad_weight = gs.mul_(2.0).sub_(g0)  # Σ g ⊙ (2s − 1)
+            return grad_x, grad_alpha, grad_weight, grad_bias
+        if need_x or need_alpha:  # compiled graphs saved t = tanh(αx)
             grad_u = grad_out * weight
-            torch.ops.aten.tanh_backward.grad_input(grad_u, t, grad_input=grad_u)  # ∂L/∂(αx), in place
+            torch.ops.aten.tanh_backward.grad_input(grad_u, saved, grad_input=grad_u)
             if need_alpha:
                 grad_alpha = (grad_u.reshape(-1) @ x.reshape(-1).to(grad_u.dtype)).reshape(alpha.shape)
             if need_x:
-                grad_x = grad_u.mul_(alpha)  # grad_u is no longer needed: reuse its memory
-        g2 = grad_out.reshape(-1, dim)
+                grad_x = grad_u.mul_(alpha)
         if need_weight:
-            grad_weight = (g2 * t.reshape(-1, dim)).sum(0)
+            grad_weight = (g2 * saved.reshape(-1, dim)).sum(0)
         if need_bias:
             grad_bias = g2.sum(0)
         return grad_x, grad_alpha, grad_weight, grad_bias
@@ -505,7 +528,16 @@ def _build_branches(
 
 def _at_least_float32(t: Tensor) -> Tensor:
     """Gate arithmetic runs in float32 under reduced precision (NaN-free Gumbel noise), float64 stays."""
+    if t.dtype in (torch.float32, torch.float64):
+        return t  # no dispatch for the common case
     return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def _no_autocast(device_type: str) -> AbstractContextManager[object]:
+    """``autocast(enabled=False)`` where autocast is on, else a free no-op context (the gate runs per layer)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return nullcontext()
 
 
 def _mix(branches: nn.ModuleList, x: Tensor, weights: Tensor, mask: Tensor | None) -> Tensor:
@@ -581,7 +613,7 @@ def _fused_pair(branches: nn.ModuleList, x: Tensor) -> tuple[int, int] | None:
 class _DyTLayerNormMix(torch.autograd.Function):
     """``lerp(DyT(x), LN(x), w)``, i.e. ``(1 − w) ⊙ DyT(x) + w ⊙ LN(x)`` per sample, in one function.
 
-    DyT's ``tanh`` is computed as ``tanh(u) = 2 σ(2u) − 1``: ATen's CPU sigmoid is ~2.5x faster than
+    DyT's ``tanh`` is computed as ``tanh(u) = 2 σ(2u) − 1``: ATen's CPU sigmoid is ~3x faster than
     its tanh, and the affine map folds into DyT's own, ``γ ⊙ tanh(αx) + β = 2γ ⊙ s + (β − γ)`` with
     ``s = σ(2αx)``, so it costs no extra pass (absolute difference from ``tanh``: under 2e-7 in
     float32, 1e-16 in float64). Forward: PyTorch's fused LayerNorm kernel (which also returns the
@@ -591,14 +623,15 @@ class _DyTLayerNormMix(torch.autograd.Function):
 
     * ``G0 = Σ_t g`` and ``GT = Σ_t g ⊙ t = 2 Σ_t g ⊙ s − G0`` (B, D) give DyT's
       ``∂β = Σ_b (1 − w_b) G0_b``, ``∂γ = Σ_b (1 − w_b) GT_b`` and ``⟨g, DyT(x)⟩_b = GT_b · γ + G0_b · β``;
-    * the weight gradient ``⟨g, LN(x)⟩_b − ⟨g, DyT(x)⟩_b``;
+    * the weight gradient ``⟨g, LN(x)⟩_b − ⟨g, DyT(x)⟩_b``, the first as a batched dot product (``bmm``
+      of ``(B, 1, TD)`` by ``(B, TD, 1)``: no full-size temporary);
     * PyTorch's fused LayerNorm backward on ``w g``;
-    * ``h = (1 − w) γ ⊙ g ⊙ s (1 − s)`` (``σ'``, with ``tanh' = 4 σ'``), ``∂α = 4 ⟨h, x⟩`` and the
+    * ``h = g ⊙ c ⊙ s (1 − s)`` with the ``(B, 1, D)`` coefficient ``c = (1 − w) γ`` (``σ'``, with
+      ``tanh' = 4 σ'``), ``∂α = 4 ⟨h, x⟩`` and the
       input gradient accumulated in place as ``∂x_LN + 4α h``.
 
     Full-size memory: three fresh tensors in the forward (LN's output and ``s``, both saved, and the
-    output), two in the backward (one scratch buffer reused for ``g ⊙ s``, ``g ⊙ LN(x)``, ``w g`` and
-    ``h``, and the input gradient); fresh allocations of that size cost page faults on CPU, often
+    output), two in the backward (one scratch buffer reused for ``g ⊙ s``, ``w g`` and ``h``, and the input gradient); fresh allocations of that size cost page faults on CPU, often
     more than the arithmetic. Against autograd over the module calls this skips the lerp backward's
     full-size temporaries, the ``(1 − w) g`` product, the extra accumulation node and the module
     dispatch. First order only (``once_differentiable``).
@@ -651,7 +684,8 @@ class _DyTLayerNormMix(torch.autograd.Function):
             if need_dw:
                 grad_dw = keep @ gt
         if need_w:
-            dot_ln = torch.mul(g, y_ln, out=scratch).reshape(batch, -1).sum(dim=1)  # ⟨g, LN(x)⟩ per sample
+            # ⟨g, LN(x)⟩ per sample as a batched dot product: both read once, no full-size temporary
+            dot_ln = torch.bmm(g.reshape(batch, 1, -1), y_ln.reshape(batch, -1, 1)).reshape(batch)
             dot_dyt = torch.addmv(g0 @ dyt_bias, gt, dyt_weight)
             grad_w = (dot_ln - dot_dyt).to(w_ln.dtype)
         if need_x or need_lw or need_lb:
@@ -660,9 +694,10 @@ class _DyTLayerNormMix(torch.autograd.Function):
                 g_ln, x, (dim,), mean, rstd, ln_weight, ln_bias, [need_x, need_lw, need_lb]
             )
         if need_x or need_alpha:
-            h = torch.mul(g, dyt_weight, out=scratch)  # ∂L/∂t of DyT's unweighted output
+            # ∂L/∂t of DyT's share (1 − w) γ ⊙ tanh: one broadcast product with a (B, 1, D) coefficient
+            coef = (keep.unsqueeze(1) * dyt_weight).unsqueeze(1)  # (B, 1, D)
+            h = torch.mul(g3, coef, out=scratch.view(g3.shape)).view(g.shape)
             torch.ops.aten.sigmoid_backward.grad_input(h, s, grad_input=h)  # × s (1 − s), in place
-            h.mul_(_per_sample(keep, h))  # DyT's share of the gradient, in place
             if need_alpha:
                 grad_alpha = (h.reshape(-1) @ x.reshape(-1)).mul_(4.0).reshape(alpha.shape)
             if need_x:
@@ -937,7 +972,7 @@ class AutoNorm(_OwnsGenerator):
     def _gate(self, x: Tensor, gumbel: Tensor | None, mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """Noise-free probabilities and mixing weights, both ``(B, K)`` and at least float32."""
         logits = self.selector(x, mask)  # (B, K)
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with _no_autocast(x.device.type):
             logits = _at_least_float32(logits)
             probs = logits.softmax(dim=-1)
             if gumbel is not None:

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
-__all__ = ["param_groups"]
+__all__ = ["adamw", "param_groups"]
+
+#: Devices whose fused AdamW kernel PyTorch ships (one kernel per parameter instead of ~10 ``foreach``
+#: passes over all of them: on 2 CPU cores, 5.7 ms vs 16.5 ms per step for ViT-Lite ``paper`` with AutoNorm).
+_FUSED_DEVICES = ("cpu", "cuda")
 
 
 def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any]]:
@@ -43,3 +48,20 @@ def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0, "name": "no_decay"})
     return groups
+
+
+def adamw(groups: list[dict[str, Any]], *, lr: float) -> torch.optim.AdamW:
+    """AdamW over ``groups`` (from :func:`param_groups`), fused where PyTorch has the kernel.
+
+    The fused implementation runs the same update as the ``foreach`` one (same state dict, so
+    checkpoints move between them) in one pass per parameter. It is used when every parameter is a
+    floating-point tensor on a CPU or CUDA device (all on one device type); otherwise PyTorch's default.
+    """
+    params = [p for g in groups for p in g["params"]]
+    devices = {p.device.type for p in params}
+    fused = (
+        len(devices) == 1
+        and next(iter(devices)) in _FUSED_DEVICES
+        and all(torch.is_floating_point(p) for p in params)
+    )
+    return torch.optim.AdamW(groups, lr=lr, fused=True) if fused else torch.optim.AdamW(groups, lr=lr)

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from autonorm_core.optim import param_groups
+from autonorm_core.optim import adamw, param_groups
 
 __all__ = [
     "FREEZE_RULES",
@@ -411,7 +411,7 @@ def _build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.opt
     groups = param_groups(model, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum)
-    return torch.optim.AdamW(groups, lr=lr)
+    return adamw(groups, lr=lr)
 
 
 def _rebuild_optimizer(

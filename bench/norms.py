@@ -24,7 +24,19 @@ Ratios written to the JSON (``{"<name>": ratio}``, floats only):
 * ``frozen_hard_over_branch``: frozen AutoNorm whose gate picks LayerNorm for every sample / LayerNorm,
   EAGER (the default path on CPU; ``_compiled`` is the compiled pair). Goal ≤ 1.15: the fast path
   costs its one branch plus the selector. ``frozen_hard_dyt_over_branch`` is the same with DyT selected.
-* ``load_avg_1m``: the machine's 1-minute load average at the end of the run (noise indicator).
+* ``frozen_hard_floor``: (LayerNorm + the gate's token mean) / LayerNorm, timed in the same rounds —
+  the least a frozen gate can cost on top of its branch, since the method pools every token of the
+  input to choose; the part of ``frozen_hard_over_branch`` above it is ours (the selector MLP, the
+  decision, dispatch). ``token_mean`` alone is also reported (as ``<name>``, over LayerNorm).
+* ``load_avg_1m``: the machine's 1-minute load average at the end of the run (noise indicator);
+  ``allocator_steady``: 1.0 when glibc was told to keep freed memory (see below), else 0.0.
+
+Allocator (CPU): by default the script raises glibc's ``M_MMAP_THRESHOLD``/``M_TRIM_THRESHOLD`` so that
+freed blocks are reused instead of returned to the kernel and faulted in again on the next step. In
+a model's training loop the heap is already in that steady state (bench/step.py spends ~1 % of its
+time in the kernel); a loop over one layer is not, and page faults on its fresh 2–10 MB buffers then
+make up a third of the measured time and most of its run-to-run spread. ``--allocator default``
+measures with glibc's defaults instead.
 
 Which path is the default per device (docs/architecture.md): on CPU the eager hand-written mixture
 (``torch.compile``'s CPU code is slower than ATen's fused LayerNorm, see ``layernorm_compiled``); on
@@ -36,6 +48,7 @@ CUDA, compile the model (Inductor fuses the reference expressions that compiled 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
@@ -70,6 +83,25 @@ def _frozen_autonorm(dim: int, branch: str) -> nn.Module:
     return m
 
 
+class _TokenMean(nn.Module):
+    """The gate's pooling pass alone (no graph: a frozen gate builds none), for ``frozen_hard_floor``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.no_grad():
+            return x.mean(dim=1) if x.ndim == 3 else x
+
+
+def _steady_allocator() -> bool:
+    """Keep freed heap memory in the process (glibc ``mallopt``); False where that is unavailable."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    big = 1 << 30
+    return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, big))
+
+
 def _cases(dim: int) -> dict[str, Callable[[], nn.Module]]:
     return {
         "layernorm": lambda: nn.LayerNorm(dim),
@@ -83,6 +115,7 @@ def _cases(dim: int) -> dict[str, Callable[[], nn.Module]]:
         "autonorm_reference": lambda: create_norm("autonorm", dim, seed=0, selector_init="default"),
         "autonorm_frozen_hard": lambda: _frozen_autonorm(dim, "layernorm"),
         "autonorm_frozen_hard_dyt": lambda: _frozen_autonorm(dim, "dyt"),
+        "token_mean": _TokenMean,
     }
 
 
@@ -93,6 +126,7 @@ CORE = (
     "autonorm_reference",
     "autonorm_frozen_hard",
     "autonorm_frozen_hard_dyt",
+    "token_mean",
 )
 
 
@@ -104,7 +138,8 @@ def _step_fn(
     def step() -> None:
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
             y = module(x)
-        torch.autograd.grad(y, [x, *params], dy.to(y.dtype), allow_unused=True)
+        if y.requires_grad:  # (the token-mean case builds no graph)
+            torch.autograd.grad(y, [x, *params], dy.to(y.dtype), allow_unused=True)
 
     def reference_step() -> None:
         with _reference_paths():
@@ -148,6 +183,7 @@ def _derived(t: dict[str, float], base: float, suffix: str) -> dict[str, float]:
     out[f"autonorm_reference_over_branches{suffix}"] = t["autonorm_reference"] / (t["layernorm"] + t["dyt"])
     out[f"frozen_hard_over_branch{suffix}"] = t["autonorm_frozen_hard"] / t["layernorm"]
     out[f"frozen_hard_dyt_over_branch{suffix}"] = t["autonorm_frozen_hard_dyt"] / t["dyt"]
+    out[f"frozen_hard_floor{suffix}"] = (t["layernorm"] + t["token_mean"]) / t["layernorm"]
     return out
 
 
@@ -233,13 +269,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--core", action="store_true", help="only the cases behind the goal keys")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast around each forward")
+    parser.add_argument(
+        "--allocator",
+        choices=("steady", "default"),
+        default="steady",
+        help="CPU: keep freed memory in the process like a training loop's warm heap (default), or glibc's defaults",
+    )
     args = parser.parse_args(argv)
     shapes = SHAPES
     if args.quick:
         shapes, args.repeats, args.inner, args.no_compile, args.core = QUICK_SHAPES, 3, 1, True, True
     device = torch.device(args.device)
+    steady = False
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
+        steady = args.allocator == "steady" and _steady_allocator()
     flat, per_shape = run(
         shapes=shapes,
         repeats=args.repeats,
@@ -251,11 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}, device={device}, "
-        f"threads={torch.get_num_threads()}, repeats={args.repeats}x{args.inner}; ratios to eager "
+        f"threads={torch.get_num_threads()}, repeats={args.repeats}x{args.inner}, "
+        f"allocator={'steady' if steady else 'default'}; ratios to eager "
         "nn.LayerNorm (composites within one mode)"
     )
     _print_table(per_shape, compiled=not args.no_compile)
     flat["load_avg_1m"] = os.getloadavg()[0]
+    flat["allocator_steady"] = 1.0 if steady else 0.0
     print(f"load average (1 min) at the end: {flat['load_avg_1m']:.2f} on {os.cpu_count()} cores")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(flat, indent=2, sort_keys=True) + "\n")

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autonorm_core.models import PRESETS, ViTLite, ViTLiteConfig
 from autonorm_core.norms import AutoNorm, _reference_paths
-from autonorm_core.optim import param_groups
+from autonorm_core.optim import adamw, param_groups
 
 RESULTS = Path(__file__).resolve().parent / "results" / "step.json"
 GOAL = 1.10
@@ -96,7 +96,7 @@ def make_step(
     bf16: bool,
 ) -> Callable[[], None]:
     """One ``fit``-like update of ``model`` on the batch ``(x, y)``."""
-    opt = torch.optim.AdamW(param_groups(model, weight_decay=1e-4), lr=1e-3)
+    opt = adamw(param_groups(model, weight_decay=1e-4), lr=1e-3)  # what fit builds
     params = [p for group in opt.param_groups for p in group["params"]]
     forward: Callable[[torch.Tensor], torch.Tensor] = torch.compile(model) if compile_ else model
 

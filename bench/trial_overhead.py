@@ -67,6 +67,7 @@ def plain_run(config: dict[str, Any], threads: int) -> tuple[list[float], list[f
     """Epoch-end wall times (``time.time()``) and process CPU times of a plain fit, built as the trial
     builds it. Runs in the ``--plain-child`` process."""
     torch.set_num_threads(threads)
+    imported = time.time()
     splits = load_dataset(
         config["data"]["type"], seed=config["seed"], subset=config["data"]["subset"], val_fraction=0.1
     )
@@ -83,11 +84,12 @@ def plain_run(config: dict[str, Any], threads: int) -> tuple[list[float], list[f
             cpu.append(time.process_time())
 
     fit(model, splits, TrainConfig.from_dict(config["training"]), seed=config["seed"], callbacks=(Timer(),))
-    return ends, cpu
+    return [imported, *ends], cpu
 
 
-def plain_subprocess(args: argparse.Namespace) -> tuple[list[float], list[float]]:
-    """:func:`plain_run` in a fresh interpreter; epoch ends in seconds since the launch."""
+def plain_subprocess(args: argparse.Namespace) -> tuple[list[float], list[float], float]:
+    """:func:`plain_run` in a fresh interpreter: epoch ends in seconds since the launch, their CPU
+    times, and when its imports were done (seconds since the launch)."""
     with tempfile.TemporaryDirectory(prefix="bench_plain_") as tmp:
         out = Path(tmp) / "plain.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--plain-child", str(out)]
@@ -96,7 +98,8 @@ def plain_subprocess(args: argparse.Namespace) -> tuple[list[float], list[float]
         launched = time.time()
         subprocess.run(cmd, check=True, env=env)
         row = json.loads(out.read_text())
-    return [t - launched for t in row["ends"]], row["cpu"]
+    imported, *ends = (t - launched for t in row["ends"])
+    return ends, row["cpu"], imported
 
 
 def timed_trial(config: dict[str, Any], session: TrialSession) -> None:
@@ -104,6 +107,10 @@ def timed_trial(config: dict[str, Any], session: TrialSession) -> None:
     from workers.trainable import autonorm_trial
 
     timing_file = config.pop("timing_file")
+    with open(
+        timing_file, "a"
+    ) as fh:  # the trial function starts: Ray, Tune, the actor and its imports are done
+        fh.write(json.dumps({"mark": "trial_start", "t": time.time()}) + "\n")
     inner_report = session.report
 
     def report(metrics: Any, **kwargs: Any) -> None:
@@ -118,8 +125,9 @@ def timed_trial(config: dict[str, Any], session: TrialSession) -> None:
 
 def tune_run(
     config: dict[str, Any], threads: int, workdir: Path
-) -> tuple[list[float], list[float], float, float]:
-    """Epoch-end times (seconds since run_study was called) of the same training as a one-trial study."""
+) -> tuple[list[float], list[float], float, float, dict[str, float]]:
+    """Epoch-end times (seconds since run_study was called) of the same training as a one-trial study,
+    and the time the trial function started (``marks["trial_start"]``)."""
     from workers.plan import ParamDef, SamplerConfig, StorageConfig, StudyPlan, TrackingConfig
     from workers.runner import run_study
 
@@ -166,12 +174,15 @@ def tune_run(
     (trial,) = result.trials
     if trial.status != "completed":
         raise RuntimeError(f"benchmark trial ended {trial.status}")
-    rows = [json.loads(line) for line in timing_file.read_text().splitlines()]
+    lines = [json.loads(line) for line in timing_file.read_text().splitlines()]
+    rows = [r for r in lines if "mark" not in r]
+    marks = {r["mark"]: r["t"] - called for r in lines if "mark" in r}
     return (
         [r["t"] - called for r in rows],
         [r["cpu"] for r in rows],
         total,
         float(trial.metrics["val_accuracy"]),
+        marks,
     )
 
 
@@ -203,10 +214,10 @@ def main() -> None:
     n_train_used = (n_train // config["training"]["batch_size"]) * config["training"]["batch_size"]
 
     load_before = os.getloadavg()[0]
-    plain_a, plain_a_cpu = plain_subprocess(args)
+    plain_a, plain_a_cpu, plain_a_imported = plain_subprocess(args)
     with tempfile.TemporaryDirectory(prefix="bench_trial_") as workdir:
-        tune_ends, tune_cpu, tune_total, tune_acc = tune_run(config, args.threads, Path(workdir))
-    plain_b, plain_b_cpu = plain_subprocess(args)
+        tune_ends, tune_cpu, tune_total, tune_acc, marks = tune_run(config, args.threads, Path(workdir))
+    plain_b, plain_b_cpu, plain_b_imported = plain_subprocess(args)
     # CPU seconds of the training process (the trial worker includes Ray's own threads): far less
     # sensitive than wall time to other jobs on a shared machine.
     plain_cpu_tp = (
@@ -232,6 +243,17 @@ def main() -> None:
             round(steady_throughput(plain_a, n_train_used), 1),
             round(steady_throughput(plain_b, n_train_used), 1),
         ],
+        # Where the startup goes: the study until the trial function runs (Ray start, Tune, the trial
+        # actor and its imports) against the plain process until its imports are done; then each side's
+        # data load, model build and first epoch (the trial's also checkpoints and reports).
+        "startup_breakdown": {
+            "tune_to_trial_start_s": round(marks["trial_start"], 2),
+            "plain_to_imports_done_s": round((plain_a_imported + plain_b_imported) / 2, 2),
+            "tune_trial_start_to_first_epoch_s": round(tune_ends[0] - marks["trial_start"], 2),
+            "plain_imports_to_first_epoch_s": round(
+                plain_first - (plain_a_imported + plain_b_imported) / 2, 2
+            ),
+        },
         "time_to_first_epoch_s": round(tune_ends[0], 2),
         "plain_first_epoch_s": round(plain_first, 2),
         "tune_steady_epoch_s": round(tune_first_epoch, 2),

@@ -442,7 +442,9 @@ def test_hard_frozen_fast_path_is_exact_and_mixed_batches_use_both_branches() ->
     assert torch.equal(mixed[0], ys[0][0]) and torch.equal(mixed[1], ys[1][1])
     single = m(x[:1])
     assert calls == [[3], [2]]  # one more call of branch 0 only (plus the two reference calls)
-    assert torch.equal(single, ys[0][:1])
+    # Exact: the branch's own output on the same input (vectorised kernels may round a 1-row batch's
+    # elements differently from the same row inside a larger batch, so compare like with like).
+    assert torch.equal(single, m.branches[0](x[:1]))
 
 
 def test_frozen_soft_gate_keeps_mixing() -> None:

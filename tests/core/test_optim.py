@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from autonorm_core.norms import AutoNorm, DyT
-from autonorm_core.optim import param_groups
+from autonorm_core.optim import adamw, param_groups
 
 
 def _model() -> nn.Sequential:
@@ -71,3 +71,38 @@ def test_groups_feed_adamw_and_decay_only_matrices() -> None:
 def test_negative_weight_decay_is_rejected() -> None:
     with pytest.raises(ValueError):
         param_groups(nn.Linear(2, 2), weight_decay=-1.0)
+
+
+def test_adamw_is_fused_on_cpu_and_takes_the_same_steps_as_the_default() -> None:
+    def make() -> nn.Sequential:
+        return nn.Sequential(nn.Linear(4, 6), DyT(6), AutoNorm(6, selector_init="default"), nn.Linear(6, 2))
+
+    torch.manual_seed(0)
+    models = [make(), make()]
+    models[1].load_state_dict(models[0].state_dict())
+    for model in models:
+        model.eval()  # deterministic gate (no Gumbel draws): the two runs see the same function
+    fused = adamw(param_groups(models[0], weight_decay=0.1), lr=1e-2)
+    plain = torch.optim.AdamW(param_groups(models[1], weight_decay=0.1), lr=1e-2, foreach=False)
+    assert fused.defaults["fused"] is True and not plain.defaults["fused"]
+    x = torch.randn(5, 3, 4)
+    for _ in range(5):
+        for model, opt in zip(models, (fused, plain), strict=True):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(models[0][0].weight, make()[0].weight)  # it did move
+    # The state dict is the same format: a checkpoint of one resumes in the other.
+    plain.load_state_dict(fused.state_dict())
+    assert plain.state_dict()["state"].keys() == fused.state_dict()["state"].keys()
+
+
+def test_adamw_falls_back_to_the_default_off_the_fused_devices() -> None:
+    p = nn.Parameter(torch.ones(2, 2))
+    opt = adamw([{"params": [p], "weight_decay": 0.0}], lr=1e-3)
+    assert opt.defaults["fused"] is True
+    meta = nn.Parameter(torch.ones(2, 2, device="meta"))
+    opt = adamw([{"params": [meta], "weight_decay": 0.0}], lr=1e-3)
+    assert not opt.defaults["fused"]
