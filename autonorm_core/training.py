@@ -19,12 +19,18 @@ Design notes (why it looks like this):
 - Gate statistics come from the noise-free ``gate_probs`` on the validation split in eval mode
   (docs/science.md), never from the noisy training samples, and see the same padding mask as the
   gate itself (text: the mean over real tokens).
+- The GPU path is two switches, ``precision`` (bf16 autocast around every forward; parameters,
+  gradients, optimizer state and the loss stay float32) and ``compile`` (``torch.compile`` of a
+  wrapper around the model; ``auto`` = on CUDA only, see :func:`resolve_compile`). The wrapper shares
+  the model's parameters, so checkpoints, callbacks and the caller keep the plain module and its
+  ``state_dict`` keys: a state written by a compiled run resumes an eager one and vice versa.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import os
 import tempfile
@@ -41,7 +47,10 @@ from torch import Tensor, nn
 from autonorm_core.optim import adamw, param_groups
 
 __all__ = [
+    "COMPILE_SETTINGS",
     "FREEZE_RULES",
+    "PRECISIONS",
+    "RECOMPILE_LIMIT",
     "STATE_FORMAT",
     "TIMING_KEYS",
     "Callback",
@@ -53,6 +62,7 @@ __all__ = [
     "load_state",
     "lr_at_step",
     "reported_metrics",
+    "resolve_compile",
     "save_state",
     "should_freeze",
 ]
@@ -63,6 +73,14 @@ _OPTIMIZERS = ("adamw", "sgd")
 _SCHEDULES = ("cosine", "constant")
 _LR_SCALINGS = ("constant", "linear", "sqrt")
 _BUDGETS = ("epochs", "updates")
+Precision = Literal["fp32", "bf16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+CompileSetting = Literal["auto", "on", "off"]
+COMPILE_SETTINGS: tuple[str, ...] = ("auto", "on", "off")
+#: TrainConfig fields that choose how the same computation runs, not what it computes: a resumed fit
+#: may differ in them from the one that wrote the state (e.g. ``compile="auto"`` resolves otherwise on
+#: a CPU worker than on the GPU one that wrote the checkpoint).
+_EXECUTION_FIELDS = ("compile",)
 
 #: History keys measured with a wall clock: they differ between otherwise identical runs.
 TIMING_KEYS: tuple[str, ...] = ("examples_per_s",)
@@ -174,6 +192,16 @@ class TrainConfig:
             beyond float rounding).
         tau_final: when set, every AutoNorm's Gumbel temperature anneals linearly per update from its
             initial value to this one; ``None`` keeps tau fixed (the default).
+        precision: ``fp32`` (the default) or ``bf16``: every forward pass, training and evaluation, runs
+            under ``torch.autocast(device.type, dtype=torch.bfloat16)``; the loss is computed in float32
+            from ``logits.float()``, and parameters, gradients and optimizer state stay float32. Valid
+            on CPU and CUDA; on most CPUs bf16 is slower than fp32 (it is meant for GPUs).
+        compile: ``auto`` (the default), ``on`` or ``off``: whether the model's forward runs through
+            ``torch.compile`` (see :func:`resolve_compile`). ``auto`` compiles on CUDA and stays eager on
+            CPU, where this project's eager kernels (ATen plus the hand-written AutoNorm mixture) beat
+            Inductor's CPU code and the compile time (seconds to a minute) is not repaid in a short
+            trial. The first epoch's ``examples_per_s`` includes the compile time. An execution
+            choice: a fit may resume a state written with another ``compile`` setting.
     """
 
     epochs: int = 20
@@ -193,6 +221,8 @@ class TrainConfig:
     max_updates: int | None = None
     eval_batch_size: int = 256
     tau_final: float | None = None
+    precision: Precision = "fp32"
+    compile: CompileSetting = "auto"
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "reference_batch_size", "eval_batch_size"):
@@ -203,6 +233,8 @@ class TrainConfig:
         _choice("schedule", self.schedule, _SCHEDULES)
         _choice("lr_scaling", self.lr_scaling, _LR_SCALINGS)
         _choice("budget", self.budget, _BUDGETS)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("compile", self.compile, COMPILE_SETTINGS)
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a finite float > 0, got {self.lr!r}")
         if not (0.0 <= self.momentum < 1.0):
@@ -278,6 +310,22 @@ class TrainConfig:
     def warmup_updates(self, num_train: int) -> int:
         """Updates of the linear warm-up."""
         return round(self.warmup_fraction * self.total_updates(num_train))
+
+
+def resolve_compile(setting: str, device: str | torch.device) -> bool:
+    """Whether :func:`fit` runs the model's forward through ``torch.compile`` on ``device``.
+
+    ``on`` and ``off`` are what they say on any device; ``auto`` compiles on CUDA devices only (see
+    :attr:`TrainConfig.compile` for why not on CPU). Needs no GPU: ``torch.device("cuda")`` resolves
+    anywhere.
+
+    Raises:
+        ValueError: for a setting other than ``auto``, ``on``, ``off``.
+    """
+    _choice("compile", setting, COMPILE_SETTINGS)
+    if setting == "auto":
+        return torch.device(device).type == "cuda"
+    return setting == "on"
 
 
 def _known_keys(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
@@ -472,13 +520,24 @@ def _evaluate(
     *,
     batch_size: int,
     gates: Sequence[Any] = (),
+    forward: Callable[[Tensor], Tensor] | None = None,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """Loss and accuracy/RMSE on one split in eval mode; with ``gates``, noise-free gate statistics.
 
-    The gate statistics hook each AutoNorm's input and call its ``gate_probs`` (deterministic softmax),
-    so they are what the gate would choose, not what a noisy training sample drew.
+    ``forward``: the compiled wrapper of ``model`` when the fit compiles (``None``: eager ``model``);
+    ``precision`` is the fit's (``bf16``: every batch under autocast).
+
+    Eager, the gate statistics hook each AutoNorm's input and call its ``gate_probs`` (deterministic
+    softmax, in float32 whatever the autocast dtype of the input), so they are what the gate would
+    choose, not what a noisy training sample drew. A compiled forward cannot run Python hooks
+    registered after it was compiled (Dynamo does not guard on hooks), so there each gate's own
+    ``last_probs`` is read after the batch instead: the same noise-free softmax over the same
+    (masked) input, computed inside the gate's forward (under bf16, from the autocast selector).
     """
     x_all, y_all = data
+    run = model if forward is None else forward
+    from_last_probs = forward is not None
     total_loss = 0.0
     total_count = 0
     correct = 0
@@ -486,24 +545,43 @@ def _evaluate(
     prob_sum: list[Tensor | None] = [None] * len(gates)
     n_gate = [0] * len(gates)
 
+    def add(i: int, probs: Tensor) -> None:
+        probs = probs.float()  # (B, K)
+        p = probs.clamp_min(1e-12)
+        ent_sum[i] += float(-(probs * p.log()).sum(-1).sum().item())
+        s = probs.sum(0).detach().cpu().double()
+        prob_sum[i] = s if prob_sum[i] is None else prob_sum[i] + s  # type: ignore[operator]
+        n_gate[i] += probs.shape[0]
+
     def make_hook(i: int) -> Callable[..., None]:
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            x = args[0]
+            if x.dtype in (torch.float16, torch.bfloat16):
+                x = x.float()  # an autocast activation; gate_probs runs with autocast off
             # The gate's own padding mask: text gates pool over real tokens only.
-            probs = module.gate_probs(args[0], mask=kwargs.get("mask")).float()  # (B, K)
-            p = probs.clamp_min(1e-12)
-            ent_sum[i] += float(-(probs * p.log()).sum(-1).sum().item())
-            s = probs.sum(0).detach().cpu().double()
-            prob_sum[i] = s if prob_sum[i] is None else prob_sum[i] + s  # type: ignore[operator]
-            n_gate[i] += probs.shape[0]
+            add(i, module.gate_probs(x, mask=kwargs.get("mask")))
 
         return hook
 
-    handles = [g.register_forward_pre_hook(make_hook(i), with_kwargs=True) for i, g in enumerate(gates)]
+    handles = (
+        []
+        if from_last_probs
+        else [g.register_forward_pre_hook(make_hook(i), with_kwargs=True) for i, g in enumerate(gates)]
+    )
     try:
         for start in range(0, x_all.shape[0], batch_size):
             x = x_all[start : start + batch_size]
             y = y_all[start : start + batch_size]
-            out = model(x)
+            if from_last_probs:
+                for g in gates:
+                    g.last_probs = None
+            with _autocast(precision, x.device):
+                out = run(x)
+            out = out.float()
+            if from_last_probs:
+                for i, g in enumerate(gates):
+                    if g.last_probs is not None:  # None: the layer did not run on this batch
+                        add(i, g.last_probs)
             loss, count = _task_loss(out, y, task, label_smoothing=0.0, reduction="sum")
             total_loss += float(loss.item())
             total_count += count
@@ -526,6 +604,59 @@ def _evaluate(
 
 
 # ------------------------------------------------------------------------------------- the loop
+
+
+def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """bf16 autocast on ``device`` for ``precision="bf16"``, else a no-op context."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _check_precision(precision: str, device: torch.device) -> None:
+    if precision == "bf16" and not torch.amp.is_autocast_available(device.type):
+        raise ValueError(f"precision='bf16' needs autocast, which device type {device.type!r} lacks")
+
+
+#: Dynamo's per-function cache limit while a compiled fit runs (PyTorch's default: 8). One fit keeps
+#: up to 8 variants of a gate's forward (train, the full and the two partial evaluation batch sizes,
+#: each before and after the freeze), and a worker process that runs trial after trial keeps those of
+#: earlier trials too (other batch sizes): past the limit Dynamo silently runs that function eagerly.
+RECOMPILE_LIMIT = 64
+
+
+def _recompile_room(compiling: bool) -> contextlib.AbstractContextManager[object]:
+    """Raises Dynamo's recompile limit to :data:`RECOMPILE_LIMIT` for the block (when compiling)."""
+    if not compiling:
+        return contextlib.nullcontext()
+    import torch._dynamo
+
+    limit = max(int(torch._dynamo.config.recompile_limit), RECOMPILE_LIMIT)
+    return torch._dynamo.config.patch(recompile_limit=limit)
+
+
+def _compiled(model: nn.Module, cfg: TrainConfig, gates: Sequence[Any]) -> Callable[[Tensor], Tensor]:
+    """``torch.compile`` of a wrapper around ``model`` (the module itself is left as it is).
+
+    The wrapper (an ``OptimizedModule``) shares the model's parameters and buffers; only the fit's
+    forward passes go through it, so ``model.state_dict()`` keeps its keys (the wrapper's own would
+    carry an ``_orig_mod.`` prefix) and callbacks see the plain module. Static shapes: the
+    evaluation batch size and the last, partial evaluation batch of each split are one recompile
+    each, the AutoNorm-S freeze (``requires_grad`` and a Python flag, both guarded) one more per
+    graph. Under ``tau_final`` the Gumbel temperature, a Python float that static compilation would
+    bake into the graph and recompile for at every update, is why that case compiles with automatic
+    dynamic shapes instead (PyTorch's default: what changes once becomes symbolic).
+    """
+    missing = [type(g).__name__ for g in gates if not hasattr(g, "last_probs")]
+    if missing:
+        raise ValueError(
+            f"a compiled fit reads gate statistics from each gate's last_probs; {sorted(set(missing))} "
+            "lack it: set compile='off'"
+        )
+    compiled: Callable[[Tensor], Tensor] = torch.compile(
+        model, dynamic=None if cfg.tau_final is not None else False
+    )
+    return compiled
 
 
 @contextlib.contextmanager
@@ -595,9 +726,11 @@ def fit(
             same seed on the same device and model init gives the same history.
         callbacks: objects with ``on_epoch_end(epoch, model, metrics)``, called in order after the
             epoch's metrics exist and after ``checkpoint_fn``.
-        device: where the model and the (small) data sets live.
+        device: where the model and the (small) data sets live; with ``cfg.compile="auto"`` a CUDA
+            device also compiles the forward (:func:`resolve_compile`).
         resume_state: a ``state`` previously passed to ``checkpoint_fn`` (or :func:`load_state`); the
-            fit continues after that state's epoch. It must come from the same config and seed.
+            fit continues after that state's epoch. It must come from the same config and seed
+            (``compile`` aside, an execution choice; fields the state predates count as defaults).
         checkpoint_fn: called at the end of every epoch with ``(epoch, state)``, ``state`` being a
             ``torch.save``-able dict of CPU copies (model, optimizer, schedule, freeze decision,
             history, RNGs).
@@ -626,8 +759,13 @@ def fit(
     gates = _gate_modules(model)
     seeded = _seeded_modules(model)
     dyt_index = [(_candidate_names(m).index("dyt") if "dyt" in _candidate_names(m) else None) for m in gates]
+    _check_precision(cfg.precision, dev)
+    # Forward passes go through ``forward``; everything else (optimizer, state_dict, callbacks) uses
+    # ``model`` itself.
+    compiled = _compiled(model, cfg, gates) if resolve_compile(cfg.compile, dev) else None
+    forward: Callable[[Tensor], Tensor] = model if compiled is None else compiled
 
-    with _forked_global_rng(dev):
+    with _forked_global_rng(dev), _recompile_room(compiled is not None):
         shuffle_gen = torch.Generator()
         if resume_state is None:
             shuffle_gen.manual_seed(_derive_seed(seed, 0))
@@ -646,7 +784,7 @@ def fit(
             st = resume_state
             if st.get("format") != STATE_FORMAT:
                 raise ValueError(f"resume_state has format {st.get('format')!r}, expected {STATE_FORMAT}")
-            if st["config"] != cfg.to_dict() or st["seed"] != seed:
+            if not _same_run(st["config"], cfg) or st["seed"] != seed:
                 raise ValueError("resume_state was written by a fit with another config or seed")
             model.load_state_dict(st["model"])
             frozen = bool(st["freeze"]["frozen"])
@@ -691,8 +829,9 @@ def fit(
                     frac = step / max(1, total - 1)
                     for m, t0_m in zip(gates, tau0):
                         m.tau = t0_m + (cfg.tau_final - t0_m) * frac
-                out = model(x)
-                loss, count = _task_loss(out, y, task, label_smoothing=label_smoothing)
+                with _autocast(cfg.precision, dev):
+                    out = forward(x)
+                loss, count = _task_loss(out.float(), y, task, label_smoothing=label_smoothing)
                 loss_value = float(loss.item())
                 if not math.isfinite(loss_value):
                     status = "diverged"
@@ -713,8 +852,16 @@ def fit(
             train_time = time.perf_counter() - t0
 
             model.eval()
-            val = _evaluate(model, parts["val"], task, batch_size=cfg.eval_batch_size, gates=gates)
-            test = _evaluate(model, parts["test"], task, batch_size=cfg.eval_batch_size)
+            evaluate = functools.partial(
+                _evaluate,
+                model,
+                task=task,
+                batch_size=cfg.eval_batch_size,
+                forward=compiled,
+                precision=cfg.precision,
+            )
+            val = evaluate(parts["val"], gates=gates)
+            test = evaluate(parts["test"])
             if not (math.isfinite(val["loss"]) and math.isfinite(loss_sum)):
                 status = "diverged"
                 message = f"non-finite validation loss {val['loss']} after epoch {epoch}"
@@ -793,6 +940,19 @@ def fit(
         freeze_entropy=freeze_entropy,
         message=message,
     )
+
+
+def _same_run(saved: Mapping[str, Any], cfg: TrainConfig) -> bool:
+    """Whether a state's ``config`` is ``cfg``'s, execution choices aside (see ``_EXECUTION_FIELDS``).
+
+    A field the state lacks (written before the field existed) counts as its default.
+    """
+    ours = cfg.to_dict()
+    defaults = TrainConfig().to_dict()
+    for name in _EXECUTION_FIELDS:
+        ours.pop(name)
+    theirs = {k: v for k, v in saved.items() if k not in _EXECUTION_FIELDS}
+    return all(theirs.get(k, defaults[k]) == v for k, v in ours.items()) and set(theirs) <= set(ours)
 
 
 def save_state(path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:

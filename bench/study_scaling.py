@@ -8,6 +8,10 @@ trial writes the wall time at its start, at each report and at its end (inside t
 
     python bench/study_scaling.py            # 32 trials (a few minutes on 2 quiet cores)
     python bench/study_scaling.py --quick    # 4 trials of 1 epoch (for tests)
+    python bench/study_scaling.py --gpu-fraction 0.125 --precision bf16 --compile on   # the GPU path
+
+``--precision`` / ``--compile`` set ``training.precision`` / ``training.compile`` of every trial
+(defaults ``fp32`` / ``auto``: compiled on CUDA, eager on CPU) and are recorded in ``setup``.
 
 Keys of ``bench/results/study_scaling.json``:
 
@@ -89,7 +93,12 @@ def run_trials(args: argparse.Namespace, workdir: Path, slots: int) -> dict[str,
     base = {
         "data": {"type": args.dataset, "subset": args.subset, "val_fraction": 0.1},
         "model": {"type": "vit_lite", "preset": args.preset, "norm": {"type": "autonorm", "tau": 0.5}},
-        "training": {"epochs": args.epochs, "batch_size": 64},
+        "training": {
+            "epochs": args.epochs,
+            "batch_size": 64,
+            "precision": args.precision,
+            "compile": args.compile,
+        },
         "seed": 0,
         "timing_file": str(timing_file),
     }
@@ -215,6 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-fraction", type=float, default=0.0, help="GPU share per trial (0: none)")
     parser.add_argument("--dataset", default="fashion_mnist")
     parser.add_argument("--preset", default="tiny", choices=("tiny", "paper"))
+    parser.add_argument(
+        "--precision", default="fp32", choices=("fp32", "bf16"), help="training.precision of every trial"
+    )
+    parser.add_argument(
+        "--compile",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="training.compile of every trial (auto: compiled on CUDA, eager on CPU)",
+    )
     parser.add_argument("--optuna-trials", type=int, default=1000)
     parser.add_argument("--trials-only", action="store_true", help="skip the Optuna and MLflow costs")
     parser.add_argument("--quick", action="store_true", help="4 trials of 1 epoch, 100 Optuna trials")
@@ -238,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         "slots": args.slots,
         "work": f"vit_lite {args.preset} AutoNorm, {args.dataset} subset={args.subset}, "
         f"{args.epochs} epochs, batch 64",
+        "precision": args.precision,
+        "compile": args.compile,
         "resources": f"1 cpu + {args.gpu_fraction} gpu per trial, max_concurrent = slots, reuse_actors",
         "tracking": "MLflow sqlite, driver-side",
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, shared with other jobs",

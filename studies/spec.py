@@ -1034,6 +1034,12 @@ class TrainingSpec(_Spec):
     max_updates: PosInt | None = None  # required when budget == "updates"
     eval_batch_size: PosInt = 256
     tau_final: PosFloat | None = None  # anneal AutoNorm's tau to this by the last epoch; None: fixed
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """``bf16``: every forward (training and evaluation) under bf16 autocast; loss, parameters, gradients
+    and optimizer state stay float32. Valid on CPU and CUDA (on most CPUs slower than ``fp32``)."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """Run the model's forward through ``torch.compile``: ``auto`` on CUDA only (eager on CPU, where
+    compiling does not pay off in a short trial), ``on`` on any device, ``off`` never."""
 
 
 # --------------------------------------------------------------------------------------------------
