@@ -560,6 +560,11 @@ def _mix(branches: nn.ModuleList, x: Tensor, weights: Tensor, mask: Tensor | Non
 def _reference_mix(branches: nn.ModuleList, x: Tensor, weights: Tensor, mask: Tensor | None) -> Tensor:
     """The mixture as plain module calls and tensor expressions (the tests' reference)."""
     ys = [branch(x, mask=mask) for branch in branches]
+    dtype = ys[0].dtype
+    for y in ys[1:]:
+        dtype = torch.promote_types(dtype, y.dtype)
+    # Under CPU autocast LayerNorm returns bfloat16 while DyT (float32 α) returns float32: mix in the wider.
+    ys = [y if y.dtype == dtype else y.to(dtype) for y in ys]
     if len(ys) == 2:
         # lerp(y0, y1, w1) = w0 y0 + w1 y1 when w0 = 1 − w1: one kernel instead of three, and the same
         # gradient through a softmax (whose Jacobian columns sum to zero).
@@ -623,15 +628,15 @@ class _DyTLayerNormMix(torch.autograd.Function):
 
     * ``G0 = Σ_t g`` and ``GT = Σ_t g ⊙ t = 2 Σ_t g ⊙ s − G0`` (B, D) give DyT's
       ``∂β = Σ_b (1 − w_b) G0_b``, ``∂γ = Σ_b (1 − w_b) GT_b`` and ``⟨g, DyT(x)⟩_b = GT_b · γ + G0_b · β``;
-    * the weight gradient ``⟨g, LN(x)⟩_b − ⟨g, DyT(x)⟩_b``, the first as a batched dot product (``bmm``
-      of ``(B, 1, TD)`` by ``(B, TD, 1)``: no full-size temporary);
+    * the weight gradient ``⟨g, LN(x)⟩_b − ⟨g, DyT(x)⟩_b``;
     * PyTorch's fused LayerNorm backward on ``w g``;
     * ``h = g ⊙ c ⊙ s (1 − s)`` with the ``(B, 1, D)`` coefficient ``c = (1 − w) γ`` (``σ'``, with
       ``tanh' = 4 σ'``), ``∂α = 4 ⟨h, x⟩`` and the
       input gradient accumulated in place as ``∂x_LN + 4α h``.
 
     Full-size memory: three fresh tensors in the forward (LN's output and ``s``, both saved, and the
-    output), two in the backward (one scratch buffer reused for ``g ⊙ s``, ``w g`` and ``h``, and the input gradient); fresh allocations of that size cost page faults on CPU, often
+    output), two in the backward (one scratch buffer reused for ``g ⊙ s``, ``g ⊙ LN(x)``, ``w g`` and
+    ``h``, and the input gradient); fresh allocations of that size cost page faults on CPU, often
     more than the arithmetic. Against autograd over the module calls this skips the lerp backward's
     full-size temporaries, the ``(1 − w) g`` product, the extra accumulation node and the module
     dispatch. First order only (``once_differentiable``).
@@ -684,8 +689,9 @@ class _DyTLayerNormMix(torch.autograd.Function):
             if need_dw:
                 grad_dw = keep @ gt
         if need_w:
-            # ⟨g, LN(x)⟩ per sample as a batched dot product: both read once, no full-size temporary
-            dot_ln = torch.bmm(g.reshape(batch, 1, -1), y_ln.reshape(batch, -1, 1)).reshape(batch)
+            # ⟨g, LN(x)⟩ per sample (a (B,1,TD) x (B,TD,1) bmm would skip the temporary, but MKL's
+            # batched dot is ~3x slower than this product and row sum on CPU)
+            dot_ln = torch.mul(g, y_ln, out=scratch).reshape(batch, -1).sum(dim=1)
             dot_dyt = torch.addmv(g0 @ dyt_bias, gt, dyt_weight)
             grad_w = (dot_ln - dot_dyt).to(w_ln.dtype)
         if need_x or need_lw or need_lb:

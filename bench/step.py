@@ -24,6 +24,10 @@ Ratios written to the JSON (``bench/results/step.json``):
 * ``dyt_over_layernorm``: DyT in every sub-layer / LayerNorm in every sub-layer.
 * ``autonorm_s_frozen_over_frozen_ln``: AutoNorm-S after its freeze with every gate at LayerNorm
   (the frozen-hard fast path) / LayerNorm.
+* ``both_branches_floor``: (FrozenDyT step + FrozenLN step − the step with no norm) / FrozenLN step:
+  a model whose every norm computed LayerNorm AND DyT with no selector and no mixing. Any AutoNorm
+  computes both branches, so ``autonorm_over_frozen_ln`` cannot go below this on the same kernels;
+  what lies between the two is the selector, the mixing and the gate's parameters in AdamW.
 * ``<case>_ms``: median milliseconds per step; ``load_avg_1m``: the 1-minute load average at the end.
 """
 
@@ -53,8 +57,9 @@ from autonorm_core.optim import adamw, param_groups
 
 RESULTS = Path(__file__).resolve().parent / "results" / "step.json"
 GOAL = 1.10
-CASES = ("frozen_ln", "frozen_dyt", "autonorm", "autonorm_reference", "autonorm_s_frozen")
+CASES = ("frozen_ln", "frozen_dyt", "autonorm", "autonorm_reference", "autonorm_s_frozen", "no_norm")
 _NORM = {
+    "no_norm": "identity",
     "frozen_ln": "layernorm",
     "frozen_dyt": "dyt",
     "autonorm": "autonorm",
@@ -190,6 +195,8 @@ def run(
         "autonorm_s_frozen_over_frozen_ln": "autonorm_s_frozen",
     }
     result: dict[str, Any] = {key: t[case] / base for key, case in keys.items() if case in t}
+    if {"frozen_dyt", "no_norm"} <= t.keys():
+        result["both_branches_floor"] = (t["frozen_dyt"] + base - t["no_norm"]) / base
     result["goal_autonorm_over_frozen_ln"] = GOAL
     result.update({f"{case}_ms": sec * 1e3 for case, sec in t.items()})
     return result

@@ -14,6 +14,10 @@ the end of epoch 1 and the end of epoch E, as the training process sees it (for 
 calling ``run_study`` to the end of the trial's first epoch, minus the same for the plain process
 (from its launch, interpreter start and imports included, to the end of its first epoch): what a
 study pays before its first result beyond a plain script (Ray start, worker process, MLflow schema).
+``startup_s_running_cluster`` is the same for the study run on a Ray cluster that is already up
+(started by the benchmark just before, its own start reported as ``ray_local_start_s``): how a
+``ray job submit`` study starts, and the part of ``startup_s`` that is ours rather than Ray's.
+``startup_breakdown`` splits the cold start at the moment the trial function begins.
 ``cpu_throughput_ratio`` is the same ratio over the training process's CPU seconds: on a machine
 shared with other jobs wall time swings by 2x between identical runs, CPU time much less.
 
@@ -124,17 +128,17 @@ def timed_trial(config: dict[str, Any], session: TrialSession) -> None:
 
 
 def tune_run(
-    config: dict[str, Any], threads: int, workdir: Path
+    config: dict[str, Any], threads: int, workdir: Path, *, name: str = "trial_overhead"
 ) -> tuple[list[float], list[float], float, float, dict[str, float]]:
     """Epoch-end times (seconds since run_study was called) of the same training as a one-trial study,
     and the time the trial function started (``marks["trial_start"]``)."""
     from workers.plan import ParamDef, SamplerConfig, StorageConfig, StudyPlan, TrackingConfig
     from workers.runner import run_study
 
-    timing_file = workdir / "timing.jsonl"
+    timing_file = workdir / f"{name}.timing.jsonl"
     base = dict(config, timing_file=str(timing_file))
     plan = StudyPlan(
-        name="trial_overhead",
+        name=name,
         base_config=base,
         # One trial; the single "search" dimension is fixed to the same seed as the plain run.
         space=(ParamDef("seed", "categorical", choices=(config["seed"],)),),
@@ -145,27 +149,31 @@ def tune_run(
         storage=StorageConfig(path=str(workdir / "runs")),
         tracking=TrackingConfig(experiment="trial_overhead"),
     )
+    import ray
+
+    running = ray.is_initialized()  # a cluster that is already up: run_study joins it
     called, result = time.time(), None
     for attempt in range(1, 4):
         temp_dir = tempfile.mkdtemp(prefix="rt_bench_", dir="/tmp")
         called = time.time()
+        init_kwargs = {} if running else {"num_cpus": threads, "_temp_dir": temp_dir, "log_to_driver": False}
         try:
             result = run_study(
                 plan,
                 trainable=timed_trial,
                 progress=False,
-                ray_init_kwargs={"num_cpus": threads, "_temp_dir": temp_dir, "log_to_driver": False},
+                ray_init_kwargs=init_kwargs,
             )
             break
         except Exception as err:  # Ray gives its node 30 s to start: not enough on an overloaded machine
-            if "timed out during startup" not in str(err) or attempt == 3:
+            if running or "timed out during startup" not in str(err) or attempt == 3:
                 raise
             print(f"Ray did not start (attempt {attempt}): {err}; retrying", file=sys.stderr)
             timing_file.unlink(missing_ok=True)
             plan = dataclasses.replace(
                 plan,
                 storage=StorageConfig(path=str(workdir / f"runs{attempt}")),
-                name=f"trial_overhead{attempt}",
+                name=f"{name}{attempt}",
             )
         finally:
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -184,6 +192,29 @@ def tune_run(
         float(trial.metrics["val_accuracy"]),
         marks,
     )
+
+
+def running_cluster_run(
+    config: dict[str, Any], threads: int, workdir: Path
+) -> tuple[list[float], dict[str, float], float]:
+    """:func:`tune_run` on a local cluster started beforehand (its start timed on its own): epoch ends,
+    marks, and the seconds ``ray.init`` took."""
+    import ray
+
+    from workers.session import ray_session
+
+    temp_dir = tempfile.mkdtemp(prefix="rt_bench_", dir="/tmp")
+    try:
+        started = time.time()
+        with ray_session(init_kwargs={"num_cpus": threads, "_temp_dir": temp_dir, "log_to_driver": False}):
+            ray_start_s = time.time() - started
+            assert ray.is_initialized()
+            ends, _cpu, _total, _acc, marks = tune_run(
+                config, threads, workdir, name="trial_overhead_running"
+            )
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return ends, marks, ray_start_s
 
 
 def steady_throughput(ends: list[float], n_train: int) -> float:
@@ -217,6 +248,7 @@ def main() -> None:
     plain_a, plain_a_cpu, plain_a_imported = plain_subprocess(args)
     with tempfile.TemporaryDirectory(prefix="bench_trial_") as workdir:
         tune_ends, tune_cpu, tune_total, tune_acc, marks = tune_run(config, args.threads, Path(workdir))
+        warm_ends, warm_marks, ray_start_s = running_cluster_run(config, args.threads, Path(workdir))
     plain_b, plain_b_cpu, plain_b_imported = plain_subprocess(args)
     # CPU seconds of the training process (the trial worker includes Ray's own threads): far less
     # sensitive than wall time to other jobs on a shared machine.
@@ -254,6 +286,11 @@ def main() -> None:
                 plain_first - (plain_a_imported + plain_b_imported) / 2, 2
             ),
         },
+        # The same study on a Ray cluster that is already up (how `ray job submit` runs it; MLflow's
+        # store exists from the first run): Ray's own start is then not part of the study's startup.
+        "startup_s_running_cluster": round(warm_ends[0] - plain_first, 2),
+        "running_cluster_to_trial_start_s": round(warm_marks["trial_start"], 2),
+        "ray_local_start_s": round(ray_start_s, 2),
         "time_to_first_epoch_s": round(tune_ends[0], 2),
         "plain_first_epoch_s": round(plain_first, 2),
         "tune_steady_epoch_s": round(tune_first_epoch, 2),

@@ -84,6 +84,16 @@ def test_trial_overhead_quick_writes_ratio_and_startup(tmp_path: Path) -> None:
     data = _load(out)
     _assert_ratios(data, ["throughput_ratio", "cpu_throughput_ratio", "plain_examples_per_s"])
     assert math.isfinite(data["startup_s"])  # a difference of times: may be negative on a quiet machine
+    assert math.isfinite(data["startup_s_running_cluster"])
+    assert data["ray_local_start_s"] > 0
+    # The trial function starts after Ray, Tune and the actor are up: later than a plain process's imports.
+    parts = data["startup_breakdown"]
+    assert parts["tune_to_trial_start_s"] > parts["plain_to_imports_done_s"] > 0
+    assert (
+        0
+        < data["running_cluster_to_trial_start_s"]
+        < parts["tune_to_trial_start_s"] + data["ray_local_start_s"]
+    )
 
 
 @pytest.mark.ray

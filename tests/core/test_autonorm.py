@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from autonorm_core.norms import AutoNorm, NormSelector, RandomSelector
+from autonorm_core.norms import AutoNorm, NormSelector, RandomSelector, create_norm
 from autonorm_core.optim import param_groups
 
 DIM = 8
@@ -652,3 +652,15 @@ def test_token_mean_backward_equals_autograd_mean() -> None:
     (fast,) = torch.autograd.grad(pooled, x, dy)
     (ref,) = torch.autograd.grad(x.mean(1), x, dy)
     torch.testing.assert_close(fast, ref, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["autonorm", "random_selector"])
+def test_mixtures_run_under_cpu_bf16_autocast(name: str) -> None:
+    # CPU autocast runs layer_norm in bfloat16 but DyT (float32 α) stays float32: the mix must promote.
+    m = create_norm(name, DIM, seed=0).train()
+    x = _input((3, 5, DIM)).requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = m(x)
+    assert y.dtype == torch.float32 and torch.isfinite(y).all()
+    y.float().square().mean().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
