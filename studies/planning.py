@@ -525,6 +525,8 @@ def plan_study(
     if cpus < 0 or gpus < 0:
         raise ValueError(f"cpus and gpus must be >= 0, got {cpus}, {gpus}")
     phases = phases_of(spec)
+    for ph in phases:  # a cluster that cannot start a trial: say so before timing anything
+        _slots(ph.plan, cpus, gpus)
 
     # Split sizes per data config: from the calibration, else loaded as a trial would.
     data_sizes: dict[str, dict[str, int]] = {

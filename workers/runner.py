@@ -155,28 +155,52 @@ def _max_epochs(plan: StudyPlan) -> int:
     return max(epochs)
 
 
-def check_resources(plan: StudyPlan) -> None:
+def check_resources(
+    plan: StudyPlan, have: Mapping[str, float] | None = None, *, partial: bool = False
+) -> None:
     """Refuse a plan whose trial asks for more than the whole cluster has (Tune would wait forever).
 
-    Set ``AUTONORM_ALLOW_PENDING_RESOURCES=1`` on an autoscaling cluster whose nodes appear on demand.
+    ``have``: the cluster's resources (Ray's names, ``CPU``/``GPU``); ``None`` asks the connected
+    cluster. ``partial``: ``have`` lists only what is known, resources missing from it are not checked. A study that starts its own local cluster checks the predicted resources
+    (:func:`workers.session.local_cluster_resources`) before starting it, so a bad request fails in
+    a second; resources it cannot predict (GPUs Ray would detect, custom ones) are checked again once
+    the cluster is up. Set ``AUTONORM_ALLOW_PENDING_RESOURCES=1`` on an autoscaling cluster whose
+    nodes appear on demand.
 
     Raises:
         ResourceError: naming the resource, what a trial asks and what the cluster has.
     """
-    import ray
-
     if os.environ.get("AUTONORM_ALLOW_PENDING_RESOURCES") == "1":
         return
-    have = ray.cluster_resources()
+    if have is None:
+        import ray
+
+        have = ray.cluster_resources()
     names = {"cpu": "CPU", "gpu": "GPU"}
     for key, amount in plan.resources:
-        total = float(have.get(names.get(key, key), 0.0))
+        name = names.get(key, key)
+        if partial and name not in have:
+            continue  # not predicted: checked once the cluster is up
+        total = float(have.get(name, 0.0))
         if amount > 0 and amount > total:
             raise ResourceError(
-                f"resources.{key}: a trial of {plan.name!r} asks for {amount:g} {names.get(key, key)}, but the "
+                f"resources.{key}: a trial of {plan.name!r} asks for {amount:g} {name}, but the "
                 f"Ray cluster has {total:g} in all, so no trial could ever start. Lower resources.{key}, or join a "
                 "larger cluster (RAY_ADDRESS); on an autoscaling cluster set AUTONORM_ALLOW_PENDING_RESOURCES=1."
             )
+
+
+def precheck_local_resources(
+    plans: Sequence[StudyPlan], address: str | None, init_kwargs: Mapping[str, Any] | None
+) -> None:
+    """Before starting a local cluster, refuse plans it could never run (see :func:`check_resources`)."""
+    from workers.session import local_cluster_resources
+
+    predicted = local_cluster_resources(address, init_kwargs)
+    if predicted is None:
+        return
+    for plan in plans:
+        check_resources(plan, predicted, partial=True)
 
 
 def _trial_dirname(trial: Any) -> str:
@@ -328,6 +352,7 @@ def run_study(
         searcher = create_searcher(plan, study_key=key)
         param_space = {}
     scheduler = create_scheduler(plan.scheduler, metric=plan.metric, mode=plan.mode, max_t=_max_epochs(plan))
+    precheck_local_resources([plan], ray_address, ray_init_kwargs)
 
     with ray_session(ray_address, ray_init_kwargs, env_vars={"MLFLOW_TRACKING_URI": tracking_uri}):
         check_resources(plan)

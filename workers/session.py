@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["ray_session"]
+__all__ = ["local_cluster_resources", "ray_session"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,26 @@ def _init_local(kwargs: Mapping[str, Any], preexisting: set[int], attempts: int 
                 raise
             logger.warning("local Ray did not start in time (attempt %d of %d); retrying", attempt, attempts)
             _shutdown_local_ray(preexisting)
+
+
+def local_cluster_resources(
+    address: str | None = None, init_kwargs: Mapping[str, Any] | None = None
+) -> dict[str, float] | None:
+    """What the local cluster :func:`ray_session` would start will have, known before starting it.
+
+    ``None`` when the session would join a cluster (``address`` / ``$RAY_ADDRESS``) or one is already
+    initialised in this process (ask that cluster). Otherwise ``{"CPU": n}`` (``num_cpus`` or the
+    machine's CPU count), plus ``"GPU"`` only when ``num_gpus`` is given (Ray detects GPUs itself).
+    """
+    import ray
+
+    if ray.is_initialized() or address or os.environ.get("RAY_ADDRESS"):
+        return None
+    kwargs = dict(init_kwargs or {})
+    have = {"CPU": float(kwargs.get("num_cpus") or os.cpu_count() or 1)}
+    if kwargs.get("num_gpus") is not None:
+        have["GPU"] = float(kwargs["num_gpus"])
+    return have
 
 
 @contextlib.contextmanager

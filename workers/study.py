@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -48,6 +48,8 @@ class StudyRunner:
         trainable: trial function for every plan (tests inject one).
         progress: print progress lines.
         ray_address / ray_init_kwargs: see :func:`workers.session.ray_session`.
+        resources: a trial's resources in every phase (``(("cpu", 1.0),)``); when this runner starts a
+            local cluster, a request it could never satisfy is refused before starting it.
         planned: the study's estimate before launch (``wall_s``, ``trials``, ``cpu_hours``, ...):
             logged as ``planned_<key>`` params, and compared with the actual values at the end
             (``actual_<key>`` metrics), so estimates can be judged over time.
@@ -68,6 +70,7 @@ class StudyRunner:
         ray_address: str | None = None,
         ray_init_kwargs: Mapping[str, Any] | None = None,
         planned: Mapping[str, float] | None = None,
+        resources: Sequence[tuple[str, float]] = (),
     ) -> None:
         from workers.runner import _artifact_location, _tracking_uri
         from workers.tracking import StudyTracker, study_key
@@ -100,6 +103,7 @@ class StudyRunner:
         self._progress = progress
         self._ray_address = ray_address
         self._ray_init_kwargs = ray_init_kwargs
+        self._resources = tuple(resources)
         self._session: Any = None
         self.results: list[tuple[str, StudyPlan, StudyResult]] = []
         self.started = time.monotonic()
@@ -111,6 +115,13 @@ class StudyRunner:
         return self.tracker.run_id
 
     def __enter__(self) -> StudyRunner:
+        from workers.runner import precheck_local_resources
+
+        if self._resources:  # a trial the local cluster could never run: refused before it is started
+            probe = StudyPlan(
+                name=self.name, base_config={}, storage=self._storage_config, resources=self._resources
+            )
+            precheck_local_resources([probe], self._ray_address, self._ray_init_kwargs)
         self._session = ray_session(
             self._ray_address, self._ray_init_kwargs, env_vars={"MLFLOW_TRACKING_URI": self.tracking_uri}
         )

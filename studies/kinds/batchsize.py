@@ -269,6 +269,7 @@ def run(
         ray_address=ray_address,
         ray_init_kwargs=ray_init_kwargs,
         planned=planned,
+        resources=study.resources,
     ) as runner:
         for budget in spec.budgets:
             plan = spec.tuning_plan(budget, environ=environ)

@@ -92,6 +92,7 @@ def run(
         ray_address=ray_address,
         ray_init_kwargs=ray_init_kwargs,
         planned=planned,
+        resources=plan.resources,
     ) as runner:
         result = runner.run(plan, phase="search", nested=False)
         png = _gate_entropy_plot(plan, runner.local_dir())

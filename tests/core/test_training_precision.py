@@ -219,11 +219,20 @@ def _run(compile_setting: str) -> tuple[FitResult, TinyNet, dict[int, dict[str, 
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, Any]:
+    """An eager and a compiled fit. The compiled one goes through Dynamo and AOTAutograd like any
+    ``torch.compile`` but with the ``aot_eager`` backend: what these tests check is the training loop's
+    side (wrapper, keys, freeze, gate statistics, resume), and Inductor's C++ code generation would add
+    a minute of compiling on 2 cores. Inductor's numerics are checked by the compiled-step tests in
+    tests/core/test_autonorm.py and tests/core/test_norms_contract.py."""
+    import functools
+
     from torch._dynamo.utils import counters
 
     out: dict[str, Any] = {"eager": _run("off")}
     before = counters["stats"]["calls_captured"]
-    out["compiled"] = _run("on")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+        out["compiled"] = _run("on")
     out["captured"] = counters["stats"]["calls_captured"] - before
     return out
 

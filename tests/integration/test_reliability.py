@@ -149,4 +149,6 @@ def test_impossible_resources_fail_fast_naming_the_resource(tmp_path: Path) -> N
     elapsed = time.monotonic() - start
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "resources.cpu" in proc.stderr and "64" in proc.stderr and "Traceback" not in proc.stderr
+    # Refused before the local cluster it could never use was started.
+    assert "Started a local Ray instance" not in proc.stdout + proc.stderr
     print(f"refused after {elapsed:.0f} s")  # the figure for the closing note, not an assertion

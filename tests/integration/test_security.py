@@ -61,6 +61,13 @@ def study_run(s3_server: S3Server, mlflow_server: MlflowServer) -> Iterator[Stud
             "smoke",
             "--set",
             f"name={name}",
+            # Two search trials of 2 epochs: what is scanned is every kind of record, not their number.
+            "--set",
+            "search.num_samples=2",
+            "--set",
+            "training.epochs=2",
+            "--set",
+            "search.space.0.high=2",
             # A small confirm phase: its phase runs, reports and claims go through the scans too.
             "--set",
             "confirm={arms: [frozen_ln, autonorm_s], seeds: [100, 101], lr_tuning: null}",

@@ -52,3 +52,47 @@ def test_other_errors_and_the_last_timeout_are_raised(monkeypatch: pytest.Monkey
     with pytest.raises(Exception, match="timed out during startup"):
         session._init_local({}, set(), attempts=2)
     assert len(attempts) == 2
+
+
+def test_local_cluster_resources_are_predicted_only_for_a_cluster_this_session_would_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert session.local_cluster_resources(None, {"num_cpus": 3}) == {"CPU": 3.0}
+    assert session.local_cluster_resources(None, None) == {"CPU": float(os.cpu_count() or 1)}
+    assert session.local_cluster_resources(None, {"num_cpus": 2, "num_gpus": 1}) == {"CPU": 2.0, "GPU": 1.0}
+    assert session.local_cluster_resources("ray://head:10001", {"num_cpus": 2}) is None  # joins: ask it
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    assert session.local_cluster_resources(None, {"num_cpus": 2}) is None
+
+
+def test_precheck_refuses_before_any_ray_start_and_leaves_unknown_resources_to_the_cluster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ray
+
+    from workers.errors import ResourceError
+    from workers.plan import StudyPlan
+    from workers.runner import precheck_local_resources
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("AUTONORM_ALLOW_PENDING_RESOURCES", raising=False)
+    started: list[Any] = []
+    monkeypatch.setattr(ray, "init", lambda **kw: started.append(kw))
+
+    def plan(**resources: float) -> StudyPlan:
+        return StudyPlan(name="p", base_config={}, resources=tuple(resources.items()))
+
+    with pytest.raises(ResourceError, match=r"resources\.cpu.*asks for 64 CPU.*has 2"):
+        precheck_local_resources([plan(cpu=64)], None, {"num_cpus": 2})
+    precheck_local_resources([plan(cpu=2, gpu=0.5)], None, {"num_cpus": 2})  # GPUs: Ray detects them later
+    precheck_local_resources(
+        [plan(cpu=2, accelerator_x=1)], None, {"num_cpus": 2}
+    )  # custom: the cluster says
+    with pytest.raises(ResourceError, match=r"resources\.gpu"):
+        precheck_local_resources([plan(cpu=1, gpu=1)], None, {"num_cpus": 2, "num_gpus": 0})
+    monkeypatch.setenv("AUTONORM_ALLOW_PENDING_RESOURCES", "1")
+    precheck_local_resources([plan(cpu=64)], None, {"num_cpus": 2})
+    assert started == []  # nothing was started to find this out
