@@ -28,6 +28,7 @@ from autonorm_core.training import (
     save_state,
     should_freeze,
 )
+from tests.core.blobs import make_splits
 
 LN2 = math.log(2.0)
 
@@ -70,28 +71,6 @@ class Tagger(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(self.emb(x)))  # (B, T, C)
-
-
-def _blobs(
-    n: int, gen: torch.Generator, *, features: int = 8, classes: int = 3
-) -> tuple[torch.Tensor, torch.Tensor]:
-    centers = torch.linspace(-2.0, 2.0, classes).unsqueeze(1).expand(classes, features)
-    y = torch.randint(0, classes, (n,), generator=gen)
-    x = centers[y] + torch.randn(n, features, generator=gen)
-    return x, y
-
-
-def make_splits(*, n_train: int = 160, seed: int = 0) -> Splits:
-    gen = torch.Generator().manual_seed(seed)
-    return Splits(
-        name="blobs",
-        train=_blobs(n_train, gen),
-        val=_blobs(64, gen),
-        test=_blobs(64, gen),
-        task="classification",
-        num_classes=3,
-        input_shape=(8,),
-    )
 
 
 def make_model(norm: str = "autonorm", seed: int = 0) -> nn.Module:

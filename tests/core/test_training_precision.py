@@ -15,7 +15,6 @@ import pytest
 import torch
 from torch import nn
 
-from autonorm_core.data import Splits
 from autonorm_core.norms import create_norm
 from autonorm_core.training import (
     COMPILE_SETTINGS,
@@ -26,6 +25,7 @@ from autonorm_core.training import (
     fit,
     resolve_compile,
 )
+from tests.core.blobs import make_splits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -54,27 +54,6 @@ def make_model(norm: str = "autonorm", seed: int = 0) -> TinyNet:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return TinyNet(norm)
-
-
-def _blobs(
-    n: int, gen: torch.Generator, *, features: int = 8, classes: int = 3
-) -> tuple[torch.Tensor, torch.Tensor]:
-    centers = torch.linspace(-2.0, 2.0, classes).unsqueeze(1).expand(classes, features)
-    y = torch.randint(0, classes, (n,), generator=gen)
-    return centers[y] + torch.randn(n, features, generator=gen), y
-
-
-def make_splits(n_train: int = 160, seed: int = 0) -> Splits:
-    gen = torch.Generator().manual_seed(seed)
-    return Splits(
-        name="blobs",
-        train=_blobs(n_train, gen),
-        val=_blobs(64, gen),
-        test=_blobs(64, gen),
-        task="classification",
-        num_classes=3,
-        input_shape=(8,),
-    )
 
 
 def selector_params(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
