@@ -36,7 +36,6 @@ Keys of ``bench/results/study_scaling.json``:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -55,7 +54,6 @@ if TYPE_CHECKING:
 
 RESULTS = Path(__file__).resolve().parent / "results" / "study_scaling.json"
 GOAL = 1.15
-RAY_START_ATTEMPTS = 3
 
 
 def timed_trial(config: dict[str, Any], session: TrialSession) -> None:
@@ -120,31 +118,15 @@ def run_trials(args: argparse.Namespace, workdir: Path, slots: int) -> dict[str,
     init: dict[str, Any] = {"num_cpus": args.cpus or slots, "log_to_driver": False}
     if args.gpu_fraction:
         init["num_gpus"] = 1
-    called, result = time.time(), None
-    for attempt in range(1, RAY_START_ATTEMPTS + 1):
-        temp_dir = tempfile.mkdtemp(prefix="rt_scale_", dir="/tmp")
-        called = time.time()
-        try:
-            result = run_study(
-                plan,
-                trainable=timed_trial,
-                progress=False,
-                ray_init_kwargs={**init, "_temp_dir": temp_dir},
-            )
-            break
-        except Exception as err:  # Ray gives its node 30 s to start: not enough on an overloaded machine
-            if "timed out during startup" not in str(err) or attempt == RAY_START_ATTEMPTS:
-                raise
-            print(f"Ray did not start (attempt {attempt}): {err}; retrying", file=sys.stderr)
-            timing_file.unlink(missing_ok=True)
-            plan = dataclasses.replace(
-                plan,
-                storage=StorageConfig(path=str(workdir / f"runs{attempt}")),
-                name=f"study_scaling{attempt}",
-            )
-        finally:
-            shutil.rmtree(temp_dir, ignore_errors=True)
-    assert result is not None
+    # A local Ray that misses its startup deadline is retried by workers.session itself.
+    temp_dir = tempfile.mkdtemp(prefix="rt_scale_", dir="/tmp")
+    called = time.time()
+    try:
+        result = run_study(
+            plan, trainable=timed_trial, progress=False, ray_init_kwargs={**init, "_temp_dir": temp_dir}
+        )
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
     returned = time.time()
     statuses = [t.status for t in result.trials]
     rows = [json.loads(line) for line in timing_file.read_text().splitlines()]

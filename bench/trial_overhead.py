@@ -31,7 +31,6 @@ Writes ``bench/results/trial_overhead.json``; the goals are ``throughput_ratio >
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -152,32 +151,14 @@ def tune_run(
     import ray
 
     running = ray.is_initialized()  # a cluster that is already up: run_study joins it
-    called, result = time.time(), None
-    for attempt in range(1, 4):
-        temp_dir = tempfile.mkdtemp(prefix="rt_bench_", dir="/tmp")
-        called = time.time()
-        init_kwargs = {} if running else {"num_cpus": threads, "_temp_dir": temp_dir, "log_to_driver": False}
-        try:
-            result = run_study(
-                plan,
-                trainable=timed_trial,
-                progress=False,
-                ray_init_kwargs=init_kwargs,
-            )
-            break
-        except Exception as err:  # Ray gives its node 30 s to start: not enough on an overloaded machine
-            if running or "timed out during startup" not in str(err) or attempt == 3:
-                raise
-            print(f"Ray did not start (attempt {attempt}): {err}; retrying", file=sys.stderr)
-            timing_file.unlink(missing_ok=True)
-            plan = dataclasses.replace(
-                plan,
-                storage=StorageConfig(path=str(workdir / f"runs{attempt}")),
-                name=f"{name}{attempt}",
-            )
-        finally:
-            shutil.rmtree(temp_dir, ignore_errors=True)
-    assert result is not None
+    # A local Ray that misses its startup deadline is retried by workers.session itself.
+    temp_dir = tempfile.mkdtemp(prefix="rt_bench_", dir="/tmp")
+    init_kwargs = {} if running else {"num_cpus": threads, "_temp_dir": temp_dir, "log_to_driver": False}
+    called = time.time()
+    try:
+        result = run_study(plan, trainable=timed_trial, progress=False, ray_init_kwargs=init_kwargs)
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
     total = time.time() - called
     (trial,) = result.trials
     if trial.status != "completed":
