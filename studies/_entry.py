@@ -172,7 +172,7 @@ def load_for_run(load: Callable[[Sequence[str]], Any], *, file: Any = None) -> A
 
 def print_where(outcome: Any, *, file: Any = None) -> None:
     """Where a finished study's results are: its directory, its MLflow store, direct UI links."""
-    from workers.tracking import _http_limits, mlflow_links
+    from workers.tracking import http_limits, mlflow_links
 
     out = file or sys.stdout
     print(f"[{outcome.name}] results: {outcome.study_dir}", file=out)
@@ -182,7 +182,7 @@ def print_where(outcome: Any, *, file: Any = None) -> None:
     try:
         from mlflow import MlflowClient
 
-        with _http_limits(10, 1, override=False):  # one lookup, not MLflow's minutes of retries
+        with http_limits(10, 1, override=False):  # one lookup, not MLflow's minutes of retries
             client = MlflowClient(tracking_uri=outcome.tracking_uri)
             experiment_id = client.get_run(outcome.parent_run_id).info.experiment_id
     except Exception as exc:  # the study is done; a link we cannot make is not an error

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
-import workers.tracking as tracking
+import workers.tracking.callback
+import workers.tracking.outage
+import workers.tracking.writer
 from tests.services import free_port, start_mlflow_server
 from workers.tracking import (
     TAG_ROLE,
@@ -316,6 +318,12 @@ class FakeClock:
         self.now += seconds
 
 
+def _use_clock(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> None:
+    """The fake clock in every tracking module that reads the time."""
+    for module in (workers.tracking.callback, workers.tracking.outage, workers.tracking.writer):
+        monkeypatch.setattr(module, "time", clock)
+
+
 class Outage:
     """Makes the callback's client fail (as a dead server would) while ``on``; counts the calls."""
 
@@ -396,7 +404,7 @@ def test_outage_backs_off_queues_and_then_catches_up_every_trial(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(tracking, "time", clock)
+    _use_clock(monkeypatch, clock)
     cb = _callback(tmp_path, retry=RetryPolicy(reconnect_s=1.0, reconnect_max_s=3.0))
     cb.prepare(fresh=True)
     cb.setup()
@@ -441,7 +449,7 @@ def test_outage_backs_off_queues_and_then_catches_up_every_trial(
 def test_final_flush_is_bounded_and_lists_undelivered_trials(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tracking, "time", FakeClock())
+    _use_clock(monkeypatch, FakeClock())
     cb = _callback(tmp_path, retry=RetryPolicy(final_attempts=3))
     cb.prepare(fresh=True)
     cb.setup()

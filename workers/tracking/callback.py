@@ -1,0 +1,416 @@
+"""The Tune callback: one child run per trial under the study's (or phase's) run.
+
+Parts: :mod:`workers.tracking.outage` (back-off while MLflow is away), :mod:`workers.tracking.runs`
+(finding and creating the runs), this module (Tune's hooks, the per-trial queue of epochs, closing
+runs at the end).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ray.tune import Callback
+
+from workers.tracking.names import (
+    ROLE_STUDY,
+    TAG_TRIAL_ID,
+    TAG_TRIAL_STATUS,
+    TAG_UNDELIVERED,
+)
+from workers.tracking.runs import TrialRuns, _ChildRun
+from workers.tracking.store import MlflowUnavailable, check_tracking_uri
+from workers.tracking.writer import RetryPolicy, numeric
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from ray.tune.experiment import Trial
+
+logger = logging.getLogger(__name__)
+
+
+class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
+    """Tune callback writing the study's parent run and one child run per trial.
+
+    Tune calls (in the driver): :meth:`setup` when ``Tuner.fit`` starts (also after a restore),
+    :meth:`on_trial_result` per reported epoch, :meth:`on_trial_complete` / :meth:`on_trial_error`
+    once per finished trial, :meth:`on_experiment_end` at the end. The runner calls :meth:`prepare`
+    before ``fit`` and :meth:`close` in its ``finally``.
+
+    Args:
+        tracking_uri: resolved MLflow URI (absolute sqlite path or server URL).
+        experiment_name: MLflow experiment (the study name).
+        key: the study's stable key (:func:`study_key` of the experiment path).
+        base_config: the plan's base trial config; child params are the resolved trial config.
+        metric_whitelist: prefixes of result keys logged as metrics (``epoch`` always is).
+        artifact_location: artifact root for a newly created experiment.
+        parent_tags / parent_params / artifacts: written on the parent run at :meth:`prepare`.
+        expected_trials: planned number of trials (parent param ``expected_trials``).
+        retry: retry policy for MLflow calls.
+        run_namer: names each trial's run (:class:`TrialNamer`); ``str(trial)`` when ``None``.
+        trial_tags: tags of every trial run, values rendered per trial (:func:`trial_tag_templates`).
+
+    Every run it creates also gets MLflow's source tags (:func:`source_tags`).
+    """
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str,
+        experiment_name: str,
+        key: str,
+        base_config: Mapping[str, Any],
+        metric_whitelist: Sequence[str],
+        artifact_location: str | None = None,
+        parent_tags: Mapping[str, str] | None = None,
+        parent_params: Mapping[str, str] | None = None,
+        artifacts: Mapping[str, str] | None = None,
+        expected_trials: int | None = None,
+        retry: RetryPolicy | None = None,
+        study_name: str | None = None,
+        role: str = ROLE_STUDY,
+        nest_under: str | None = None,
+        run_namer: Callable[[Any], str] | None = None,
+        trial_tags: Mapping[str, str] | None = None,
+    ) -> None:
+        self.run_namer = run_namer
+        self.trial_tags = dict(trial_tags or {})
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.key = key
+        self.base_config = dict(base_config)
+        self.metric_whitelist = tuple(metric_whitelist)
+        self.artifact_location = artifact_location
+        self.parent_tags = dict(parent_tags or {})
+        self.parent_params = dict(parent_params or {})
+        self.artifacts = dict(artifacts or {})
+        self.expected_trials = expected_trials
+        self.retry = retry or RetryPolicy()
+        self.study_name = study_name or experiment_name
+        # A phase of a multi-plan study: its run is nested under the study's run (``nest_under``).
+        self.role = role
+        self.nest_under = nest_under
+        check_tracking_uri(tracking_uri)
+        self._reset_runtime()
+
+    # ---------------------------------------------------------------------------------- pickling
+
+    _RUNTIME = (
+        "_client",
+        "_experiment_id",
+        "_parent_id",
+        "_children",
+        "_pending",
+        "_uncreated",
+        "_artifacts_logged",
+        "_trials",
+        "_finals",
+        "_looping",
+        "_down_until",
+        "_backoff",
+        "_recovered",
+        "_final_deadline",
+    )
+
+    def _reset_runtime(self) -> None:
+        self._client: MlflowClient | None = None
+        self._experiment_id: str | None = None
+        self._parent_id: str | None = None
+        self._children: dict[str, _ChildRun] = {}
+        self._pending: dict[str, list[tuple[float, dict[str, float], int]]] = {}
+        self._uncreated: set[str] = set()
+        self._artifacts_logged = False
+        # Outage handling: the trials seen (to flush their queues when MLflow is back), the final
+        # (status, outcome) of finished trials whose runs are not closed yet, the back-off state.
+        self._trials: dict[str, Trial] = {}
+        self._finals: dict[str, tuple[str, str]] = {}
+        self._reset_backoff()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles callbacks into its experiment state; a restored copy must not trust anything
+        # learnt at runtime (the run map may be stale), so only the configuration travels.
+        state = self.__dict__.copy()
+        for name in self._RUNTIME:
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_runtime()
+
+    def _queued_trials(self) -> int:
+        return len(self._pending)
+
+    # ------------------------------------------------------------------------------ outages
+
+    def _catch_up(self) -> None:
+        """MLflow answers again: flush every trial's queue, close the runs of finished trials."""
+        self._recovered = False
+        for trial_id in sorted(set(self._pending) | set(self._finals)):
+            trial = self._trials.get(trial_id)
+            if trial is None or time.monotonic() < self._down_until:
+                continue
+            self._sync(trial)
+            final = self._finals.get(trial_id)
+            if final is not None:
+                self._close_trial(trial, *final)
+
+    def undelivered_trials(self) -> list[str]:
+        """Trials whose queued metrics or final run status have not reached MLflow (yet)."""
+        stuck = {trial_id for trial_id, queue in self._pending.items() if queue} | set(self._finals)
+        return sorted(stuck)
+
+    # ------------------------------------------------------------------------------- Tune hooks
+
+    def setup(
+        self, stop: Any = None, num_samples: Any = None, total_num_samples: Any = None, **info: Any
+    ) -> None:
+        # The instance the runner prepared is already attached; a restored (unpickled) copy is not.
+        if self._parent_id is None or not self._children:
+            self._parent_id = None
+            with self._loop():
+                self._connect()
+
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
+    ) -> None:
+        with self._loop():
+            self._queue(trial.trial_id, result)
+            self._sync(trial)
+            if self._recovered:
+                self._catch_up()
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        with self._loop():
+            self._sync(trial)
+            self._close_trial(trial, "FINISHED", _trial_outcome(trial, errored=False))
+            if self._recovered:
+                self._catch_up()
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        with self._loop():
+            self._sync(trial)
+            self._close_trial(trial, "FAILED", "error")
+            if self._recovered:
+                self._catch_up()
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        self.close_trials(trials)
+
+    # ---------------------------------------------------------------------------------- logging
+
+    def _whitelisted(self, key: str) -> bool:
+        return key == "epoch" or any(key.startswith(prefix) for prefix in self.metric_whitelist)
+
+    def _queue(self, trial_id: str, result: Mapping[str, Any]) -> None:
+        epoch = numeric(result.get("epoch"))
+        if epoch is None:
+            return
+        child = self._children.get(trial_id)
+        if child is not None and epoch <= child.last_epoch:
+            return  # logged before a restart/restore
+        pending = self._pending.setdefault(trial_id, [])
+        if any(step == epoch for step, _, _ in pending):
+            return
+        metrics = {}
+        for key, value in result.items():
+            number = numeric(value)
+            if number is not None and self._whitelisted(key):
+                metrics[key] = number
+        pending.append((epoch, metrics, int(time.time() * 1000)))
+
+    def _sync(self, trial: Trial, *, attempts: int | None = None, create: bool = False) -> None:
+        """Create the trial's run if needed and log its queued epochs. Never raises.
+
+        A run is created at the trial's first queued result (or when ``create``: a trial that
+        errored before reporting still gets a FAILED run).
+        """
+        self._trials[trial.trial_id] = trial
+        if not self._connect():
+            return
+        try:
+            child = self._children.get(trial.trial_id)
+            if child is None:
+                if not (self._pending.get(trial.trial_id) or create):
+                    return
+                child = self._create_child(trial)
+            self._flush(trial.trial_id, child, attempts=attempts)
+        except Exception as exc:
+            if not isinstance(exc, MlflowUnavailable):
+                logger.warning("MLflow logging for trial %s deferred: %s", trial.trial_id, exc)
+
+    def _flush(self, trial_id: str, child: _ChildRun, *, attempts: int | None) -> None:
+        from mlflow.entities import Metric
+
+        pending = [p for p in self._pending.get(trial_id, []) if p[0] > child.last_epoch]
+        if not pending:
+            self._pending.pop(trial_id, None)
+            return
+        pending.sort(key=lambda p: p[0])
+        metrics = [
+            Metric(key, value, timestamp, int(step))
+            for step, values, timestamp in pending
+            for key, value in values.items()
+        ]
+        for i in range(0, len(metrics), 1000):
+            chunk = metrics[i : i + 1000]
+            self._call(self.client.log_batch, child.run_id, metrics=chunk, attempts=attempts)
+        child.last_epoch = max(child.last_epoch, pending[-1][0])
+        self._pending.pop(trial_id, None)
+
+    def _close_trial(self, trial: Trial, status: str, outcome: str, *, attempts: int | None = None) -> None:
+        self._trials[trial.trial_id] = trial
+        child = self._children.get(trial.trial_id)
+        # Re-closing with another status is allowed: a trial KILLED by an interrupted study may
+        # have been resumed and finished since.
+        if child is not None and child.status == status:
+            self._finals.pop(trial.trial_id, None)
+            return
+        if child is None:
+            # No run yet: remembered when it is owed (queued results, a failed create, an outage);
+            # a trial that never reported an epoch has no run and owes nothing.
+            owed = (
+                bool(self._pending.get(trial.trial_id))
+                or trial.trial_id in self._uncreated
+                or time.monotonic() < self._down_until
+            )
+            if owed:
+                self._finals[trial.trial_id] = (status, outcome)
+            return
+        self._finals[trial.trial_id] = (status, outcome)  # until it is written
+        from mlflow.entities import RunTag
+
+        try:
+            tags = [RunTag(TAG_TRIAL_STATUS, outcome)]
+            node_id = (trial.last_result or {}).get("node_id")
+            if node_id:
+                tags.append(RunTag("autonorm.node_id", str(node_id)))
+            self._call(self.client.log_batch, child.run_id, tags=tags, attempts=attempts)
+            self._call(self.client.set_terminated, child.run_id, status, attempts=attempts)
+            child.status = status
+            self._finals.pop(trial.trial_id, None)
+        except Exception as exc:
+            if not isinstance(exc, MlflowUnavailable):
+                logger.warning("could not close MLflow run of trial %s yet: %s", trial.trial_id, exc)
+
+    def close_trials(self, trials: Iterable[Trial]) -> None:
+        """Catch up on queued epochs and close every child run still RUNNING.
+
+        Terminated trials -> FINISHED, errored -> FAILED, trials that did not finish (the study was
+        interrupted) -> KILLED. Children whose trial Tune no longer knows (created after Tune's last
+        snapshot before a crash) are closed and deleted so the study has one run per trial.
+        """
+        attempts = self.retry.final_attempts
+        trials = list(trials)
+        self._begin_final_flush()
+        if not self._connect():
+            return
+        # MLflow is the truth: this may be the runner's instance, not the one Tune used.
+        pending_children = self._children
+        try:
+            self._rebuild()
+        except Exception as exc:
+            if not isinstance(exc, MlflowUnavailable):
+                logger.warning("could not list MLflow runs: %s", exc)
+            self._children = pending_children
+        for trial in trials:
+            self._sync(trial, attempts=attempts, create=trial.status == "ERROR")
+        for trial in trials:
+            if trial.status == "TERMINATED":
+                self._close_trial(trial, "FINISHED", _trial_outcome(trial, errored=False), attempts=attempts)
+            elif trial.status == "ERROR":
+                self._close_trial(trial, "FAILED", "error", attempts=attempts)
+            else:
+                self._close_trial(trial, "KILLED", "interrupted", attempts=attempts)
+        known = {t.trial_id for t in trials}
+        parent_id = self._parent_id
+        if parent_id is None:
+            return
+        try:
+            for run in self._children_of(parent_id):
+                trial_id = run.data.tags.get(TAG_TRIAL_ID)
+                if trial_id not in known and trials:
+                    if run.info.status == "RUNNING":
+                        self._call(self.client.set_terminated, run.info.run_id, "KILLED")
+                    self._call(self.client.delete_run, run.info.run_id)
+        except Exception as exc:
+            if not isinstance(exc, MlflowUnavailable):
+                logger.warning("could not check for orphaned MLflow runs: %s", exc)
+
+    def close(
+        self,
+        *,
+        status: str,
+        trials: Iterable[Trial] | None = None,
+        summary: Mapping[str, float] | None = None,
+    ) -> None:
+        """End of the study (runner's ``finally``): close children, log ``summary``, close the parent.
+
+        Never raises for MLflow: bounded by ``RetryPolicy.final_flush_s`` (plus the same again for
+        the parent run); what could not be delivered is logged as an error and listed by
+        :meth:`undelivered_trials` (and in the parent's :data:`TAG_UNDELIVERED` tag when only some
+        trials failed).
+        """
+        self._begin_final_flush()
+        if trials is not None:
+            self.close_trials(trials)
+        if self._down_until != math.inf:
+            # The parent gets its own window, even if the trials' flush used up the first one.
+            self._final_deadline = time.monotonic() + self.retry.final_flush_s
+        undelivered = self.undelivered_trials()
+        if undelivered:
+            logger.error(
+                "MLflow: results of %d trial(s) could not be delivered: %s",
+                len(undelivered),
+                ", ".join(undelivered),
+            )
+        if not self._connect():
+            logger.error("MLflow unreachable at the end of the study; runs stay open until the next run")
+            return
+        parent_id = self._parent_id
+        if parent_id is None:
+            return
+        attempts = self.retry.final_attempts
+        try:
+            if trials is None:
+                for run in self._children_of(parent_id):
+                    if run.info.status == "RUNNING":
+                        self._call(self.client.set_terminated, run.info.run_id, "KILLED")
+            from mlflow.entities import Metric, RunTag
+
+            now = int(time.time() * 1000)
+            metrics = [Metric(k, float(v), now, 0) for k, v in (summary or {}).items()]
+            tags = [RunTag(TAG_UNDELIVERED, ",".join(undelivered)[:5000])] if undelivered else []
+            if metrics or tags:
+                self._call(self.client.log_batch, parent_id, metrics=metrics, tags=tags, attempts=attempts)
+        except Exception as exc:
+            logger.error("could not write the study summary to MLflow: %s", exc)
+        try:
+            self._call(self.client.set_terminated, parent_id, status, attempts=attempts)
+        except Exception as exc:
+            logger.error("could not close the MLflow parent run %s: %s", parent_id, exc)
+
+    def log_file(self, path: Path, artifact_path: str | None = None) -> None:
+        """A file as an artifact of the plan's run (raises when MLflow does not take it)."""
+        if not self._connect() or self._parent_id is None:
+            raise MlflowUnavailable(f"MLflow unreachable; {path.name} not logged")
+        self._call(
+            self.client.log_artifact,
+            self._parent_id,
+            str(path),
+            artifact_path,
+            attempts=self.retry.final_attempts,
+        )
+
+
+def _trial_outcome(trial: Trial, *, errored: bool) -> str:
+    """``completed`` / ``diverged`` from the trial's own last report; ``pruned`` when it never sent a
+    final status (a scheduler stopped it)."""
+    if errored:
+        return "error"
+    status = (trial.last_result or {}).get("status")
+    return str(status) if status in ("completed", "diverged", "error") else "pruned"

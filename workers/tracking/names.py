@@ -1,0 +1,182 @@
+"""Names of everything a study writes to MLflow: tag keys, run names, source tags, UI links, the study key."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from workers.dotted import get_path
+from workers.trainable import config_from_result
+
+TAG_ROLE = "autonorm.role"
+TAG_STUDY_KEY = "autonorm.study_key"
+TAG_TRIAL_ID = "ray.trial_id"
+TAG_TRIAL_STATUS = "autonorm.trial_status"
+TAG_PARENT = "mlflow.parentRunId"
+TAG_UNDELIVERED = "autonorm.undelivered_trials"
+ROLE_STUDY = "study"
+ROLE_PHASE = "phase"
+ROLE_TRIAL = "trial"
+TAG_PHASE = "autonorm.phase"
+TAG_ARM = "autonorm.arm"
+TRIAL_TAG_PREFIX = "autonorm.trial_tag."
+"""A plan tag ``autonorm.trial_tag.<name>`` is not put on the plan's run: each trial run gets the tag
+``autonorm.<name>``, its value a :func:`render_run_name` template (``{model.layer.type}``)."""
+SOURCE_GIT_COMMIT = "mlflow.source.git.commit"
+SOURCE_NAME = "mlflow.source.name"
+SOURCE_TYPE = "mlflow.source.type"
+DEFAULT_UI = "http://127.0.0.1:5000"
+
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+_FIELD = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
+_MAX_RUN_NAME = 250
+
+
+def render_run_name(template: str, config: Mapping[str, Any], index: int | str | None) -> str:
+    """``template`` with each ``{dotted.path[:format]}`` replaced by the config's value there.
+
+    ``{index}`` is the trial's number; a missing path renders as ``?``; a format spec that does not
+    fit the value (``{index:03d}`` of a trial id) falls back to ``str``.
+    """
+
+    def field(match: re.Match[str]) -> str:
+        path, spec = match.group(1).strip(), match.group(2) or ""
+        value = index if path == "index" else get_path(config, path, default=None)
+        if value is None:
+            return "?"
+        try:
+            return format(value, spec)
+        except (TypeError, ValueError):
+            return str(value)
+
+    return _FIELD.sub(field, template)[:_MAX_RUN_NAME]
+
+
+_GENERATED_ID = re.compile(r"[0-9a-f]+_(\d{5})")
+_LEADING_INT = re.compile(r"(\d+)")
+
+
+def trial_index(trial: Any) -> int | None:
+    """A trial's 1-based number in its experiment, from the ids Tune gives it.
+
+    Tune's grid generator makes ids ``<prefix>_<counter:05d>`` (counter from 0); its searcher wrapper
+    makes random ids and an ``experiment_tag`` starting with a counter from 1. ``None`` otherwise.
+    """
+    match = _GENERATED_ID.fullmatch(str(getattr(trial, "trial_id", "")))
+    if match:
+        return int(match.group(1)) + 1
+    match = _LEADING_INT.match(str(getattr(trial, "experiment_tag", "") or ""))
+    return int(match.group(1)) if match else None
+
+
+class TrialNamer:
+    """Tune's ``trial_name_creator`` and the trial run's MLflow name: ``template`` rendered with the
+    trial's resolved config (:func:`render_run_name`). Picklable: Tune stores it with the experiment.
+
+    Args:
+        template: the plan's ``run_name``; empty means ``<plan name>-{index:03d}``.
+        plan_name: the plan's name.
+        base_config: the plan's base trial config (the trial's own params are applied on top).
+    """
+
+    def __init__(self, template: str, *, plan_name: str, base_config: Mapping[str, Any]) -> None:
+        self.template = template or f"{plan_name}-{{index:03d}}"
+        self.base_config = dict(base_config)
+
+    def config(self, trial: Any) -> dict[str, Any]:
+        try:
+            return config_from_result(trial.last_result, self.base_config, dict(trial.config or {}))
+        except Exception:  # a config the trial itself will reject: name it from what we have
+            return dict(self.base_config)
+
+    def __call__(self, trial: Any) -> str:
+        index = trial_index(trial)
+        return render_run_name(
+            self.template, self.config(trial), index if index is not None else trial.trial_id
+        )
+
+
+def trial_tag_templates(plan_tags: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Split a plan's tags into ``(tags of the plan's run, tag templates of every trial run)``.
+
+    Trial runs get the plan's ``autonorm.phase`` and ``autonorm.arm`` as they are, and
+    ``autonorm.<name>`` for every ``autonorm.trial_tag.<name>`` (a template, rendered per trial),
+    which does not go on the plan's run.
+    """
+    parent = {k: v for k, v in plan_tags.items() if not k.startswith(TRIAL_TAG_PREFIX)}
+    trial = {k: v for k, v in parent.items() if k in (TAG_PHASE, TAG_ARM)}
+    for key, value in plan_tags.items():
+        if key.startswith(TRIAL_TAG_PREFIX):
+            trial[f"autonorm.{key[len(TRIAL_TAG_PREFIX) :]}"] = value
+    return parent, trial
+
+
+@functools.lru_cache(maxsize=4)
+def _git_head(root: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and commit else None
+
+
+def _source_name(argv: Sequence[str]) -> str:
+    script = argv[0] if argv else ""
+    path = Path(script)
+    if not script or path.name in ("autonorm-study", "__main__.py", "-c", "-m") or path.name == "cli.py":
+        return "autonorm-study"
+    with contextlib.suppress(ValueError, OSError):
+        return path.resolve().relative_to(_REPO_ROOT).as_posix()
+    return path.name
+
+
+def source_tags(
+    environ: Mapping[str, str] | None = None, argv: Sequence[str] | None = None
+) -> dict[str, str]:
+    """MLflow's standard source tags for every run of a study (study, phase and trial runs).
+
+    ``mlflow.source.git.commit`` from ``AUTONORM_GIT_COMMIT`` (what ``autonorm-study submit`` passes to
+    a job, whose working dir has no ``.git``), else ``git rev-parse HEAD`` of this checkout (once per
+    process), omitted when neither is known; ``mlflow.source.name`` the entry script (``autonorm-study``
+    for the CLI); ``mlflow.source.type`` ``JOB``.
+    """
+    env = os.environ if environ is None else environ
+    tags = {SOURCE_NAME: _source_name(sys.argv if argv is None else argv), SOURCE_TYPE: "JOB"}
+    commit = env.get("AUTONORM_GIT_COMMIT") or _git_head(str(_REPO_ROOT))
+    if commit and commit != "unknown":
+        tags[SOURCE_GIT_COMMIT] = commit
+    return tags
+
+
+def mlflow_links(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> list[str]:
+    """Direct links into the MLflow UI: the experiment's runs table, then the run (when given).
+
+    The tracking server's own address for ``http(s)://`` URIs, ``http://127.0.0.1:5000`` otherwise
+    (``mlflow ui --backend-store-uri <uri>`` serves it there). The runs table, not the experiment's
+    default page: MLflow 3 opens an experiment on its GenAI overview.
+    """
+    base = tracking_uri.rstrip("/") if urlparse(tracking_uri).scheme in ("http", "https") else DEFAULT_UI
+    links = [f"{base}/#/experiments/{experiment_id}/runs"]
+    if run_id:
+        links.append(f"{base}/#/experiments/{experiment_id}/runs/{run_id}")
+    return links
+
+
+def study_key(experiment_uri: str) -> str:
+    """Stable key of a study: the same experiment path always finds the same parent run."""
+    return hashlib.sha256(experiment_uri.encode()).hexdigest()[:16]

@@ -1,0 +1,114 @@
+"""The study's own MLflow run (:class:`StudyTracker`)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from workers.tracking.names import ROLE_STUDY, TAG_ROLE, TAG_STUDY_KEY, source_tags
+from workers.tracking.store import check_tracking_uri
+from workers.tracking.writer import MlflowWriter, RetryPolicy
+
+
+class StudyTracker(MlflowWriter):
+    """The study's own MLflow run: parent of every phase run (or of the trial runs of a one-plan
+    study), carrier of the study-level outputs (spec, verdict, reports, plots, verdict tags).
+
+    Found again by its stable ``key`` (:func:`study_key` of the study directory), never remembered,
+    so a rerun after a crash re-opens the same run.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str,
+        experiment_name: str,
+        key: str,
+        artifact_location: str | None = None,
+        retry: RetryPolicy | None = None,
+        run_name: str | None = None,
+    ) -> None:
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.key = key
+        self.artifact_location = artifact_location
+        self.retry = retry or RetryPolicy()
+        self.run_name = run_name or experiment_name
+        check_tracking_uri(tracking_uri)
+        self._client = None
+        self._experiment_id = None
+        self.run_id: str | None = None
+
+    def open(
+        self,
+        *,
+        tags: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+        artifacts: Mapping[str, str] | None = None,
+    ) -> str:
+        """Find (or create) the study run, mark it RUNNING, add missing params, write ``artifacts``."""
+        from mlflow.entities import Param, RunTag
+
+        experiment_id = self._ensure_experiment()
+        found = self._search(f"tags.`{TAG_STUDY_KEY}` = '{self.key}' and tags.`{TAG_ROLE}` = '{ROLE_STUDY}'")
+        if found:
+            run = min(found, key=lambda r: r.info.start_time or 0)
+            self.run_id = run.info.run_id
+            existing = dict(run.data.params)
+            if run.info.status != "RUNNING":
+                self._call(self.client.update_run, self.run_id, status="RUNNING")
+        else:
+            all_tags = {TAG_ROLE: ROLE_STUDY, TAG_STUDY_KEY: self.key, **source_tags(), **dict(tags or {})}
+            run = self._call(self.client.create_run, experiment_id, tags=all_tags, run_name=self.run_name)
+            self.run_id = run.info.run_id
+            existing = {}
+        # Params are immutable in MLflow: only the ones the run does not have yet.
+        new_params = [Param(k, str(v)[:6000]) for k, v in (params or {}).items() if k not in existing]
+        tag_items = [RunTag(k, str(v)) for k, v in {**source_tags(), **dict(tags or {})}.items()]
+        for i in range(0, max(len(new_params), 1), 100):
+            self._call(self.client.log_batch, self.run_id, params=new_params[i : i + 100], tags=tag_items)
+            tag_items = []
+        for name, text in (artifacts or {}).items():
+            self._call(self.client.log_text, self.run_id, text, name)
+        return self.run_id
+
+    def log_outputs(
+        self,
+        *,
+        files: Iterable[Path] = (),
+        tags: Mapping[str, str] | None = None,
+        metrics: Mapping[str, float] | None = None,
+        params: Mapping[str, str] | None = None,
+        artifact_path: str | None = None,
+    ) -> None:
+        """Study outputs on the study run: files (at the artifact root unless ``artifact_path``),
+        tags, final metrics (step 0), params not yet set."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        if self.run_id is None:
+            raise RuntimeError("StudyTracker.open() first")
+        attempts = self.retry.final_attempts
+        for path in files:
+            self._call(self.client.log_artifact, self.run_id, str(path), artifact_path, attempts=attempts)
+        now = int(time.time() * 1000)
+        metric_items = [
+            Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if math.isfinite(float(v))
+        ]
+        tag_items = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+        existing = self._call(self.client.get_run, self.run_id).data.params
+        param_items = [Param(k, str(v)[:6000]) for k, v in (params or {}).items() if k not in existing]
+        for i in range(0, max(len(metric_items), 1), 1000):
+            self._call(
+                self.client.log_batch,
+                self.run_id,
+                metrics=metric_items[i : i + 1000],
+                tags=tag_items if i == 0 else [],
+                params=param_items if i == 0 else [],
+                attempts=attempts,
+            )
+
+    def close(self, status: str) -> None:
+        if self.run_id is not None:
+            self._call(self.client.set_terminated, self.run_id, status, attempts=self.retry.final_attempts)
