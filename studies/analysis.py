@@ -28,7 +28,6 @@ Design choices that matter for validity:
 
 from __future__ import annotations
 
-import itertools
 import math
 import zlib
 from collections.abc import Mapping, Sequence
@@ -37,6 +36,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from scipy import stats
+
+from studies.stats import (
+    EXACT_PERMUTATION_LIMIT,
+    holm,
+    log_n_permutations,
+    ols_slope,
+    permutation_p_value,
+    seed_interval,
+    t_test_p,
+)
 
 __all__ = [
     "COMPLETED_STATUSES",
@@ -47,7 +56,6 @@ __all__ = [
     "VERDICTS",
     "batchsize_trend",
     "gate_entropy",
-    "holm_adjust",
     "normalize_table",
     "ols_slope",
     "permutation_p_value",
@@ -73,44 +81,11 @@ CONTROL_LABELS = ("stable", "declines", "unclear")
 #: Default minimum number of seeds with data in every cell (docs/science.md §2 asks for >= 5).
 MIN_SEEDS = 5
 
-#: Exact enumeration of the within-seed permutations up to this many distinct permutations.
-EXACT_PERMUTATION_LIMIT = 100_000
-
 _MIN_BATCH_SIZES = 4
 _FAILURE_SHARE = 0.2
 _NOT_LEARNED = 0.9
-_BOOTSTRAP_MIN_SEEDS = 10
 
 _REQUIRED_COLUMNS = ("arm", "batch_size", "seed", "status")
-
-
-def ols_slope(x: np.ndarray, y: np.ndarray) -> float:
-    """Least-squares slope of ``y`` on ``x``; NaN when ``x`` has fewer than two distinct values."""
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    if x.size < 2:
-        return math.nan
-    xc = x - x.mean()
-    sxx = float(xc @ xc)
-    if sxx <= 1e-12 * max(1.0, float(np.abs(x).max()) ** 2):
-        return math.nan
-    return float(xc @ (y - y.mean()) / sxx)
-
-
-def holm_adjust(p_values: Mapping[str, float | None]) -> dict[str, float | None]:
-    """Holm step-down adjusted p-values over the arms whose p-value is defined.
-
-    ``p_holm_(i) = max_{j <= i} min(1, (m - j + 1) * p_(j))`` over the ascending order; arms with a
-    ``None``/NaN p-value are not part of the family and stay ``None``.
-    """
-    defined = {k: float(v) for k, v in p_values.items() if v is not None and math.isfinite(v)}
-    out: dict[str, float | None] = {k: None for k in p_values}
-    m = len(defined)
-    running = 0.0
-    for rank, (name, p) in enumerate(sorted(defined.items(), key=lambda kv: (kv[1], kv[0]))):
-        running = max(running, min(1.0, (m - rank) * p))
-        out[name] = running
-    return out
 
 
 def _oriented(ci: Sequence[float] | None, sign: float) -> tuple[float, float] | None:
@@ -235,102 +210,6 @@ def _row_spearman(mat: np.ndarray) -> np.ndarray:
     return out
 
 
-def _seed_ci(
-    values: np.ndarray, *, confidence: float, n_boot: int, rng: np.random.Generator
-) -> tuple[float | None, list[float] | None, str | None]:
-    """Mean of per-seed values and its CI: t-interval (K - 1 df) when K < 10, else a percentile
-    bootstrap over seeds. Returns ``(estimate, ci, method)``; CI ``None`` when K < 2."""
-    v = values[np.isfinite(values)]
-    k = v.size
-    if k == 0:
-        return None, None, None
-    est = float(v.mean())
-    if k < 2:
-        return est, None, None
-    if k < _BOOTSTRAP_MIN_SEEDS:
-        half = float(stats.t.ppf(0.5 + confidence / 2.0, k - 1) * v.std(ddof=1) / math.sqrt(k))
-        return est, [est - half, est + half], "t"
-    counts = rng.multinomial(k, np.full(k, 1.0 / k), size=n_boot).astype(float)
-    boot = counts @ v / k
-    a = 1.0 - confidence
-    lo, hi = np.quantile(boot, [a / 2.0, 1.0 - a / 2.0])
-    return est, [float(lo), float(hi)], "bootstrap"
-
-
-def _t_p_value(values: np.ndarray, *, negative: bool) -> float | None:
-    """One-sided one-sample t-test p of the per-seed values (H1: mean < 0 when ``negative``)."""
-    v = values[np.isfinite(values)]
-    if v.size < 2:
-        return None
-    sd = float(v.std(ddof=1))
-    mean = float(v.mean())
-    if sd == 0.0:
-        return 0.0 if (mean < 0 if negative else mean > 0) else 1.0
-    t = mean / (sd / math.sqrt(v.size))
-    return float(stats.t.cdf(t, v.size - 1) if negative else stats.t.sf(t, v.size - 1))
-
-
-def _log_n_permutations(rows: Sequence[np.ndarray]) -> float:
-    """log of the number of distinct within-seed arrangements of the batch-size labels:
-    product over seeds of ``n_k! / prod(multiplicity!)`` (labels are distinct within a seed here)."""
-    total = 0.0
-    for x in rows:
-        _, mult = np.unique(x, return_counts=True)
-        total += math.lgamma(x.size + 1) - sum(math.lgamma(int(c) + 1) for c in mult)
-    return total
-
-
-def permutation_p_value(
-    x_by_seed: Sequence[np.ndarray],
-    d_by_seed: Sequence[np.ndarray],
-    *,
-    negative: bool,
-    n_perm: int,
-    rng: np.random.Generator,
-    exact_limit: int = EXACT_PERMUTATION_LIMIT,
-) -> tuple[float, str, int]:
-    """One-sided within-seed permutation p of the mean per-seed slope of ``d`` on ``x``.
-
-    The batch-size labels ``x`` are permuted within each seed; ``sum (x - mean)^2`` of a seed is
-    unchanged, so each permuted per-seed slope is one dot product. With at most ``exact_limit``
-    distinct permutations every one is enumerated and ``p = #{T* at least as extreme} / N`` (the
-    observed arrangement is one of them); otherwise ``n_perm`` Monte-Carlo draws and ``p = (1 + hits)
-    / (1 + n_perm)`` (Phipson & Smyth 2010). Seeds with fewer than two points are left out.
-
-    Returns:
-        ``(p, "exact" | "monte-carlo", number of permutations evaluated)``.
-    """
-    pairs = [(np.asarray(x, float), np.asarray(d, float)) for x, d in zip(x_by_seed, d_by_seed)]
-    pairs = [(x, d) for x, d in pairs if x.size >= 2 and np.ptp(x) > 0]
-    if not pairs:
-        raise ValueError("no seed has two or more batch sizes")
-    k = len(pairs)
-    coefs = [(x - x.mean()) / float((x - x.mean()) @ (x - x.mean())) for x, _ in pairs]
-    observed = sum(float(c @ d) for c, (_, d) in zip(coefs, pairs)) / k
-    tol = 1e-9 * max(1.0, abs(observed))
-    log_n = _log_n_permutations([x for x, _ in pairs])
-    if log_n <= math.log(exact_limit) + 1e-9:
-        dist = np.zeros(1)
-        for c, (_, d) in zip(coefs, pairs):
-            perms = np.array(list(itertools.permutations(range(d.size))), dtype=np.intp)
-            contrib = d[perms] @ c / k  # slope of d against the permuted labels, all permutations
-            dist = (dist[:, None] + contrib[None, :]).ravel()
-        hits = np.count_nonzero(dist <= observed + tol if negative else dist >= observed - tol)
-        return float(hits / dist.size), "exact", int(dist.size)
-    stat = np.zeros(n_perm)
-    by_size: dict[int, list[int]] = {}
-    for j, (x, _) in enumerate(pairs):
-        by_size.setdefault(x.size, []).append(j)
-    for size, idx in by_size.items():
-        d_mat = np.stack([pairs[j][1] for j in idx])  # (g, size)
-        c_mat = np.stack([coefs[j] for j in idx])  # (g, size)
-        perm = rng.random((n_perm, len(idx), size)).argsort(axis=2)  # (n_perm, g, size)
-        permuted = np.take_along_axis(np.broadcast_to(d_mat, perm.shape), perm, axis=2)
-        stat += np.einsum("pgs,gs->p", permuted, c_mat) / k
-    hits = np.count_nonzero(stat <= observed + tol if negative else stat >= observed - tol)
-    return float((1 + hits) / (1 + n_perm)), "monte-carlo", int(n_perm)
-
-
 def _none_if_nan(v: float | None) -> float | None:
     return None if v is None or not math.isfinite(v) else float(v)
 
@@ -357,10 +236,10 @@ def _arm_statistics(
 ) -> dict[str, Any]:
     """Slope, Spearman and (with paired differences ``d``) interaction statistics of one arm."""
     slopes = _row_slopes(x, v)
-    slope, slope_ci, ci_method = _seed_ci(
+    slope, slope_ci, ci_method = seed_interval(
         slopes, confidence=confidence, n_boot=n_boot, rng=_arm_rng(seed, salt, 0)
     )
-    rho, rho_ci, _ = _seed_ci(
+    rho, rho_ci, _ = seed_interval(
         _row_spearman(v), confidence=confidence, n_boot=n_boot, rng=_arm_rng(seed, salt, 1)
     )
     out: dict[str, Any] = {
@@ -384,13 +263,15 @@ def _arm_statistics(
         return out
     out["n_pairs"] = int(np.isfinite(d).sum())
     d_slopes = _row_slopes(x, d)
-    inter, inter_ci, _ = _seed_ci(d_slopes, confidence=confidence, n_boot=n_boot, rng=_arm_rng(seed, salt, 2))
+    inter, inter_ci, _ = seed_interval(
+        d_slopes, confidence=confidence, n_boot=n_boot, rng=_arm_rng(seed, salt, 2)
+    )
     out["interaction"] = _none_if_nan(inter)
     out["interaction_ci"] = inter_ci
     rows = [(x[np.isfinite(r)], r[np.isfinite(r)]) for r in d]
     rows = [(xx, rr) for xx, rr in rows if xx.size >= 2]
     if rows:
-        log_n = _log_n_permutations([xx for xx, _ in rows])
+        log_n = log_n_permutations([xx for xx, _ in rows])
         exact = log_n <= math.log(EXACT_PERMUTATION_LIMIT) + 1e-9
         min_p = math.exp(-log_n) if exact else max(math.exp(-log_n), 1.0 / (n_perm + 1))
         out["min_attainable_p"] = min_p
@@ -401,7 +282,7 @@ def _arm_statistics(
             n_perm=n_perm,
             rng=_arm_rng(seed, salt, 3),
         )
-        p_t = _t_p_value(d_slopes, negative=negative)
+        p_t = t_test_p(d_slopes, negative=negative)
         out.update(
             p_value_permutation=p_perm,
             p_value_t=p_t,
@@ -562,8 +443,8 @@ def _analyse(
         res["gates"] = gates
         arms[arm] = res
 
-    holm = holm_adjust({a: arms[a]["p_value"] for a in fix_arms})
-    for arm, p in holm.items():
+    adjusted = holm({a: arms[a]["p_value"] for a in fix_arms})
+    for arm, p in adjusted.items():
         arms[arm]["p_value_holm"] = p
 
     verdict: dict[str, str] = {}

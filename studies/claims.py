@@ -50,6 +50,8 @@ from typing import Any, Literal
 import numpy as np
 from scipy import stats
 
+from studies.stats import holm, min_sign_flip_p, paired_contrast, t_interval
+
 __all__ = [
     "ARMS",
     "CLAIMS",
@@ -59,7 +61,6 @@ __all__ = [
     "autonorm_claims",
     "collapse_epochs",
     "dyt_depth_slope",
-    "holm",
     "paired_contrast",
 ]
 
@@ -119,9 +120,6 @@ _APPLIES: dict[str, frozenset[str]] = {
     "d": frozenset({"vision"}),
 }
 
-_EXACT_LIMIT = 2**20  # sign patterns enumerated exactly up to this many (K <= 20 seeds)
-_CHUNK_BITS = 16  # sign patterns per enumeration chunk: 2^16 x K floats at a time
-
 
 # ----------------------------------------------------------------------------------------- helpers
 
@@ -142,147 +140,12 @@ def _seed_key(seed: Any) -> int | str:
     return str(seed)
 
 
-def _check_alternative(alternative: str) -> None:
-    if alternative not in ("greater", "less", "two-sided"):
-        raise ValueError(f"alternative must be 'greater', 'less' or 'two-sided', got {alternative!r}")
-
-
 def _check_confidence(confidence: float) -> None:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
 
 
-def _t_interval(d: np.ndarray, confidence: float) -> tuple[float, float]:
-    """Two-sided t-interval of the mean of ``d`` over its K values (K − 1 df)."""
-    mean = float(d.mean())
-    sem = float(d.std(ddof=1) / math.sqrt(d.size))
-    if sem == 0.0:  # identical differences: the interval collapses to the point
-        return mean, mean
-    half = float(stats.t.ppf(0.5 + confidence / 2.0, df=d.size - 1)) * sem
-    return mean - half, mean + half
-
-
-def _tail_count(totals: np.ndarray, observed: float, alternative: str, tol: float) -> int:
-    """How many sign-flipped sums are at least as extreme as the observed one."""
-    if alternative == "greater":
-        return int(np.count_nonzero(totals >= observed - tol))
-    if alternative == "less":
-        return int(np.count_nonzero(totals <= observed + tol))
-    return int(np.count_nonzero(np.abs(totals) >= abs(observed) - tol))
-
-
-def _sign_flip_p(d: np.ndarray, alternative: str, *, n_mc: int, seed: int) -> tuple[float, str]:
-    """Sign-flip p of ``sum(d)``: exact over all 2^K patterns, or Monte-Carlo with the +1 correction."""
-    k = d.size
-    observed = float(d.sum())
-    # Sums of the same numbers in another order differ by rounding only: count those as ties.
-    tol = 1e-9 * max(1.0, float(np.abs(d).sum()))
-    if 2**k <= _EXACT_LIMIT:
-        bits = np.arange(k)
-        count = 0
-        chunk = min(2**k, 2**_CHUNK_BITS)
-        for start in range(0, 2**k, chunk):
-            codes = np.arange(start, start + chunk)[:, None]
-            signs = 1.0 - 2.0 * ((codes >> bits) & 1)  # (chunk, K) in {+1, -1}
-            count += _tail_count(signs @ d, observed, alternative, tol)
-        return count / 2**k, "exact"
-    if n_mc < 1:
-        raise ValueError(f"n_mc must be positive, got {n_mc}")
-    rng = np.random.default_rng(seed)
-    count = 0
-    remaining = n_mc
-    while remaining:
-        n = min(remaining, 2**_CHUNK_BITS)
-        signs = rng.choice(np.array([-1.0, 1.0]), size=(n, k))
-        count += _tail_count(signs @ d, observed, alternative, tol)
-        remaining -= n
-    return (count + 1) / (n_mc + 1), "monte-carlo"
-
-
-def _min_attainable_p(k: int, alternative: str) -> float:
-    """Smallest sign-flip p with K seeds (exact enumeration; Monte-Carlo cannot go lower in practice)."""
-    if k < 1:
-        return 1.0
-    return (2.0 if alternative == "two-sided" else 1.0) / 2.0**k
-
-
 # ------------------------------------------------------------------------------------ public API
-
-
-def paired_contrast(
-    a: Sequence[float] | np.ndarray,
-    b: Sequence[float] | np.ndarray,
-    *,
-    alternative: Alternative = "greater",
-    confidence: float = 0.95,
-    n_mc: int = 99_999,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Paired contrast of two arms over the same seeds: mean difference, t-interval, sign-flip p.
-
-    Args:
-        a: per-seed values of the first arm.
-        b: per-seed values of the second arm, aligned with ``a`` (same seed at the same position).
-        alternative: ``"greater"`` (H1: mean of ``a − b`` > 0), ``"less"`` or ``"two-sided"``.
-        confidence: level of the two-sided t-interval.
-        n_mc: Monte-Carlo sign patterns when ``2^K`` exceeds ``2^20`` (K > 20 seeds).
-        seed: seeds the Monte-Carlo draws (a ``numpy.random.Generator`` owned by the call).
-
-    Returns:
-        ``{"estimate", "ci": [lo, hi], "p_value", "n_seeds", "differences", "alternative",
-        "confidence", "method": "exact" | "monte-carlo"}``; ``estimate`` = mean of ``d = a − b``,
-        ``ci`` the t-interval over seeds (K − 1 df), ``p_value`` the sign-flip p of ``sum(d)`` (ties,
-        e.g. the identity pattern, count as at least as extreme).
-
-    Raises:
-        ValueError: different lengths, fewer than 2 seeds, non-finite values, bad options.
-    """
-    _check_alternative(alternative)
-    _check_confidence(confidence)
-    x = np.asarray(a, dtype=float).ravel()
-    y = np.asarray(b, dtype=float).ravel()
-    if x.shape != y.shape:
-        raise ValueError(f"a and b must be aligned per seed, got lengths {x.size} and {y.size}")
-    if x.size < 2:
-        raise ValueError(f"need at least 2 seeds for a t-interval, got {x.size}")
-    if not (np.isfinite(x).all() and np.isfinite(y).all()):
-        raise ValueError("a and b must be finite (score failed trials before calling)")
-    d = x - y
-    lo, hi = _t_interval(d, confidence)
-    p, method = _sign_flip_p(d, alternative, n_mc=n_mc, seed=seed)
-    return {
-        "estimate": float(d.mean()),
-        "ci": [lo, hi],
-        "p_value": float(p),
-        "n_seeds": int(d.size),
-        "differences": [float(v) for v in d],
-        "alternative": alternative,
-        "confidence": confidence,
-        "method": method,
-    }
-
-
-def holm(pvalues: Mapping[str, float]) -> dict[str, float]:
-    """Holm's step-down adjusted p-values, in the input's key order.
-
-    ``p_(i)`` (ascending, i = 1..m) becomes ``max_{j ≤ i} min(1, (m − j + 1) · p_(j))``: monotone in
-    the raw p-values, never below them, capped at 1.
-
-    Raises:
-        ValueError: a p-value outside [0, 1] or not finite.
-    """
-    names = list(pvalues)
-    raw = np.array([float(pvalues[n]) for n in names], dtype=float)
-    if not (np.isfinite(raw).all() and (raw >= 0).all() and (raw <= 1).all()):
-        raise ValueError(f"p-values must lie in [0, 1], got {dict(pvalues)!r}")
-    m = raw.size
-    order = np.argsort(raw, kind="stable")
-    adjusted = np.empty(m)
-    running = 0.0
-    for rank, idx in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * raw[idx]))
-        adjusted[idx] = running
-    return {n: float(v) for n, v in zip(names, adjusted)}
 
 
 def dyt_depth_slope(
@@ -665,7 +528,7 @@ def _gate_depth_claims(
             continue
         res = dyt_depth_slope(weights, confidence=confidence, n_mc=n_mc, seed=seed)
         slopes[claim] = res["slopes"]
-        if k < min_seeds or _min_attainable_p(k, "greater") >= alpha:
+        if k < min_seeds or min_sign_flip_p(k, "greater") >= alpha:
             reasons.append("underpowered")
             verdict = "inconclusive"
         else:
@@ -699,7 +562,7 @@ def _gate_depth_claims(
         shared = [s for s in slopes["c_attn"] if s in slopes["c_mlp"]]
         if len(shared) >= 2:
             mean_slope = np.array([(slopes["c_attn"][s] + slopes["c_mlp"][s]) / 2 for s in shared])
-            lo, hi = _t_interval(mean_slope, confidence)
+            lo, hi = t_interval(mean_slope, confidence)
             summary.update(estimate=float(mean_slope.mean()), ci=[lo, hi], n_seeds=len(shared))
         ps = [r["p_value"] for r in subs]
         summary["p_value"] = max(ps) if all(p is not None for p in ps) else None
@@ -868,7 +731,7 @@ def autonorm_claims(
         k = res["n_seeds"]
         if res["p_value"] is None:
             continue
-        if k < min_seeds or _min_attainable_p(k, alternative) * len(family) >= alpha:
+        if k < min_seeds or min_sign_flip_p(k, alternative) * len(family) >= alpha:
             if "underpowered" not in reasons:
                 reasons.append("underpowered")
             res["verdict"] = "inconclusive"

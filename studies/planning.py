@@ -720,7 +720,7 @@ def _interaction_slopes(sub: Any, *, fix: str, control: str, chance: float) -> l
     """
     import numpy as np
 
-    from studies.analysis import ols_slope
+    from studies.stats import ols_slope
 
     df = sub.copy()
     df["score"] = np.where(df["ok"], df["value"], chance)
@@ -829,7 +829,7 @@ def _search_pilot(
     import numpy as np
     import pandas as pd
 
-    from studies.claims import paired_contrast
+    from studies.stats import paired_contrast
 
     path = study_dir / "confirm_trials.csv"
     if not path.is_file():

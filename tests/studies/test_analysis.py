@@ -16,12 +16,12 @@ from studies.analysis import (
     HYPOTHESIS,
     batchsize_trend,
     gate_entropy,
-    holm_adjust,
     normalize_table,
     ols_slope,
     permutation_p_value,
     verdict_for,
 )
+from studies.stats import holm
 
 CHANCE_ACC = 0.1
 CHANCE_LOSS = math.log(10)
@@ -115,7 +115,7 @@ def test_holm_is_over_fix_arms_only() -> None:
     df = make_table(slopes={"linear": 0.0, "linear_batchnorm": 0.0, "corrected": -0.02, "prenorm_l2": -0.003})
     res = batchsize_trend(df, n_perm=999, **ARGS)
     arms = res["arms"]
-    expected = holm_adjust({a: arms[a]["p_value"] for a in ("corrected", "prenorm_l2")})
+    expected = holm({a: arms[a]["p_value"] for a in ("corrected", "prenorm_l2")})
     for a, p in expected.items():
         assert arms[a]["p_value_holm"] == pytest.approx(p)
     assert set(res["verdict"]) == {"corrected", "prenorm_l2"}
@@ -405,11 +405,6 @@ def test_validation_errors() -> None:
 def test_verdict_rule(slope_ci, interaction_ci, higher_is_better, p_holm, expected) -> None:
     got = verdict_for(slope_ci, interaction_ci, higher_is_better=higher_is_better, p_holm=p_holm)
     assert got == expected
-
-
-def test_holm_matches_hand_computation() -> None:
-    out = holm_adjust({"a": 0.01, "b": 0.04, "c": 0.03, "d": None})
-    assert out == {"a": pytest.approx(0.03), "b": pytest.approx(0.06), "c": pytest.approx(0.06), "d": None}
 
 
 def test_gate_entropy_matches_scipy() -> None:

@@ -17,9 +17,9 @@ from studies.claims import (
     autonorm_claims,
     collapse_epochs,
     dyt_depth_slope,
-    holm,
     paired_contrast,
 )
+from studies.stats import holm
 
 CLAIM_IDS = ("a", "b", "c", "c_attn", "c_mlp", "d", "e")
 
@@ -101,27 +101,6 @@ def test_paired_contrast_rejects_bad_input() -> None:
         paired_contrast([1.0, math.nan], [0.0, 0.0])
     with pytest.raises(ValueError, match="alternative"):
         paired_contrast([1.0, 2.0], [0.0, 0.0], alternative="bigger")  # type: ignore[arg-type]
-
-
-# -- Holm ----------------------------------------------------------------------------------------------------
-
-
-def test_holm_matches_a_hand_computation() -> None:
-    # sorted: a .01 x3 = .03; c .03 x2 = .06; b .04 x1 = .04 -> monotone: .06
-    assert holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
-    assert holm({"x": 0.6, "y": 0.7}) == {"x": 1.0, "y": 1.0}  # capped at 1
-    assert list(holm({"z": 0.5, "a": 0.1})) == ["z", "a"]  # the input's order
-
-
-def test_holm_is_never_below_the_raw_p_and_keeps_their_order() -> None:
-    rng = np.random.default_rng(0)
-    raw = {f"h{i}": float(p) for i, p in enumerate(rng.uniform(0, 0.2, 7))}
-    adj = holm(raw)
-    assert all(adj[k] >= raw[k] for k in raw)
-    ranked = sorted(raw, key=raw.__getitem__)
-    assert all(adj[x] <= adj[y] for x, y in itertools.pairwise(ranked))
-    with pytest.raises(ValueError):
-        holm({"bad": 1.5})
 
 
 # -- gate depth slope (claim c) ------------------------------------------------------------------------------
