@@ -43,13 +43,13 @@ OUTPUT = ROOT / "docs" / "spec-reference.md"
 # (module, class, heading, what it is). Add a study kind's spec class here.
 SPECS: tuple[tuple[str, str, str, str], ...] = (
     (
-        "studies.spec",
+        "studies.kinds.search.spec",
         "StudySpec",
         "Search studies",
         "One Optuna (or grid) search under Ray Tune, e.g. `studies/specs/autonorm_search.yaml`.",
     ),
     (
-        "studies.batchsize_spec",
+        "studies.kinds.batchsize.spec",
         "BatchSizeStudySpec",
         "Batch-size studies",
         "The affine-divergence batch-size protocol, e.g. `studies/specs/batchsize_correlation.yaml`.",
@@ -57,7 +57,7 @@ SPECS: tuple[tuple[str, str, str, str], ...] = (
 )
 
 # Modules whose ``Annotated[A | B | ..., Field(discriminator=...)]`` aliases give unions their names.
-_ALIAS_MODULES = ("studies.spec", "studies.batchsize_spec")
+_ALIAS_MODULES = ("studies.spec.sections", "studies.kinds.batchsize.spec")
 
 _MAX_DEFAULT_CHARS = 60
 

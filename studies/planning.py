@@ -92,7 +92,7 @@ DEFAULTS: dict[str, float] = {
 #: Text data sets (the AutoNorm claims test contrast a on images only).
 _TEXT_DATA = frozenset({"ptb_pos_sample", "pang_lee_polarity", "sst2", "ptb_pos"})
 
-#: (name, arm a, arm b, alternative) of the AutoNorm claims' paired contrasts (studies.claims).
+#: (name, arm a, arm b, alternative) of the AutoNorm claims' paired contrasts (studies.kinds.search.claims).
 _CONTRASTS: tuple[tuple[str, str, str, str], ...] = (
     ("a", "random_selector", "autonorm", "greater"),
     ("b", "autonorm_s", "autonorm", "greater"),
@@ -142,7 +142,7 @@ def phases_of(spec: Any) -> list[PhaseTrials]:
     """
     kind = str(getattr(spec, "kind", "search"))
     if kind == "batchsize":
-        from studies.batchsize_spec import cell_key
+        from studies.kinds.batchsize.spec import cell_key
 
         if spec.lr_policy == "tuned":
             placeholder = {cell_key(a, b): spec.training.lr for a in spec.arms for b in spec.batch_sizes}
@@ -715,7 +715,7 @@ def _chance_accuracy(data_type: str) -> float:
 def _interaction_slopes(sub: Any, *, fix: str, control: str, chance: float) -> list[float]:
     """Per seed: OLS slope vs log2 B of the paired differences fix - control per (B, seed) cell.
 
-    Rows come from :func:`studies.analysis.normalize_table`; failed trials are scored at ``chance``
+    Rows come from :func:`studies.kinds.batchsize.analysis.normalize_table`; failed trials are scored at ``chance``
     (with a NaN chance they are missing cells), as the primary analysis does.
     """
     import numpy as np
@@ -763,7 +763,7 @@ def _batchsize_pilot(
 ) -> dict[str, Any]:
     import pandas as pd
 
-    from studies.analysis import normalize_table
+    from studies.kinds.batchsize.analysis import normalize_table
 
     path = study_dir / "trials.csv"
     if not path.is_file():
@@ -847,7 +847,7 @@ def _search_pilot(
     if data_kind == "auto":
         data_kind = "text" if data_type in _TEXT_DATA else "vision"
         with contextlib.suppress(ImportError):
-            from studies.confirm_spec import data_kind_of
+            from studies.kinds.search.spec import data_kind_of
 
             data_kind = data_kind_of(data_type)
     contrasts = [c for c in _CONTRASTS if c[0] != "a" or data_kind == "vision"]
@@ -943,7 +943,7 @@ def pilot_power(
     ``confirm_trials.csv`` (no file: ``ValueError``, the pilot has no confirmatory phase); contrasts
     a (random_selector - autonorm, greater), b (autonorm_s - autonorm, greater), e (autonorm_s -
     frozen_ln, two-sided) of the per-seed paired test accuracy (a only on image data, as
-    :func:`studies.claims.autonorm_claims` tests it; alpha default 0.05).
+    :func:`studies.kinds.search.claims.autonorm_claims` tests it; alpha default 0.05).
 
     Returns:
         ``{"seeds_needed": {arm_or_contrast: K | None}, "per_seed", "effect", "sd", "power", "alpha",

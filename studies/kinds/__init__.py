@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from studies.spec import SpecError, SpecIssue, load_spec, parse_yaml, read_spec_text
 
 __all__ = [
+    "DEFAULT_KIND",
     "KINDS",
     "SPEC_FILE",
     "StudyKind",
@@ -40,6 +41,9 @@ __all__ = [
     "load_study",
     "run_study_spec",
 ]
+
+DEFAULT_KIND = "search"
+"""The kind of a spec that names none in ``kind:``."""
 
 SPEC_FILE = "study_spec.yaml"
 """The resolved spec inside every study directory (``<storage_path>/<name>/``)."""
@@ -72,11 +76,11 @@ class StudyKind:
 
 KINDS: dict[str, StudyKind] = {
     "search": StudyKind(
-        "search", "studies.spec:StudySpec", "studies.kinds.search", "studies/autonorm_search.py"
+        "search", "studies.kinds.search.spec:StudySpec", "studies.kinds.search", "studies/autonorm_search.py"
     ),
     "batchsize": StudyKind(
         "batchsize",
-        "studies.batchsize_spec:BatchSizeStudySpec",
+        "studies.kinds.batchsize.spec:BatchSizeStudySpec",
         "studies.kinds.batchsize",
         "studies/batchsize_correlation.py",
     ),
@@ -108,7 +112,7 @@ class StudyOutcome:
 
 def kind_of(document: Mapping[str, Any], *, source: str | None = None) -> StudyKind:
     """The kind a loaded YAML document declares (``search`` when it declares none)."""
-    name = document.get("kind", "search") if isinstance(document, Mapping) else "search"
+    name = document.get("kind", DEFAULT_KIND) if isinstance(document, Mapping) else DEFAULT_KIND
     if name not in KINDS:
         raise SpecError(
             [
@@ -149,7 +153,7 @@ def presets_of(path: str | Path) -> list[str]:
 
 
 def kind_for(spec: Any) -> StudyKind:
-    return KINDS[str(getattr(spec, "kind", "search"))]
+    return KINDS[str(getattr(spec, "kind", DEFAULT_KIND))]
 
 
 def changed_fields(old: Any, new: Any, path: str = "") -> list[str]:

@@ -23,6 +23,7 @@ from studies.spec import (
     spec_hash,
     validate_spec,
 )
+from studies.spec import space as spec_space
 from tests.studies.broken_cases import BrokenCase, load_cases
 from workers.dotted import set_path
 
@@ -728,11 +729,11 @@ def test_small_int_range_is_checked_value_by_value(tmp_path: Path) -> None:
 def test_wide_int_range_is_sampled_with_its_endpoints() -> None:
     from studies.spec import IntParam
 
-    small = spec_mod._int_values(IntParam(name="training.epochs", low=1, high=64))
+    small = spec_space._int_values(IntParam(name="training.epochs", low=1, high=64))
     assert small == list(range(1, 65))
-    wide = spec_mod._int_values(IntParam(name="training.epochs", low=1, high=10_000))
+    wide = spec_space._int_values(IntParam(name="training.epochs", low=1, high=10_000))
     assert wide[0] == 1 and wide[-1] == 10_000 and 3 <= len(wide) <= 20
-    stepped = spec_mod._int_values(IntParam(name="training.epochs", low=1, high=10, step=4))
+    stepped = spec_space._int_values(IntParam(name="training.epochs", low=1, high=10, step=4))
     assert stepped == [1, 5, 9]
 
 

@@ -8,7 +8,7 @@ Phases (docs/science.md, "The batch-size hypothesis"), all under the study's one
    the grid is flagged (``lr-at-range-edge``).
 2. ``confirmatory``, one grid plan per budget: arms x batch sizes x seeds with the tuned η (fixed
    across B, or scaled with B for ``linear`` / ``sqrt``), FIFO, full budget, same seeds for every arm.
-3. Analysis: :func:`studies.analysis.batchsize_trend` over every confirmatory trial (failed ones
+3. Analysis: :func:`studies.kinds.batchsize.analysis.batchsize_trend` over every confirmatory trial (failed ones
    scored at chance, not dropped), then ``verdict.json``, reports, ``trials.csv``, ``lr_tuning.json``
    and plots in ``<storage_path>/<name>/``, all logged on the study run with ``verdict/<arm>``,
    ``control/<arm>`` and ``verdict/study`` tags.
@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.batchsize_spec import BatchSizeStudySpec, cell_key
 from studies.kinds import StudyOutcome
+from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
 from workers.runner import TrialRecord, read_trials
 
 __all__ = ["report", "run", "select_learning_rates", "status", "total_trials", "trials_table"]
@@ -156,7 +156,7 @@ def _chance(spec: BatchSizeStudySpec) -> tuple[float, float]:
 
 
 def analyse(spec: BatchSizeStudySpec, table: Any) -> dict[str, Any]:
-    from studies.analysis import batchsize_trend
+    from studies.kinds.batchsize.analysis import batchsize_trend
 
     a = spec.analysis
     chance_metric, chance_loss = _chance(spec)
@@ -214,7 +214,7 @@ def _write_outputs(
     cpu_hours: float,
     gpu_hours: float,
 ) -> dict[str, Path]:
-    from studies.report import write_batchsize_report
+    from studies.kinds.batchsize.report import write_batchsize_report
 
     protocol = spec.to_document()
     protocol["tuned_lr"] = {b: {k: r["lr"] for k, r in rec.items()} for b, rec in lr_records.items()}

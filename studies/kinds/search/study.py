@@ -8,7 +8,7 @@ Phases, all under the study's one MLflow run:
    and the baselines (FrozenLN, FrozenDyT, RandomSelector, AutoNorm never frozen) on fresh seeds,
    each arm's η first tuned on held-out seeds around the searched η, then every arm on every
    confirmatory seed at full budget, FIFO. One phase run per arm and step, nested under the study run.
-3. ``claims``: :func:`studies.claims.autonorm_claims` on the per-seed paired differences and the
+3. ``claims``: :func:`studies.kinds.search.claims.autonorm_claims` on the per-seed paired differences and the
    per-epoch gate logs; ``verdict.json``, ``confirm_trials.csv``, reports and plots in the study
    directory and ``claim/<id>`` tags on the study run.
 """
@@ -24,10 +24,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.claims import CONFIRM_COLUMNS
-from studies.confirm_spec import CONFIRM_ARMS
 from studies.kinds import StudyOutcome
-from studies.spec import StudySpec
+from studies.kinds.search.claims import CONFIRM_COLUMNS
+from studies.kinds.search.spec import CONFIRM_ARMS, StudySpec
 from workers.plan import StudyPlan, expected_trials
 from workers.runner import StudyResult, TrialRecord, best_trial, read_trials
 from workers.trainable import CONFIG_RESULT_KEY
@@ -197,7 +196,7 @@ def _pick_lr(trials: Sequence[TrialRecord], metric: str, mode: str) -> tuple[flo
 def _confirm_and_claims(
     spec: StudySpec, plan: StudyPlan, result: StudyResult, runner: Any
 ) -> tuple[dict[str, Any], dict[str, Path]]:
-    from studies.claims_report import write_claims_report
+    from studies.kinds.search.report import write_claims_report
 
     confirm = spec.confirm
     assert confirm is not None
@@ -348,7 +347,7 @@ def gate_lr_edges(claims: dict[str, Any], tuned: Mapping[str, Any]) -> None:
 
 
 def _data_kind(spec: StudySpec) -> str:
-    from studies.confirm_spec import data_kind_of
+    from studies.kinds.search.spec import data_kind_of
 
     assert spec.confirm is not None
     return spec.confirm.data_kind if spec.confirm.data_kind != "auto" else data_kind_of(spec.data.type)
@@ -358,7 +357,7 @@ def _claims(
     spec: StudySpec, run_ids: Mapping[str, str]
 ) -> tuple[Any, dict[tuple[str, Any], list[dict[str, Any]]], dict[str, Any]]:
     """The confirmatory trials from the study directory and the claims computed on them."""
-    from studies.claims import autonorm_claims
+    from studies.kinds.search.claims import autonorm_claims
 
     confirm = spec.confirm
     assert confirm is not None
@@ -389,7 +388,7 @@ def _gate_entropy_plot(plan: StudyPlan, out_dir: Path) -> Path | None:
     A plotting failure must not turn a finished study into a failed one: it is reported on stderr.
     """
     try:
-        from studies.report import plot_gate_entropy
+        from studies.kinds.batchsize.report import plot_gate_entropy
 
         trials = read_trials(plan)
         best = best_trial(trials, plan.metric, plan.mode)
@@ -548,7 +547,7 @@ def report(spec: StudySpec, out_dir: Path) -> Path:
 
 def _claims_report(spec: StudySpec, plan: StudyPlan, trials: Sequence[TrialRecord], out_dir: Path) -> Path:
     """The claims re-analysed from the confirmatory phases in the study directory."""
-    from studies.claims_report import write_claims_report
+    from studies.kinds.search.report import write_claims_report
     from studies.study_dir import StudyDir
 
     confirm = spec.confirm

@@ -1,0 +1,775 @@
+"""Statistics of the AutoNorm claims study: paired contrasts, gate-depth slopes, gate collapse, verdicts.
+
+The AutoNorm paper's qualitative claims (docs/science.md), tested on the confirmatory phase of the
+claims study (search → confirm → claims):
+
+==== ======================================================= ============== ==========================
+id   claim                                                    data           test
+==== ======================================================= ============== ==========================
+a    RandomSelector ≥ AutoNorm on stationary data             vision         paired, one-sided greater
+b    AutoNorm-S > AutoNorm (freezing the gate recovers it)    any            paired, one-sided greater
+e    AutoNorm-S vs FrozenLN (reported, not a paper claim)     any            paired, two-sided
+c    NLP gates prefer DyT in deep layers                      text           slope of DyT weight > 0
+d    vision gates collapse to LN early (H → 0)                vision         first collapse epoch
+==== ======================================================= ============== ==========================
+
+Design choices that matter for validity:
+
+* Seeds are the experimental unit. Every arm runs the same confirmatory seeds (same split, data order
+  and, where shapes agree, init), so a contrast is the per-seed paired difference ``d_k = a_k − b_k``
+  of the final test metric. Its CI is the t-interval over the K seeds (K − 1 df); its p-value is the
+  exact sign-flip (paired randomisation) p over all ``2^K`` sign patterns of ``d`` (Monte-Carlo with
+  the +1 correction above ``2^20`` patterns), valid without normality.
+* Holm's step-down correction runs over the contrasts that are tested on this data ({a, b, e} on
+  images, {b, e} on text). The gate claims (c, d) are separate, pre-specified descriptive tests at
+  level ``alpha``; ``c`` combines its two sub-layer types as an intersection-union test (supported
+  only when both are, p = the larger of the two), which needs no multiplicity correction.
+* Failed trials (status not completed, or a non-finite metric) are never silently dropped: they are
+  scored at chance (``chance``, e.g. ``1 / num_classes``) and counted; without a chance level they
+  are excluded and the claim says so. More than ``max_failure_fraction`` failures in an arm of a
+  contrast make it ``inconclusive`` (reason ``failures``). The analysis without failed seeds is
+  reported as ``sensitivity``.
+* Verdicts: ``supported`` when the (Holm-adjusted, for a/b/e) p < ``alpha`` AND the CI lies in the
+  claimed direction; ``refuted`` when the CI lies entirely in the opposite direction; else
+  ``inconclusive`` with reasons. A claim that does not apply to the data is ``inconclusive`` with
+  reason ``not applicable to <data>``; fewer than ``min_seeds`` seeds, or a design whose smallest
+  attainable p cannot pass the (Holm) threshold, gives ``inconclusive`` with reason ``underpowered``.
+
+Everything returned is JSON-able (floats, ints, strings, lists, dicts, ``None`` for "not defined" or
+"never"). numpy and scipy only: the confirmatory table may be a pandas DataFrame or any mapping of
+column name → sequence.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+from scipy import stats
+
+from studies.stats import holm, min_sign_flip_p, paired_contrast, t_interval
+
+__all__ = [
+    "ARMS",
+    "CLAIMS",
+    "COMPLETED_STATUSES",
+    "CONFIRM_COLUMNS",
+    "VERDICTS",
+    "autonorm_claims",
+    "collapse_epochs",
+    "dyt_depth_slope",
+    "paired_contrast",
+]
+
+Alternative = Literal["greater", "less", "two-sided"]
+DataKind = Literal["vision", "text"]
+
+#: Arms of the confirmatory phase.
+ARMS = ("frozen_ln", "frozen_dyt", "random_selector", "autonorm", "autonorm_s")
+
+#: Columns of ``confirm_table``, one row per confirmatory trial. Only ``arm``, ``seed``, ``status`` and
+#: the metric are read; the others identify the trial in reports.
+CONFIRM_COLUMNS = (
+    "arm",
+    "seed",
+    "status",
+    "test_accuracy",
+    "val_accuracy",
+    "train_loss",
+    "lr",
+    "trial_id",
+    "mlflow_run_id",
+)
+
+#: Statuses of a trial that finished; anything else (``diverged``, ``error``, ...) is a failure.
+#: Compared case-insensitively; ``terminated`` is Ray Tune's name for a trial that ran to the end.
+COMPLETED_STATUSES = frozenset({"completed", "terminated"})
+
+VERDICTS = ("supported", "refuted", "inconclusive")
+
+#: The claims, as tested (ids are those of docs/science.md; c_attn / c_mlp are c's two sub-layer types).
+CLAIMS: dict[str, str] = {
+    "a": "RandomSelector is at least as good as unfrozen AutoNorm on stationary (vision) data "
+    "(tested: random_selector − autonorm > 0)",
+    "b": "Freezing the gate after a warm-up (AutoNorm-S) beats unfrozen AutoNorm (autonorm_s − autonorm > 0)",
+    "e": "AutoNorm-S differs from FrozenLN (autonorm_s − frozen_ln, two-sided; reported, not a paper claim)",
+    "c": "NLP gates prefer DyT in deep layers: per-seed slope of the final DyT weight vs block index > 0, "
+    "for both the pre-attention and the pre-MLP norms",
+    "c_attn": "pre-attention norms: slope of the final DyT weight vs block index > 0",
+    "c_mlp": "pre-MLP norms: slope of the final DyT weight vs block index > 0",
+    "d": "Vision gates collapse to LayerNorm early: the typical layer's gate entropy first falls below eps "
+    "with LN weight > 0.5 no later than early_epoch",
+}
+
+# (claim, arm a, arm b, alternative) of the paired contrasts; d = a − b of the final metric.
+_CONTRASTS: tuple[tuple[str, str, str, Alternative], ...] = (
+    ("a", "random_selector", "autonorm", "greater"),
+    ("b", "autonorm_s", "autonorm", "greater"),
+    ("e", "autonorm_s", "frozen_ln", "two-sided"),
+)
+_APPLIES: dict[str, frozenset[str]] = {
+    "a": frozenset({"vision"}),
+    "b": frozenset({"vision", "text"}),
+    "e": frozenset({"vision", "text"}),
+    "c": frozenset({"text"}),
+    "c_attn": frozenset({"text"}),
+    "c_mlp": frozenset({"text"}),
+    "d": frozenset({"vision"}),
+}
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+
+def _float_or_none(x: float | np.floating[Any] | None) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _seed_key(seed: Any) -> int | str:
+    """Seeds as JSON-able dict keys: integral values become ``int``, anything else ``str``."""
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        return int(seed)
+    if isinstance(seed, (float, np.floating)) and float(seed).is_integer():
+        return int(seed)
+    return str(seed)
+
+
+def _check_confidence(confidence: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+
+
+# ------------------------------------------------------------------------------------ public API
+
+
+def dyt_depth_slope(
+    final_dyt_weight: Mapping[Any, Sequence[float] | np.ndarray],
+    *,
+    confidence: float = 0.95,
+    n_mc: int = 99_999,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Claim (c) for one sub-layer type: does the gate's DyT weight grow with depth?
+
+    Per seed, the OLS slope of the final DyT weight against the block index ``0..n_blocks − 1``; then
+    the mean slope over seeds, its t-interval (K − 1 df) and the one-sided (greater) sign-flip p, i.e.
+    :func:`paired_contrast` of the slopes against zero.
+
+    Args:
+        final_dyt_weight: seed → the final-epoch DyT weight of each block, in block order (all seeds
+            the same number of blocks, at least 2).
+        confidence: level of the t-interval.
+        n_mc: Monte-Carlo sign patterns above 2^20.
+        seed: seeds the Monte-Carlo draws.
+
+    Returns:
+        ``{"slopes": {seed: slope}, "estimate", "ci", "p_value", "n_seeds", "n_blocks", "method"}``.
+
+    Raises:
+        ValueError: fewer than 2 seeds or blocks, unequal block counts, non-finite weights.
+    """
+    weights = {_seed_key(s): np.asarray(w, dtype=float).ravel() for s, w in final_dyt_weight.items()}
+    sizes = {w.size for w in weights.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"every seed needs the same number of blocks, got sizes {sorted(sizes)}")
+    (n_blocks,) = sizes
+    if n_blocks < 2:
+        raise ValueError(f"a slope needs at least 2 blocks, got {n_blocks}")
+    if not all(np.isfinite(w).all() for w in weights.values()):
+        raise ValueError("final DyT weights must be finite")
+    depth = np.arange(n_blocks, dtype=float)
+    centred = depth - depth.mean()
+    slopes = {s: float(centred @ (w - w.mean()) / (centred @ centred)) for s, w in weights.items()}
+    values = np.array(list(slopes.values()))
+    test = paired_contrast(
+        values, np.zeros_like(values), alternative="greater", confidence=confidence, n_mc=n_mc, seed=seed
+    )
+    return {
+        "slopes": slopes,
+        "estimate": test["estimate"],
+        "ci": test["ci"],
+        "p_value": test["p_value"],
+        "n_seeds": test["n_seeds"],
+        "n_blocks": int(n_blocks),
+        "method": test["method"],
+    }
+
+
+def _median_ci(values: np.ndarray, confidence: float) -> tuple[float, float, float]:
+    """Distribution-free CI of the median from order statistics ``[X_(r), X_(K+1−r)]``.
+
+    ``r`` is the largest rank whose coverage ``1 − 2 P(Bin(K, 1/2) ≤ r − 1)`` reaches ``confidence``;
+    when even ``[min, max]`` does not, that interval is returned with its (lower) coverage. Being
+    rank-based it handles censored values (``inf`` = "never") exactly.
+    """
+    x = np.sort(values)
+    k = x.size
+    r = 1
+    for cand in range(1, k // 2 + 1):
+        if 1.0 - 2.0 * float(stats.binom.cdf(cand - 1, k, 0.5)) >= confidence:
+            r = cand
+    coverage = 1.0 - 2.0 * float(stats.binom.cdf(r - 1, k, 0.5))
+    return float(x[r - 1]), float(x[k - r]), coverage
+
+
+def _first_collapse(entropy: np.ndarray, ln_weight: np.ndarray, eps: float) -> np.ndarray:
+    """First epoch (1-based) per layer with entropy < eps and LN weight > 0.5; ``inf`` if never."""
+    hit = (entropy < eps) & (ln_weight > 0.5)  # NaN compares False: a diverged epoch is no collapse
+    first = np.argmax(hit, axis=0).astype(float) + 1.0
+    first[~hit.any(axis=0)] = math.inf
+    return first
+
+
+def collapse_epochs(
+    entropy_by_epoch: Mapping[Any, Sequence[Sequence[float]] | np.ndarray],
+    ln_weight_by_epoch: Mapping[Any, Sequence[Sequence[float]] | np.ndarray],
+    *,
+    eps: float = 0.1,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """Claim (d)'s measurement: when does each layer's gate collapse to LayerNorm?
+
+    A layer has collapsed at the first epoch where its gate entropy is below ``eps`` AND its LN
+    weight exceeds 0.5 (a gate that collapses onto DyT never counts). Epochs are 1-based: row ``i``
+    of a seed's array is epoch ``i + 1``. A layer that never collapses is "never" (``None``): it is
+    counted, as a value above every epoch, in the medians and their order-statistic CIs.
+
+    Args:
+        entropy_by_epoch: seed → ``(n_epochs, n_layers)`` gate entropy per epoch and layer (natural
+            log, noise-free probabilities; ``gate_entropy/layer_<i>`` of the training loop).
+        ln_weight_by_epoch: seed → ``(n_epochs, n_layers)`` LN weight, same shape per seed.
+        eps: entropy threshold (0.1).
+        confidence: level of the median CIs.
+
+    Returns:
+        ``{"eps", "n_seeds", "n_layers", "layers": [{"layer", "epochs": {seed: epoch | None},
+        "n_never", "median", "ci": [lo, hi], "ci_coverage"}, ...], "per_seed_median": {seed: m | None}}``
+        where ``per_seed_median`` is the median over layers of each seed's collapse epochs (the
+        statistic of claim d), ``None`` meaning "never" (or a median beyond the last epoch).
+
+    Raises:
+        ValueError: different seeds or shapes in the two mappings, no seeds, not 2-D.
+    """
+    _check_confidence(confidence)
+    if set(map(_seed_key, entropy_by_epoch)) != set(map(_seed_key, ln_weight_by_epoch)):
+        raise ValueError("entropy_by_epoch and ln_weight_by_epoch must have the same seeds")
+    if not entropy_by_epoch:
+        raise ValueError("no seeds")
+    ln_by_key = {_seed_key(s): np.asarray(v, dtype=float) for s, v in ln_weight_by_epoch.items()}
+    firsts: dict[int | str, np.ndarray] = {}
+    n_layers: int | None = None
+    for s, ent in entropy_by_epoch.items():
+        key = _seed_key(s)
+        h = np.asarray(ent, dtype=float)
+        w = ln_by_key[key]
+        if h.ndim != 2 or h.shape != w.shape:
+            raise ValueError(f"seed {key!r}: need two (n_epochs, n_layers) arrays, got {h.shape}, {w.shape}")
+        if n_layers is not None and h.shape[1] != n_layers:
+            raise ValueError(f"seed {key!r} has {h.shape[1]} layers, others {n_layers}")
+        n_layers = h.shape[1]
+        firsts[key] = _first_collapse(h, w, eps)
+    assert n_layers is not None  # entropy_by_epoch is not empty
+    layers = []
+    for j in range(n_layers):
+        per_seed = np.array([f[j] for f in firsts.values()])
+        lo, hi, coverage = _median_ci(per_seed, confidence)
+        layers.append(
+            {
+                "layer": j,
+                "epochs": {s: _float_or_none(f[j]) for s, f in firsts.items()},
+                "n_never": int(np.isinf(per_seed).sum()),
+                "median": _float_or_none(np.median(per_seed)),
+                "ci": [_float_or_none(lo), _float_or_none(hi)],
+                "ci_coverage": coverage,
+            }
+        )
+    return {
+        "eps": eps,
+        "n_seeds": len(firsts),
+        "n_layers": n_layers,
+        "layers": layers,
+        "per_seed_median": {s: _float_or_none(np.median(f)) for s, f in firsts.items()},
+    }
+
+
+# ------------------------------------------------------------------------------- confirm table
+
+
+def _column(table: Any, name: str) -> np.ndarray:
+    try:
+        columns = list(table.columns) if hasattr(table, "columns") else list(table)
+    except TypeError:
+        raise ValueError("confirm_table must be a DataFrame or a mapping of columns") from None
+    if name not in columns:
+        raise ValueError(
+            f"confirm_table is missing column {name!r}; required: arm, seed, status and the metric"
+        )
+    return np.asarray(table[name])
+
+
+def _arm_values(table: Any, metric: str) -> dict[str, dict[int | str, tuple[float, bool]]]:
+    """arm → seed → (metric value, completed) from the confirmatory table."""
+    arms = _column(table, "arm").astype(str)
+    seeds = _column(table, "seed")
+    statuses = np.char.lower(_column(table, "status").astype(str))
+    values = np.array([_to_float(v) for v in _column(table, metric)])
+    out: dict[str, dict[int | str, tuple[float, bool]]] = {}
+    for arm, s, status, value in zip(arms, seeds, statuses, values):
+        key = _seed_key(s)
+        cell = out.setdefault(str(arm), {})
+        if key in cell:
+            raise ValueError(f"confirm_table has more than one trial for arm {arm!r}, seed {key!r}")
+        ok = str(status) in COMPLETED_STATUSES and math.isfinite(value)
+        cell[key] = (value, ok)
+    return out
+
+
+def _to_float(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _result(claim: str, **fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "claim": CLAIMS[claim],
+        "verdict": "inconclusive",
+        "estimate": None,
+        "ci": [None, None],
+        "p_value": None,
+        "p_value_holm": None,
+        "n_seeds": 0,
+        "reasons": [],
+    }
+    base.update(fields)
+    return base
+
+
+def _direction_verdict(
+    p: float | None, ci: Sequence[float | None], alternative: str, alpha: float, reasons: list[str]
+) -> str:
+    """supported / refuted / inconclusive from a (possibly adjusted) p and a CI, for one direction."""
+    lo, hi = ci
+    if lo is None or hi is None or p is None:
+        reasons.append("no interval")
+        return "inconclusive"
+    if alternative == "greater":
+        in_dir, opposite = lo > 0, hi < 0
+    elif alternative == "less":
+        in_dir, opposite = hi < 0, lo > 0
+    else:  # two-sided: a difference either way; nothing to refute without an equivalence margin
+        in_dir, opposite = lo > 0 or hi < 0, False
+    if opposite:
+        reasons.append("CI lies entirely in the opposite direction")
+        return "refuted"
+    if p < alpha and in_dir:
+        return "supported"
+    if p >= alpha:
+        reasons.append(f"p = {p:.3g} >= alpha = {alpha:g}")
+    if not in_dir:
+        reasons.append("CI includes 0")
+    return "inconclusive"
+
+
+def _contrast(
+    claim: str,
+    arm_a: str,
+    arm_b: str,
+    alternative: Alternative,
+    values: Mapping[str, Mapping[int | str, tuple[float, bool]]],
+    *,
+    chance: float | None,
+    max_failure_fraction: float,
+    confidence: float,
+    n_mc: int,
+    seed: int,
+) -> dict[str, Any]:
+    """One paired contrast (before Holm); reasons other than the verdict's own are filled in here."""
+    reasons: list[str] = []
+    missing = [arm for arm in (arm_a, arm_b) if arm not in values]
+    if missing:
+        return _result(claim, reasons=[f"arm {arm} missing from confirm_table" for arm in missing])
+    cells_a, cells_b = values[arm_a], values[arm_b]
+    seeds = sorted(set(cells_a) & set(cells_b), key=str)
+    unpaired = sorted(set(cells_a) ^ set(cells_b), key=str)
+    if unpaired:
+        reasons.append(f"seeds without a pair dropped: {unpaired}")
+    failed = {
+        arm: [s for s in seeds if not cells[s][1]] for arm, cells in ((arm_a, cells_a), (arm_b, cells_b))
+    }
+    n_failed = {arm: len(f) for arm, f in failed.items()}
+    for arm, n in n_failed.items():
+        if seeds and n / len(seeds) > max_failure_fraction:
+            reasons.append(f"failures: {n} of {len(seeds)} {arm} trials failed")
+
+    def scored(cells: Mapping[int | str, tuple[float, bool]], s: int | str) -> float:
+        value, ok = cells[s]
+        return value if ok else (chance if chance is not None else math.nan)
+
+    both_ok = [s for s in seeds if cells_a[s][1] and cells_b[s][1]]
+    if chance is None and len(both_ok) < len(seeds):
+        reasons.append("failed trials excluded (no chance level given to score them)")
+        used = both_ok
+    else:
+        used = seeds
+    extra: dict[str, Any] = {"arms": [arm_a, arm_b], "n_failed": n_failed, "seeds": used}
+    if len(used) < 2:
+        return _result(claim, n_seeds=len(used), reasons=[*reasons, "underpowered"], **extra)
+    a = np.array([scored(cells_a, s) for s in used])
+    b = np.array([scored(cells_b, s) for s in used])
+    test = paired_contrast(a, b, alternative=alternative, confidence=confidence, n_mc=n_mc, seed=seed)
+    if used != both_ok and len(both_ok) >= 2:
+        sens = paired_contrast(
+            [cells_a[s][0] for s in both_ok],
+            [cells_b[s][0] for s in both_ok],
+            alternative=alternative,
+            confidence=confidence,
+            n_mc=n_mc,
+            seed=seed,
+        )
+        extra["sensitivity"] = {k: sens[k] for k in ("estimate", "ci", "p_value", "n_seeds")}
+    return _result(
+        claim,
+        estimate=test["estimate"],
+        ci=test["ci"],
+        p_value=test["p_value"],
+        n_seeds=test["n_seeds"],
+        reasons=reasons,
+        differences=test["differences"],
+        method=test["method"],
+        alternative=alternative,
+        **extra,
+    )
+
+
+# ----------------------------------------------------------------------------------- gate logs
+
+_LAYER_KEY = re.compile(r"^(gate_entropy|dyt_weight|ln_weight)/layer_(\d+)$")
+
+
+def _gate_arrays(rows: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """Per-epoch result rows → ``{"entropy", "dyt", "ln"}`` arrays of shape (n_epochs, n_layers)."""
+    ordered = sorted(rows, key=lambda r: _to_float(r.get("epoch", 0.0))) if rows else []
+    n_layers = 0
+    for row in ordered:
+        for key in row:
+            match = _LAYER_KEY.match(str(key))
+            if match:
+                n_layers = max(n_layers, int(match.group(2)) + 1)
+
+    def grid(name: str) -> np.ndarray:
+        return np.array(
+            [[_to_float(row.get(f"{name}/layer_{j}", math.nan)) for j in range(n_layers)] for row in ordered],
+            dtype=float,
+        ).reshape(len(ordered), n_layers)
+
+    dyt = grid("dyt_weight")
+    has_ln = any(f"ln_weight/layer_{j}" in row for row in ordered for j in range(n_layers))
+    ln = grid("ln_weight") if has_ln else 1.0 - dyt  # two candidates (dyt, layernorm): w_LN = 1 − w_DyT
+    return {"entropy": grid("gate_entropy"), "dyt": dyt, "ln": ln}
+
+
+def _seeds_of(
+    gate_logs: Mapping[tuple[str, Any], Sequence[Mapping[str, Any]]], arm: str
+) -> dict[int | str, Any]:
+    return {_seed_key(s): rows for (a, s), rows in gate_logs.items() if a == arm}
+
+
+def _gate_depth_claims(
+    logs: Mapping[int | str, Sequence[Mapping[str, Any]]],
+    *,
+    gate_arm: str,
+    min_seeds: int,
+    alpha: float,
+    confidence: float,
+    n_mc: int,
+    seed: int,
+) -> dict[str, dict[str, Any]]:
+    """Claims c_attn, c_mlp and their summary c from the final epoch's DyT weights."""
+    per_type: dict[str, dict[int | str, np.ndarray]] = {"c_attn": {}, "c_mlp": {}}
+    dropped: list[int | str] = []
+    n_blocks = None
+    for s, rows in logs.items():
+        dyt = _gate_arrays(rows)["dyt"]
+        if dyt.shape[0] == 0 or dyt.shape[1] < 2:
+            dropped.append(s)
+            continue
+        final = dyt[-1]
+        # Layers in module order: block b's pre-attention norm is 2b, its pre-MLP norm 2b + 1; an odd
+        # count means the final encoder norm is a gate too, which belongs to neither type.
+        blocks = final.size // 2
+        if not np.isfinite(final[: 2 * blocks]).all():
+            dropped.append(s)
+            continue
+        n_blocks = blocks if n_blocks is None else n_blocks
+        if blocks != n_blocks:
+            raise ValueError(f"gate logs of arm {gate_arm!r}: seeds differ in depth ({blocks} vs {n_blocks})")
+        per_type["c_attn"][s] = final[0 : 2 * blocks : 2]
+        per_type["c_mlp"][s] = final[1 : 2 * blocks : 2]
+    common = [f"gate arm {gate_arm}"] + (
+        [f"seeds without final gate weights dropped: {dropped}"] if dropped else []
+    )
+    out: dict[str, dict[str, Any]] = {}
+    slopes: dict[str, dict[int | str, float]] = {}
+    for claim, weights in per_type.items():
+        reasons = list(common)
+        k = len(weights)
+        if n_blocks is None or n_blocks < 2 or k < 2:
+            out[claim] = _result(
+                claim, n_seeds=k, reasons=[*reasons, "underpowered", "fewer than 2 blocks or seeds"]
+            )
+            continue
+        res = dyt_depth_slope(weights, confidence=confidence, n_mc=n_mc, seed=seed)
+        slopes[claim] = res["slopes"]
+        if k < min_seeds or min_sign_flip_p(k, "greater") >= alpha:
+            reasons.append("underpowered")
+            verdict = "inconclusive"
+        else:
+            verdict = _direction_verdict(res["p_value"], res["ci"], "greater", alpha, reasons)
+        out[claim] = _result(
+            claim,
+            verdict=verdict,
+            estimate=res["estimate"],
+            ci=res["ci"],
+            p_value=res["p_value"],
+            n_seeds=k,
+            reasons=reasons,
+            slopes=res["slopes"],
+            n_blocks=res["n_blocks"],
+        )
+    # Summary c: intersection-union test of both sub-layer types.
+    subs = [out["c_attn"], out["c_mlp"]]
+    verdicts = [r["verdict"] for r in subs]
+    reasons = [
+        f"{name}: {r['verdict']}" + (f" ({'; '.join(r['reasons'][1:])})" if r["reasons"][1:] else "")
+        for name, r in zip(("c_attn", "c_mlp"), subs)
+    ]
+    if all(v == "supported" for v in verdicts):
+        verdict, reasons = "supported", []
+    elif "refuted" in verdicts and "supported" not in verdicts:
+        verdict = "refuted"
+    else:
+        verdict = "inconclusive"
+    summary = _result("c", verdict=verdict, reasons=[f"gate arm {gate_arm}", *reasons])
+    if len(slopes) == 2:
+        shared = [s for s in slopes["c_attn"] if s in slopes["c_mlp"]]
+        if len(shared) >= 2:
+            mean_slope = np.array([(slopes["c_attn"][s] + slopes["c_mlp"][s]) / 2 for s in shared])
+            lo, hi = t_interval(mean_slope, confidence)
+            summary.update(estimate=float(mean_slope.mean()), ci=[lo, hi], n_seeds=len(shared))
+        ps = [r["p_value"] for r in subs]
+        summary["p_value"] = max(ps) if all(p is not None for p in ps) else None
+    return {"c": summary, **out}
+
+
+def _collapse_claim(
+    logs: Mapping[int | str, Sequence[Mapping[str, Any]]],
+    *,
+    gate_arm: str,
+    eps: float,
+    early_epoch: int | None,
+    min_seeds: int,
+    alpha: float,
+    confidence: float,
+) -> dict[str, Any]:
+    """Claim d: the per-seed median (over layers) collapse epoch is at most ``early_epoch``."""
+    reasons = [f"gate arm {gate_arm}"]
+    arrays = {s: _gate_arrays(rows) for s, rows in logs.items()}
+    arrays = {s: a for s, a in arrays.items() if a["entropy"].size}
+    if len(arrays) < 2:
+        return _result("d", n_seeds=len(arrays), reasons=[*reasons, "underpowered"])
+    n_epochs = max(a["entropy"].shape[0] for a in arrays.values())
+    n_layers = max(a["entropy"].shape[1] for a in arrays.values())
+
+    def padded(x: np.ndarray) -> np.ndarray:  # a trial that stopped early: later epochs never collapse
+        out = np.full((n_epochs, n_layers), math.nan)
+        out[: x.shape[0], : x.shape[1]] = x
+        return out
+
+    summary = collapse_epochs(
+        {s: padded(a["entropy"]) for s, a in arrays.items()},
+        {s: padded(a["ln"]) for s, a in arrays.items()},
+        eps=eps,
+        confidence=confidence,
+    )
+    early = early_epoch if early_epoch is not None else max(1, n_epochs // 2)
+    stat = np.array([math.inf if v is None else v for v in summary["per_seed_median"].values()])
+    k = stat.size
+    n_early = int((stat <= early).sum())
+    p = float(stats.binom.sf(n_early - 1, k, 0.5))  # sign test, H1: median collapse epoch <= early
+    lo, hi, coverage = _median_ci(stat, confidence)
+    ci = [_float_or_none(lo), _float_or_none(hi)]
+    if k < min_seeds or 0.5**k >= alpha:
+        reasons.append("underpowered")
+        verdict = "inconclusive"
+    elif ci[0] is None or ci[0] > early:  # even the lower bound collapses late, or never
+        verdict = "refuted"
+        reasons.append(f"CI lies entirely after epoch {early}")
+    elif p < alpha and ci[1] is not None and ci[1] <= early:
+        verdict = "supported"
+    else:
+        verdict = "inconclusive"
+        if p >= alpha:
+            reasons.append(f"p = {p:.3g} >= alpha = {alpha:g}")
+        if ci[1] is None or ci[1] > early:
+            reasons.append(f"CI reaches beyond epoch {early}")
+    return _result(
+        "d",
+        verdict=verdict,
+        estimate=_float_or_none(np.median(stat)),
+        ci=ci,
+        p_value=p,
+        n_seeds=k,
+        reasons=reasons,
+        early_epoch=early,
+        n_early=n_early,
+        ci_coverage=coverage,
+        eps=eps,
+        per_seed_median=summary["per_seed_median"],
+        layers=summary["layers"],
+    )
+
+
+def autonorm_claims(
+    confirm_table: Any,
+    gate_logs: Mapping[tuple[str, Any], Sequence[Mapping[str, Any]]],
+    *,
+    data_kind: DataKind,
+    min_seeds: int = 5,
+    alpha: float = 0.05,
+    eps: float = 0.1,
+    confidence: float = 0.95,
+    metric: str = "test_accuracy",
+    chance: float | None = None,
+    max_failure_fraction: float = 0.2,
+    gate_arm: str = "autonorm",
+    early_epoch: int | None = None,
+    n_mc: int = 99_999,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """Verdicts on the AutoNorm claims a–e from the confirmatory phase; the ``verdict.json`` content.
+
+    Args:
+        confirm_table: one row per confirmatory trial, a pandas DataFrame (or mapping of columns) with
+            :data:`CONFIRM_COLUMNS`: ``arm`` (one of :data:`ARMS`), ``seed``, ``status``
+            (``completed`` / ``terminated`` count as finished; ``diverged``, ``error``, ... are
+            failures), ``test_accuracy`` (the final test metric compared), ``val_accuracy``,
+            ``train_loss``, ``lr``, ``trial_id``, ``mlflow_run_id``. One trial per (arm, seed).
+        gate_logs: ``(arm, seed) → per-epoch result rows`` of the gated arms (at least ``gate_arm``),
+            i.e. the trial's per-epoch Tune results / ``FitResult.history`` in epoch order. Each row
+            holds ``epoch`` and, per gate layer ``i`` in module order (block b's pre-attention norm is
+            layer 2b, its pre-MLP norm 2b + 1; an extra last layer is a gated final norm),
+            ``gate_entropy/layer_<i>`` (noise-free validation gate entropy, natural log) and
+            ``dyt_weight/layer_<i>`` (mean validation DyT probability). The LN weight is
+            ``ln_weight/layer_<i>`` when logged, else ``1 − dyt_weight`` (candidates dyt, layernorm).
+        data_kind: ``"vision"`` (stationary images) or ``"text"``; decides which claims apply.
+        min_seeds: fewer paired seeds → ``inconclusive`` (``underpowered``).
+        alpha: significance level; contrasts a, b, e are Holm-adjusted over the family tested here.
+        eps: gate-entropy threshold of claim d.
+        confidence: level of every CI.
+        metric: column of ``confirm_table`` compared by the contrasts.
+        chance: score of a failed trial (e.g. ``1 / num_classes``); ``None`` excludes failed trials.
+        max_failure_fraction: above this share of failed trials in an arm → ``inconclusive``.
+        gate_arm: arm whose gates claims c and d describe (unfrozen AutoNorm).
+        early_epoch: claim d's "early": collapse no later than this epoch; ``None`` means half of the
+            logged epochs.
+        n_mc: Monte-Carlo sign patterns above 2^20 (more than 20 seeds).
+        seed: seeds the Monte-Carlo draws.
+
+    Returns:
+        ``{claim_id: {"claim", "verdict", "estimate", "ci", "p_value", "p_value_holm", "n_seeds",
+        "reasons", ...details}}`` for ids ``a``, ``b``, ``c``, ``c_attn``, ``c_mlp``, ``d``, ``e``.
+        ``p_value_holm`` is ``None`` outside the Holm family (c, d and untested contrasts); ``c``'s
+        estimate is the mean over seeds of the two sub-layer types' average slope and its p-value the
+        larger of theirs.
+
+    Raises:
+        ValueError: bad options, a missing column, two trials for one (arm, seed).
+    """
+    if data_kind not in ("vision", "text"):
+        raise ValueError(f"data_kind must be 'vision' or 'text', got {data_kind!r}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if min_seeds < 2:
+        raise ValueError(f"min_seeds must be at least 2, got {min_seeds}")
+    _check_confidence(confidence)
+    values = _arm_values(confirm_table, metric)
+    results: dict[str, dict[str, Any]] = {}
+    not_applicable = f"not applicable to {data_kind}"
+
+    # Paired contrasts a, b, e and Holm over those tested on this data.
+    family = [c for c in _CONTRASTS if data_kind in _APPLIES[c[0]]]
+    for claim, arm_a, arm_b, alternative in _CONTRASTS:
+        if data_kind not in _APPLIES[claim]:
+            results[claim] = _result(claim, reasons=[not_applicable])
+            continue
+        results[claim] = _contrast(
+            claim,
+            arm_a,
+            arm_b,
+            alternative,
+            values,
+            chance=chance,
+            max_failure_fraction=max_failure_fraction,
+            confidence=confidence,
+            n_mc=n_mc,
+            seed=seed,
+        )
+    tested = {c[0]: results[c[0]]["p_value"] for c in family if results[c[0]]["p_value"] is not None}
+    adjusted = holm(tested) if tested else {}
+    for claim, _, _, alternative in family:
+        res = results[claim]
+        reasons = res["reasons"]
+        res["p_value_holm"] = adjusted.get(claim)
+        k = res["n_seeds"]
+        if res["p_value"] is None:
+            continue
+        if k < min_seeds or min_sign_flip_p(k, alternative) * len(family) >= alpha:
+            if "underpowered" not in reasons:
+                reasons.append("underpowered")
+            res["verdict"] = "inconclusive"
+            continue
+        verdict = _direction_verdict(res["p_value_holm"], res["ci"], alternative, alpha, reasons)
+        if any(r.startswith("failures") for r in reasons) and verdict != "inconclusive":
+            verdict = "inconclusive"
+        res["verdict"] = verdict
+        if claim == "e" and res["estimate"] is not None:
+            res["direction"] = "autonorm_s better" if res["estimate"] > 0 else "autonorm_s worse"
+
+    # Gate claims.
+    logs = _seeds_of(gate_logs, gate_arm)
+    if data_kind == "text":
+        results.update(
+            _gate_depth_claims(
+                logs,
+                gate_arm=gate_arm,
+                min_seeds=min_seeds,
+                alpha=alpha,
+                confidence=confidence,
+                n_mc=n_mc,
+                seed=seed,
+            )
+        )
+    else:
+        for claim in ("c", "c_attn", "c_mlp"):
+            results[claim] = _result(claim, reasons=[not_applicable])
+    if data_kind == "vision":
+        results["d"] = _collapse_claim(
+            logs,
+            gate_arm=gate_arm,
+            eps=eps,
+            early_epoch=early_epoch,
+            min_seeds=min_seeds,
+            alpha=alpha,
+            confidence=confidence,
+        )
+    else:
+        results["d"] = _result("d", reasons=[not_applicable])
+    return {claim: results[claim] for claim in ("a", "b", "c", "c_attn", "c_mlp", "d", "e")}

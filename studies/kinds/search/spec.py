@@ -1,0 +1,244 @@
+"""The search kind's spec: :class:`StudySpec` (one search under Ray Tune) and its ``confirm:`` section,
+the AutoNorm claims study after the search.
+
+The search picks the best AutoNorm-S configuration on its own seeds; its score is optimistic (the
+winner's curse) and compares nothing. The confirmatory phase runs that configuration and the
+baselines on FRESH seeds, each arm with its own tuned learning rate, and the claims phase tests the
+paper's claims on the per-seed paired differences (docs/science.md, "The AutoNorm claims").
+``confirm: null`` (the default) skips both phases.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+
+from studies.spec.errors import SpecError, SpecIssue
+from studies.spec.plan import build_plan, spec_hash
+from studies.spec.reading import dump_yaml
+from studies.spec.sections import (
+    DataSpec,
+    FIFOSpec,
+    ModelSpec,
+    NonNegInt,
+    ResourcesSpec,
+    SearchSpec,
+    Seed,
+    StorageSpec,
+    TrackingSpec,
+    TrainingSpec,
+    _section_issues,
+    _Spec,
+    _type_first,
+    metric_issues,
+    trial_config,
+)
+from studies.spec.space import check_search_space
+from studies.spec.urls import StoragePath
+from workers.plan import StudyPlan
+
+__all__ = ["CONFIRM_ARMS", "ConfirmLRSpec", "ConfirmSpec", "StudySpec", "data_kind_of"]
+
+Arm = Literal["frozen_ln", "frozen_dyt", "random_selector", "autonorm", "autonorm_s"]
+CONFIRM_ARMS: tuple[str, ...] = ("frozen_ln", "frozen_dyt", "random_selector", "autonorm", "autonorm_s")
+"""LayerNorm only, DyT only, a random gate, the learned gate never frozen, the best searched AutoNorm-S."""
+
+_VISION = frozenset({"fashion_mnist", "digits", "mnist", "cifar10", "cifar100", "svhn"})
+_TEXT = frozenset({"ptb_pos_sample", "pang_lee_polarity", "sst2", "ptb_pos"})
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+_Seed = Annotated[int, Field(strict=True, ge=0, lt=2**32)]
+
+
+def data_kind_of(data_type: str) -> str:
+    """``vision`` (stationary image data), ``text`` or ``tabular``: which claims apply."""
+    if data_type in _VISION:
+        return "vision"
+    if data_type in _TEXT:
+        return "text"
+    return "tabular"
+
+
+class ConfirmLRSpec(BaseModel):
+    """Each arm's η: a log-spaced grid around the searched η, every point on every tuning seed
+    (held out from search and confirmatory seeds); the best mean validation metric wins. Without it
+    only AutoNorm-S would have a tuned η."""
+
+    model_config = _FROZEN
+
+    factor: Annotated[float, Field(strict=True, gt=1)] = 10.0  # grid spans searched η / factor .. η * factor
+    points: Annotated[int, Field(strict=True, ge=1, le=32)] = 5
+    seeds: Annotated[tuple[_Seed, ...], Field(min_length=1)] = (200, 201)
+    epochs: Annotated[int, Field(strict=True, ge=1)] | None = None  # None: the confirmatory budget
+
+    def grid(self, center: float) -> tuple[float, ...]:
+        """``points`` learning rates, log-spaced and centred on ``center``."""
+        if self.points == 1:
+            return (float(center),)
+        lo, hi = math.log10(center / self.factor), math.log10(center * self.factor)
+        step = (hi - lo) / (self.points - 1)
+        return tuple(float(f"{10 ** (lo + i * step):.6g}") for i in range(self.points))
+
+
+class ConfirmSpec(BaseModel):
+    """Confirmatory phase and claims of a search study.
+
+    Every arm runs on every seed of ``seeds`` (same seed -> same split, data order and, where shapes
+    agree, initialisation), the full training budget, no early stopping.
+    """
+
+    model_config = _FROZEN
+
+    arms: Annotated[tuple[Arm, ...], Field(min_length=2)] = CONFIRM_ARMS  # type: ignore[assignment]
+    seeds: Annotated[tuple[_Seed, ...], Field(min_length=2)] = tuple(range(100, 110))
+    lr_tuning: ConfirmLRSpec | None = ConfirmLRSpec()  # null: every arm uses the searched η
+    metric: Literal["test_accuracy", "test_loss"] = "test_accuracy"
+    min_seeds: Annotated[int, Field(strict=True, ge=2)] = 5
+    alpha: Annotated[float, Field(strict=True, gt=0, lt=1)] = 0.05
+    eps: Annotated[float, Field(strict=True, gt=0)] = 0.1  # claim d: "collapsed" = gate entropy below eps
+    data_kind: Literal["auto", "vision", "text", "tabular"] = "auto"  # auto: from data.type
+    max_concurrent: Annotated[int, Field(strict=True, ge=1)] | None = None  # None: the search's
+    run_claims: StrictBool = True
+
+    @model_validator(mode="after")
+    def _distinct(self) -> ConfirmSpec:
+        for name, values in (("arms", self.arms), ("seeds", self.seeds)):
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name} must be distinct, got {list(values)}")
+        if self.lr_tuning is not None:
+            overlap = sorted(set(self.lr_tuning.seeds) & set(self.seeds))
+            if overlap:
+                raise ValueError(
+                    f"lr_tuning.seeds {overlap} are also confirmatory seeds; tune on held-out seeds"
+                )
+        return self
+
+
+# --------------------------------------------------------------------------------------------------
+# The study spec
+# --------------------------------------------------------------------------------------------------
+
+
+def _confirm_issues(spec: Any) -> list[SpecIssue]:
+    """The claims study needs an AutoNorm search and seeds that no earlier phase used."""
+    confirm = spec.confirm
+    if confirm is None:
+        return []
+    issues = []
+    norm = getattr(spec.model, "norm", None)
+    if getattr(norm, "type", None) != "autonorm":
+        issues.append(
+            SpecIssue(
+                "confirm", "the AutoNorm claims need model.norm.type 'autonorm' (set confirm: null otherwise)"
+            )
+        )
+    used = sorted(set(confirm.seeds) & set(spec.seeds))
+    if used:
+        issues.append(
+            SpecIssue("confirm.seeds", f"seeds {used} are search seeds; the confirmation needs fresh ones")
+        )
+    if confirm.lr_tuning is not None:
+        used = sorted(set(confirm.lr_tuning.seeds) & set(spec.seeds))
+        if used:
+            issues.append(
+                SpecIssue("confirm.lr_tuning.seeds", f"seeds {used} are search seeds; tune on held-out ones")
+            )
+    return issues
+
+
+class StudySpec(_Spec):
+    """One study: what to train, what to search, where it runs and where results go."""
+
+    kind: Literal["search"] = "search"  # the batch-size study says "batchsize"
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")  # Tune dir + MLflow experiment
+    description: str = ""
+    hypothesis: str | None = None
+    model: ModelSpec
+    data: DataSpec
+    training: TrainingSpec = TrainingSpec()
+    search: SearchSpec = SearchSpec()
+    resources: ResourcesSpec = ResourcesSpec()
+    retries: NonNegInt = 2  # FailureConfig(max_failures)
+    seeds: Annotated[tuple[Seed, ...], Field(min_length=1)] = (0,)
+    tracking: TrackingSpec = TrackingSpec()
+    storage_path: StoragePath = "runs"  # local dir (relative: to the cwd), file:///abs or s3://bucket/prefix
+    storage: StorageSpec = StorageSpec()
+    confirm: ConfirmSpec | None = None  # the AutoNorm claims after the search; None: search only
+
+    @model_validator(mode="after")
+    def _cross(self) -> StudySpec:
+        issues = list(_section_issues(self.model, self.data, self.training))
+        issues += _confirm_issues(self)
+        if len(set(self.seeds)) != len(self.seeds):
+            issues.append(SpecIssue("seeds", f"seeds must be distinct, got {list(self.seeds)}"))
+        if len(self.seeds) > 1 and self.search.sampler.type != "grid":
+            issues.append(
+                SpecIssue(
+                    "seeds",
+                    "several seeds need the grid sampler; an optimiser searching over seeds fits noise",
+                )
+            )
+        sched = self.search.scheduler
+        if not isinstance(sched, FIFOSpec) and sched.grace_period > self.training.epochs:
+            issues.append(
+                SpecIssue(
+                    "search.scheduler.grace_period",
+                    f"grace_period ({sched.grace_period}) exceeds training.epochs ({self.training.epochs})",
+                )
+            )
+        if self.search.sampler.type != "grid" and not self.search.space:
+            issues.append(SpecIssue("search.space", f"sampler {self.search.sampler.type!r} needs parameters"))
+        issues += metric_issues(
+            self.search.metric, self.search.mode, model=self.model, data=self.data, space=self.search.space
+        )
+        if not issues:
+            issues += check_search_space(
+                self.search.space,
+                self.base_config(),
+                sampler=self.search.sampler.type,
+                seeds=self.seeds,
+            )
+        if issues:
+            raise SpecError(issues)
+        return self
+
+    def base_config(self) -> dict[str, Any]:
+        """The trial config every trial starts from (first seed)."""
+        return trial_config(self.model, self.data, self.training, self.seeds[0])
+
+    def to_document(self) -> dict[str, Any]:
+        """The resolved spec as plain data (what ``spec.yaml`` next to the results holds)."""
+        doc: dict[str, Any] = _type_first(self.model_dump(mode="json"))
+        return doc
+
+    def to_yaml(self) -> str:
+        return dump_yaml(self.to_document())
+
+    def hash(self) -> str:
+        return spec_hash(self.to_document())
+
+    def to_plan(self, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
+        """The plan ``workers.run_study`` executes.
+
+        Args:
+            environ: environment to read ``MLFLOW_TRACKING_URI`` (and the git commit override) from;
+                ``os.environ`` by default.
+        """
+        return build_plan(
+            name=self.name,
+            base_config=self.base_config(),
+            search=self.search,
+            seeds=self.seeds,
+            resources=self.resources,
+            retries=self.retries,
+            storage_path=self.storage_path,
+            storage=self.storage,
+            tracking=self.tracking,
+            document=self.to_document(),
+            description=self.description,
+            hypothesis=self.hypothesis,
+            environ=environ,
+        )

@@ -1,0 +1,187 @@
+"""Study specs: the YAML a researcher writes, validated once at the boundary into a frozen pydantic model.
+
+The shared machinery every study kind uses, one job per module:
+
+* :mod:`studies.spec.errors` — :class:`SpecIssue` / :class:`SpecError` (field path, message, YAML line);
+* :mod:`studies.spec.reading` — safe YAML reading with line numbers and limits;
+* :mod:`studies.spec.sections` — the shared sections (model, data, training, search space, resources,
+  tracking, storage) a kind's spec class composes;
+* :mod:`studies.spec.space` — search-space checks against the trial sections;
+* :mod:`studies.spec.plan` — a :class:`workers.plan.StudyPlan` from sections, provenance tags;
+* :mod:`studies.spec.loading` — layering (defaults → file → preset → ``--set``) and validation;
+* :mod:`studies.spec.urls` — the URL-like fields (storage path, tracking URI, endpoints), redaction.
+
+Layering, lowest to highest: pydantic defaults → the YAML file → a named preset from the file's
+top-level ``presets:`` mapping → ``--set dotted.key=value`` overrides (values parsed as YAML). Every
+problem is collected into one :class:`SpecError`, so the CLI prints all of them and exits 2 without a
+traceback. Paths use dots for mapping keys *and* list indices (``search.space.2.high``), the same
+syntax ``--set`` accepts.
+
+A kind's spec class lives in its own folder (``studies/kinds/<kind>/spec.py``); ``StudySpec`` (the
+search kind's) is still importable from here for old callers, resolved on first use: the kinds sit
+above this package, so importing one here eagerly would be a cycle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from studies.spec.errors import (
+    MAX_SHOWN_ISSUES,
+    SpecError,
+    SpecIssue,
+)
+from studies.spec.loading import (
+    layer_document,
+    load_spec,
+    read_spec_text,
+    url_field_issues,
+    validate_spec,
+)
+from studies.spec.plan import (
+    build_plan,
+    compile_search,
+    git_commit,
+    resolve_storage_path,
+    spec_hash,
+)
+from studies.spec.reading import (
+    MAX_YAML_BYTES,
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
+    MAX_YAML_WRITTEN,
+    dump_yaml,
+    parse_yaml,
+)
+from studies.spec.sections import (
+    DATA_TASKS,
+    LN2,
+    AdaNormSpec,
+    Asha,
+    AutoNormSpec,
+    CategoricalParam,
+    CNNSpec,
+    ConvLayerSpec,
+    CorrectedLinearSpec,
+    DataSpec,
+    DyTSpec,
+    FIFOSpec,
+    FiLMSpec,
+    FloatParam,
+    FreezeSpec,
+    GridSpec,
+    IntParam,
+    LayerNormSpec,
+    LinearSpec,
+    MLPLayerSpec,
+    MLPSpec,
+    ModelSpec,
+    NonNegInt,
+    NormSpec,
+    ParamSpec,
+    PosFloat,
+    PosInt,
+    ResourcesSpec,
+    RMSNormSpec,
+    SamplerSpec,
+    SchedulerSpec,
+    SearchSpec,
+    Seed,
+    StorageSpec,
+    TPESpec,
+    TrackingSpec,
+    TrainingSpec,
+    TrialSections,
+    ViTLiteSpec,
+    metric_issues,
+    reported_metrics,
+    trial_config,
+)
+from studies.spec.space import (
+    check_search_space,
+)
+from studies.spec.urls import (
+    ArtifactLocation,
+    EndpointURL,
+    StoragePath,
+    TrackingURI,
+)
+
+__all__ = [
+    "DATA_TASKS",
+    "LN2",
+    "MAX_SHOWN_ISSUES",
+    "MAX_YAML_BYTES",
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_NODES",
+    "MAX_YAML_WRITTEN",
+    "AdaNormSpec",
+    "ArtifactLocation",
+    "Asha",
+    "AutoNormSpec",
+    "CNNSpec",
+    "CategoricalParam",
+    "ConvLayerSpec",
+    "CorrectedLinearSpec",
+    "DataSpec",
+    "DyTSpec",
+    "EndpointURL",
+    "FIFOSpec",
+    "FiLMSpec",
+    "FloatParam",
+    "FreezeSpec",
+    "GridSpec",
+    "IntParam",
+    "LayerNormSpec",
+    "LinearSpec",
+    "MLPLayerSpec",
+    "MLPSpec",
+    "ModelSpec",
+    "NonNegInt",
+    "NormSpec",
+    "ParamSpec",
+    "PosFloat",
+    "PosInt",
+    "RMSNormSpec",
+    "ResourcesSpec",
+    "SamplerSpec",
+    "SchedulerSpec",
+    "SearchSpec",
+    "Seed",
+    "SpecError",
+    "SpecIssue",
+    "StoragePath",
+    "StorageSpec",
+    "StudySpec",
+    "TPESpec",
+    "TrackingSpec",
+    "TrackingURI",
+    "TrainingSpec",
+    "TrialSections",
+    "ViTLiteSpec",
+    "build_plan",
+    "check_search_space",
+    "compile_search",
+    "dump_yaml",
+    "git_commit",
+    "layer_document",
+    "load_spec",
+    "metric_issues",
+    "parse_yaml",
+    "read_spec_text",
+    "reported_metrics",
+    "resolve_storage_path",
+    "spec_hash",
+    "trial_config",
+    "url_field_issues",
+    "validate_spec",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: the search kind's spec class at its old address, imported on first use.
+    if name == "StudySpec":
+        from studies.kinds.search.spec import StudySpec
+
+        return StudySpec
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,832 @@
+"""The shared spec sections every study kind composes: field types, norms, affine layers, models, data,
+metrics, training, search space / sampler / scheduler, resources, tracking, storage, and the trial
+sections (``model``, ``data``, ``training`` + seed) one trial receives."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from studies.spec.errors import _SCALAR, SpecError, SpecIssue
+from studies.spec.urls import (
+    ArtifactLocation,
+    EndpointURL,
+    TrackingURI,
+)
+
+# --------------------------------------------------------------------------------------------------
+# Field types
+# --------------------------------------------------------------------------------------------------
+
+LN2 = math.log(2.0)
+"""Maximum gate entropy for two candidates; ``eps_h`` above it would make every rule trivial."""
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+_INT64_MAX = 2**63 - 1  # larger integers overflow torch, numpy and MLflow's params
+PosInt = Annotated[int, Field(strict=True, ge=1, le=_INT64_MAX)]
+NonNegInt = Annotated[int, Field(strict=True, ge=0, le=_INT64_MAX)]
+PosFloat = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(strict=True, ge=0, lt=1, allow_inf_nan=False)]
+Seed = Annotated[int, Field(strict=True, ge=0, lt=2**32)]
+"""A random seed: Optuna's samplers and numpy refuse seeds of 2**32 and above."""
+
+
+def _scalar(value: Any) -> Any:
+    if not isinstance(value, _SCALAR):
+        raise ValueError(
+            f"must be a single value (string, number, boolean or null), got {type(value).__name__}"
+        )
+    return value
+
+
+Scalar = Annotated[Any, AfterValidator(_scalar)]
+"""A YAML scalar: what Optuna accepts as a categorical choice and ``when`` compares against."""
+
+
+class _Spec(BaseModel):
+    model_config = _FROZEN
+
+
+# ---- norms ---------------------------------------------------------------------------------------
+
+NormName = Literal["dyt", "layernorm", "rmsnorm"]
+
+
+class LayerNormSpec(_Spec):
+    """LayerNorm (FrozenLN baseline)."""
+
+    type: Literal["layernorm"] = "layernorm"
+    eps: PosFloat = 1e-5
+
+
+class RMSNormSpec(_Spec):
+    type: Literal["rmsnorm"] = "rmsnorm"
+    eps: PosFloat = 1e-6
+
+
+class DyTSpec(_Spec):
+    """Dynamic Tanh; ``alpha_init`` is the one learnable scalar's start (Zhu et al.: 0.5)."""
+
+    type: Literal["dyt"] = "dyt"
+    alpha_init: PosFloat = 0.5
+
+
+class AdaNormSpec(_Spec):
+    """AdaNorm (Xu et al. 2019): ``C (1 - k y) y`` with the factor detached."""
+
+    type: Literal["adanorm"] = "adanorm"
+    k: Fraction = 0.1
+    scale: PosFloat = 2.0  # the paper's C
+    eps: PosFloat = 1e-5
+
+
+class FiLMSpec(_Spec):
+    """Self-conditioned FiLM over a LayerNorm without affine; starts as LN (zero-initialised MLP)."""
+
+    type: Literal["film"] = "film"
+    eps: PosFloat = 1e-5
+    hidden_dim: PosInt | None = None  # None: dim // 2
+
+
+def _distinct_candidates(cls: Any, v: tuple[str, ...]) -> tuple[str, ...]:
+    if len(v) < 2 or len(set(v)) != len(v):
+        raise ValueError(f"candidates must be at least two distinct norms, got {list(v)}")
+    return v
+
+
+class AutoNormSpec(_Spec):
+    """Gumbel-softmax gate mixing candidate norms per sample (AutoNorm)."""
+
+    type: Literal["autonorm"] = "autonorm"
+    candidates: tuple[NormName, ...] = ("dyt", "layernorm")
+    tau: Annotated[float, Field(strict=True, gt=0, le=100, allow_inf_nan=False)] = 0.5
+    hard: StrictBool = False  # straight-through one-hot samples in training
+    eval_mode: Literal["softmax", "argmax", "sample"] = "softmax"
+    selector_init: Literal["zeros", "default"] = "zeros"  # zeros: the gate starts at uniform weights
+    # (noise after freezing is training.freeze.sample_after_freeze: the fit's freeze rule decides it)
+    hidden_dim: PosInt | None = None  # selector MLP width; None: dim // 2
+    # once frozen, a batch whose gate weight is at least this for one branch computes only that branch
+    fast_path_threshold: Annotated[float, Field(strict=True, gt=0.5, le=1.0)] = 1.0 - 1e-3
+
+    _distinct = field_validator("candidates")(_distinct_candidates)
+
+
+class RandomSelectorSpec(_Spec):
+    """Control: ``w_DyT ~ U(0, 1)`` per sample per forward, no learning."""
+
+    type: Literal["random_selector"] = "random_selector"
+    candidates: tuple[NormName, ...] = ("dyt", "layernorm")
+    eval_mode: Literal["mean", "sample"] = "mean"  # mean: the expected weights, deterministic
+
+    _distinct = field_validator("candidates")(_distinct_candidates)
+
+
+class IdentitySpec(_Spec):
+    type: Literal["identity"] = "identity"
+
+
+NormSpec = Annotated[
+    LayerNormSpec
+    | RMSNormSpec
+    | DyTSpec
+    | AdaNormSpec
+    | FiLMSpec
+    | AutoNormSpec
+    | RandomSelectorSpec
+    | IdentitySpec,
+    Field(discriminator="type"),
+]
+
+
+# ---- affine layers ---------------------------------------------------------------------------------
+
+
+class PlainLinearSpec(_Spec):
+    type: Literal["linear"] = "linear"
+
+
+class PreNormL2Spec(_Spec):
+    """``W x/‖x‖ + b``: scale invariant, loses the radius."""
+
+    type: Literal["prenorm_l2"] = "prenorm_l2"
+
+
+class PreNormRMSSpec(_Spec):
+    type: Literal["prenorm_rms"] = "prenorm_rms"
+
+
+class CorrectedLinearSpec(_Spec):
+    """``(W x + β b) / sqrt(‖x‖² + β²)``: removes the affine divergence for one sample."""
+
+    type: Literal["corrected"] = "corrected"
+    beta: PosFloat = 1.0
+
+
+class LinearBatchNormSpec(_Spec):
+    type: Literal["linear_batchnorm"] = "linear_batchnorm"
+
+
+class LinearLayerNormSpec(_Spec):
+    type: Literal["linear_layernorm"] = "linear_layernorm"
+
+
+LinearSpec = Annotated[
+    PlainLinearSpec | PreNormL2Spec | PreNormRMSSpec | CorrectedLinearSpec,
+    Field(discriminator="type"),
+]
+"""Linear layers inside transformer blocks (the divergence-fix variant)."""
+
+MLPLayerSpec = Annotated[
+    PlainLinearSpec
+    | LinearBatchNormSpec
+    | LinearLayerNormSpec
+    | PreNormL2Spec
+    | PreNormRMSSpec
+    | CorrectedLinearSpec,
+    Field(discriminator="type"),
+]
+"""Hidden layers of the MLP, including the BatchNorm / LayerNorm controls."""
+
+
+class ConvSpec(_Spec):
+    type: Literal["conv"] = "conv"
+
+
+class ConvBatchNormSpec(_Spec):
+    type: Literal["conv_batchnorm"] = "conv_batchnorm"
+
+
+class ConvLayerNormSpec(_Spec):
+    """Convolution + LayerNorm over each sample's (C, H, W) feature map (GroupNorm with one group)."""
+
+    type: Literal["conv_layernorm"] = "conv_layernorm"
+
+
+class PatchNormSpec(_Spec):
+    """Per-location divergence correction of a convolution (PatchNormConv2d)."""
+
+    type: Literal["patchnorm"] = "patchnorm"
+    bias_in_division: StrictBool = True  # (<W, P> + b) / sqrt(|P|^2 + 1), as written in the paper
+    patch_scale: StrictBool = False  # extra sqrt(C kh kw) factor
+    learnable_gain: StrictBool = False
+
+
+ConvLayerSpec = Annotated[
+    ConvSpec | ConvBatchNormSpec | ConvLayerNormSpec | PatchNormSpec, Field(discriminator="type")
+]
+
+
+# ---- models ------------------------------------------------------------------------------------------
+
+
+class _TransformerSpec(_Spec):
+    """Fields shared by the transformer encoders. ``None`` sizes take the preset's value."""
+
+    preset: Literal["paper", "tiny"] = "paper"
+    depth: PosInt | None = None
+    dim: PosInt | None = None
+    heads: PosInt | None = None
+    mlp_ratio: PosFloat | None = None
+    drop_path: Fraction | None = None
+    layerscale_init: NonNegFloat | None = None
+    qkv_bias: StrictBool | None = None
+    norm: NormSpec = LayerNormSpec()
+    final_norm: NormSpec = LayerNormSpec()  # the paper keeps LN after the last block
+    linear: LinearSpec = PlainLinearSpec()
+    linear_in_attention: StrictBool = False  # also use `linear` for the q/k/v/out projections
+
+    @field_validator("heads")
+    @classmethod
+    def _heads_divide_dim(cls, v: int | None, info: ValidationInfo) -> int | None:
+        dim = info.data.get("dim")
+        if v is not None and dim is not None and dim % v:
+            raise ValueError(f"heads ({v}) must divide dim ({dim})")
+        return v
+
+
+class ViTLiteSpec(_TransformerSpec):
+    """ViT-Lite vision encoder (paper: depth 8, dim 128, heads 4, patch 4)."""
+
+    type: Literal["vit_lite"] = "vit_lite"
+    patch_size: PosInt | None = None
+
+
+class TextEncoderSpec(_TransformerSpec):
+    """Text encoder for token tagging and sentence classification (paper: depth 12, dim 128, heads 8)."""
+
+    type: Literal["text_encoder"] = "text_encoder"
+    pool: Literal["cls", "mean"] | None = None  # sentence classification: CLS token or token mean
+
+
+class TabularSpec(_TransformerSpec):
+    """Feature-token encoder for tabular regression/classification."""
+
+    type: Literal["tabular"] = "tabular"
+
+
+class MLPSpec(_Spec):
+    """Plain MLP for the batch-size hypothesis; ``hidden`` overrides the preset's widths."""
+
+    type: Literal["mlp"] = "mlp"
+    preset: Literal["paper", "tiny"] = "paper"
+    hidden: Annotated[tuple[PosInt, ...], Field(min_length=1)] | None = None
+    layer: MLPLayerSpec = PlainLinearSpec()
+    activation: Literal["relu", "gelu", "tanh"] | None = None
+    head_variant: StrictBool | None = None  # the output layer uses `layer` too (not for +BN/+LN)
+
+
+class CNNSpec(_Spec):
+    """Small CNN (the PatchNorm variant of the batch-size hypothesis)."""
+
+    type: Literal["cnn"] = "cnn"
+    preset: Literal["paper", "tiny"] = "paper"
+    channels: Annotated[tuple[PosInt, ...], Field(min_length=1)] | None = None
+    kernel: PosInt | None = None
+    layer: ConvLayerSpec = ConvSpec()
+    activation: Literal["relu", "gelu", "tanh"] | None = None
+
+
+ModelSpec = Annotated[
+    ViTLiteSpec | TextEncoderSpec | TabularSpec | MLPSpec | CNNSpec,
+    Field(discriminator="type"),
+]
+
+
+# ---- data --------------------------------------------------------------------------------------------
+
+
+class _DataSpec(_Spec):
+    subset: PosInt | None = None  # use the first N training examples (CPU smoke runs)
+    val_fraction: Annotated[float, Field(strict=True, gt=0, lt=1)] = 0.1  # held out of train for selection
+
+
+class _RootedDataSpec(_DataSpec):
+    data_root: str | None = None  # None: the data set's offline default location
+
+
+class FashionMNISTSpec(_RootedDataSpec):
+    type: Literal["fashion_mnist"] = "fashion_mnist"
+
+
+class DigitsSpec(_DataSpec):
+    """scikit-learn's 8x8 digits (bundled with the package, hence no ``data_root``)."""
+
+    type: Literal["digits"] = "digits"
+
+
+class DiabetesSpec(_DataSpec):
+    type: Literal["diabetes"] = "diabetes"
+
+
+class PTBPosSampleSpec(_RootedDataSpec):
+    type: Literal["ptb_pos_sample"] = "ptb_pos_sample"
+
+
+class PangLeePolaritySpec(_RootedDataSpec):
+    type: Literal["pang_lee_polarity"] = "pang_lee_polarity"
+
+
+class MNISTSpec(_RootedDataSpec):
+    type: Literal["mnist"] = "mnist"
+
+
+class CIFAR10Spec(_RootedDataSpec):
+    type: Literal["cifar10"] = "cifar10"
+
+
+class CIFAR100Spec(_RootedDataSpec):
+    type: Literal["cifar100"] = "cifar100"
+
+
+class SVHNSpec(_RootedDataSpec):
+    type: Literal["svhn"] = "svhn"
+
+
+class SST2Spec(_RootedDataSpec):
+    type: Literal["sst2"] = "sst2"
+
+
+class PTBPosSpec(_RootedDataSpec):
+    type: Literal["ptb_pos"] = "ptb_pos"
+
+
+DataSpec = Annotated[
+    FashionMNISTSpec
+    | DigitsSpec
+    | DiabetesSpec
+    | PTBPosSampleSpec
+    | PangLeePolaritySpec
+    | MNISTSpec
+    | CIFAR10Spec
+    | CIFAR100Spec
+    | SVHNSpec
+    | SST2Spec
+    | PTBPosSpec,
+    Field(discriminator="type"),
+]
+
+_IMAGE_SIDE = {"fashion_mnist": 28, "mnist": 28, "digits": 8, "cifar10": 32, "cifar100": 32, "svhn": 32}
+_TEXT = {"ptb_pos_sample", "pang_lee_polarity", "sst2", "ptb_pos"}
+_MODEL_DATA = {
+    "vit_lite": set(_IMAGE_SIDE),
+    "cnn": set(_IMAGE_SIDE),
+    "text_encoder": _TEXT,
+    "tabular": {"diabetes", "digits"},
+    "mlp": {*_IMAGE_SIDE, "diabetes"},
+}
+
+
+# ---- metrics: what a trial reports, and which way is better -------------------------------------------
+
+DATA_TASKS: dict[str, str] = {
+    "fashion_mnist": "classification",
+    "digits": "classification",
+    "diabetes": "regression",
+    "ptb_pos_sample": "tagging",
+    "pang_lee_polarity": "classification",
+    "mnist": "classification",
+    "cifar10": "classification",
+    "cifar100": "classification",
+    "svhn": "classification",
+    "sst2": "classification",
+    "ptb_pos": "tagging",
+}
+"""The task of each data set (``autonorm_core.data``'s ``Splits.task``); a contract test keeps them equal."""
+
+_TASK_METRICS: dict[str, dict[str, str]] = {
+    task: {
+        "train_loss": "min",
+        "val_loss": "min",
+        "test_loss": "min",
+        f"val_{score}": direction,
+        f"test_{score}": direction,
+    }
+    for task, score, direction in (
+        ("classification", "accuracy", "max"),
+        ("tagging", "accuracy", "max"),
+        ("regression", "rmse", "min"),
+    )
+}
+_GATE_METRICS = {"gate_entropy": "min"}
+_GATE_LAYER_METRIC = re.compile(r"^gate_entropy/layer_[0-9]{1,4}$")
+
+
+def reported_metrics(task: str, *, gated: bool = False) -> dict[str, str]:
+    """Metric name -> ``"max"`` | ``"min"`` for what ``autonorm_core.training.fit`` reports on ``task``.
+
+    Mirrors ``autonorm_core.training.reported_metrics`` without importing torch (a contract test keeps
+    the two equal). ``gated``: the model has AutoNorm layers, which add ``gate_entropy`` (and the
+    per-layer ``gate_entropy/layer_<i>``, matched by pattern, not listed).
+    """
+    if task not in _TASK_METRICS:
+        raise ValueError(f"unknown task {task!r}; valid: {', '.join(_TASK_METRICS)}")
+    return {**_TASK_METRICS[task], **(_GATE_METRICS if gated else {})}
+
+
+def _searched_choices(space: Sequence[Any], name: str) -> list[Any] | None:
+    for p in space:
+        if p.name == name:
+            return list(p.choices) if isinstance(p, CategoricalParam) else [None]
+    return None
+
+
+def _always_gated(model: Any, space: Sequence[Any]) -> bool:
+    """Every trial's model has AutoNorm layers (``norm`` or ``final_norm`` is, and stays, autonorm)."""
+    for field in ("norm", "final_norm"):
+        if getattr(getattr(model, field, None), "type", None) != "autonorm":
+            continue
+        searched = _searched_choices(space, f"model.{field}.type")
+        if searched is None or all(c == "autonorm" for c in searched):
+            return True
+    return False
+
+
+def metric_issues(
+    metric: str,
+    mode: str | None,
+    *,
+    model: Any,
+    data: Any,
+    space: Sequence[Any] = (),
+    metric_path: str = "search.metric",
+    mode_path: str = "search.mode",
+    allow_test: bool = False,
+) -> list[SpecIssue]:
+    """Check that every trial reports ``metric`` and that ``mode`` optimises it the right way.
+
+    Args:
+        metric: the metric to select on (or analyse).
+        mode: ``"max"`` / ``"min"``; None skips the direction check.
+        model, data: the spec's sections (a searched ``data.type`` or ``model.norm.type`` is honoured
+            through ``space``: the metric must be reported under every choice).
+        metric_path, mode_path: field paths for the messages.
+        allow_test: accept ``test_*`` metrics (final analysis, never selection).
+    """
+    data_types = _searched_choices(space, "data.type") or [data.type]
+    tasks = sorted({DATA_TASKS[d] for d in data_types if d in DATA_TASKS})
+    if not tasks:
+        return []
+    gated = _always_gated(model, space)
+    tables = [reported_metrics(t, gated=gated) for t in tasks]
+    valid = {k: v for k, v in tables[0].items() if all(t.get(k) == v for t in tables[1:])}
+    if not allow_test:
+        valid = {k: v for k, v in valid.items() if not k.startswith("test_")}
+    where = f"{' and '.join(sorted(set(map(str, data_types))))} ({', '.join(tasks)})"
+    if metric in valid:
+        direction = valid[metric]
+    elif gated and _GATE_LAYER_METRIC.match(metric):
+        direction = "min"
+    else:
+        hint = ""
+        if metric.startswith("gate_entropy") and not gated:
+            hint = " (gate metrics need model.norm.type or model.final_norm.type 'autonorm' in every trial)"
+        return [
+            SpecIssue(
+                metric_path,
+                f"{metric!r} is not a metric that trials on {where} report{hint}; valid: {', '.join(sorted(valid))}",
+            )
+        ]
+    if mode is not None and mode != direction:
+        better = "higher" if direction == "max" else "lower"
+        return [
+            SpecIssue(
+                mode_path, f"{metric} is better when {better}: mode must be {direction!r}, got {mode!r}"
+            )
+        ]
+    return []
+
+
+# ---- training ------------------------------------------------------------------------------------------
+
+
+class FreezeSpec(_Spec):
+    """AutoNorm-S: at the end of epoch ``t_freeze`` the rule decides whether to freeze the selector.
+
+    ``freeze_if_high`` is the paper's literal wording (freeze if the gate entropy has NOT fallen below
+    ``eps_h``); the other rules are the alternatives a study can compare.
+    """
+
+    t_freeze: PosInt = 10
+    eps_h: Annotated[float, Field(strict=True, ge=0, le=LN2)] = 0.1
+    rule: Literal["freeze_if_high", "freeze_if_low", "always"] = "freeze_if_high"
+    sample_after_freeze: StrictBool = False
+
+
+class TrainingSpec(_Spec):
+    """The training loop's settings (defaults as in ``docs/science.md``)."""
+
+    epochs: PosInt = 20
+    batch_size: PosInt = 64
+    lr: Annotated[float, Field(strict=True, gt=0, le=10, allow_inf_nan=False)] = 1e-3
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    momentum: Fraction = 0.0  # sgd only; the divergence derivation assumes none
+    weight_decay: NonNegFloat = 1e-4
+    schedule: Literal["cosine", "constant"] = "cosine"
+    warmup_fraction: Fraction = 0.05
+    grad_clip: PosFloat | None = 1.0  # None: no clipping
+    label_smoothing: Fraction = 0.1
+    freeze: FreezeSpec | None = None  # None: the gate trains throughout (plain AutoNorm)
+    lr_scaling: Literal["constant", "linear", "sqrt"] = "constant"  # lr vs batch_size/reference_batch_size
+    reference_batch_size: PosInt = 64
+    budget: Literal["epochs", "updates"] = "epochs"
+    max_updates: PosInt | None = None  # required when budget == "updates"
+    eval_batch_size: PosInt = 256
+    tau_final: PosFloat | None = None  # anneal AutoNorm's tau to this by the last epoch; None: fixed
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """``bf16``: every forward (training and evaluation) under bf16 autocast; loss, parameters, gradients
+    and optimizer state stay float32. Valid on CPU and CUDA (on most CPUs slower than ``fp32``)."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """Run the model's forward through ``torch.compile``: ``auto`` on CUDA only (eager on CPU, where
+    compiling does not pay off in a short trial), ``on`` on any device, ``off`` never."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Search space, sampler, scheduler
+# --------------------------------------------------------------------------------------------------
+
+
+class _ParamBase(_Spec):
+    name: str = Field(min_length=1)  # dotted path into the trial config, or "seed"
+    when: dict[str, Scalar] = {}  # sample only when these earlier parameters have these values
+
+
+class _RangeParam(_ParamBase):
+    # `log` and `step` come before the bounds so the bounds' validators can see them.
+    log: StrictBool = False
+
+    @field_validator("low", check_fields=False)
+    @classmethod
+    def _low_positive_for_log(cls, v: float, info: ValidationInfo) -> float:
+        if info.data.get("log") and v <= 0:
+            raise ValueError(f"a log-scaled range needs low > 0, got {v}")
+        if info.data.get("log") and info.data.get("step") is not None:
+            raise ValueError("step cannot be combined with log")
+        return v
+
+    @field_validator("high", check_fields=False)
+    @classmethod
+    def _high_above_low(cls, v: float, info: ValidationInfo) -> float:
+        low = info.data.get("low")
+        if low is not None and v <= low:
+            raise ValueError(f"high ({v}) must be above low ({low})")
+        return v
+
+
+class IntParam(_RangeParam):
+    type: Literal["int"] = "int"
+    step: PosInt | None = None
+    low: Annotated[int, Field(strict=True)]
+    high: Annotated[int, Field(strict=True)]
+
+
+class FloatParam(_RangeParam):
+    """Uniform float; ``log: true`` samples log-uniformly (``low`` must then be > 0)."""
+
+    type: Literal["float"] = "float"
+    step: PosFloat | None = None
+    low: Annotated[float, Field(strict=True, allow_inf_nan=False)]
+    high: Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+class CategoricalParam(_ParamBase):
+    type: Literal["categorical"] = "categorical"
+    choices: Annotated[tuple[Scalar, ...], Field(min_length=1)]
+
+    @field_validator("choices")
+    @classmethod
+    def _distinct(cls, v: tuple[Any, ...]) -> tuple[Any, ...]:
+        keys = [json.dumps(c) for c in v]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"choices must be distinct, got {list(v)}")
+        return v
+
+
+ParamSpec = Annotated[IntParam | FloatParam | CategoricalParam, Field(discriminator="type")]
+
+
+class TPESpec(_Spec):
+    type: Literal["tpe"] = "tpe"
+    seed: Seed = 0
+    n_startup_trials: PosInt = 10
+
+
+class RandomSamplerSpec(_Spec):
+    type: Literal["random"] = "random"
+    seed: Seed = 0
+
+
+class CmaEsSpec(_Spec):
+    type: Literal["cmaes"] = "cmaes"
+    seed: Seed = 0
+    n_startup_trials: PosInt = 1
+
+
+class GridSpec(_Spec):
+    """Exhaustive grid over the categorical parameters' choices (x seeds), ``num_samples`` repeats."""
+
+    type: Literal["grid"] = "grid"
+
+
+SamplerSpec = Annotated[TPESpec | RandomSamplerSpec | CmaEsSpec | GridSpec, Field(discriminator="type")]
+
+
+class FIFOSpec(_Spec):
+    type: Literal["fifo"] = "fifo"
+
+
+class Asha(_Spec):
+    """Asynchronous successive halving over epochs (exploration only: stopped trials are PRUNED)."""
+
+    type: Literal["asha"] = "asha"
+    grace_period: PosInt = 1
+    reduction_factor: Annotated[int, Field(strict=True, ge=2)] = 3
+
+
+class MedianSpec(_Spec):
+    type: Literal["median"] = "median"
+    grace_period: PosInt = 1
+
+
+SchedulerSpec = Annotated[FIFOSpec | Asha | MedianSpec, Field(discriminator="type")]
+
+
+class SearchSpec(_Spec):
+    """What to optimise and how: the space, the sampler, the early-stopping scheduler, the budget."""
+
+    metric: str = Field(default="val_accuracy", min_length=1)
+    mode: Literal["min", "max"] = "max"
+    space: tuple[ParamSpec, ...] = ()
+    sampler: SamplerSpec = TPESpec()
+    scheduler: SchedulerSpec = FIFOSpec()
+    num_samples: PosInt = 8  # trials (Optuna samplers) or repeats of the grid
+    max_concurrent: PosInt = 2  # always passed to Tune: without it Optuna keeps one trial pending
+
+    @field_validator("metric")
+    @classmethod
+    def _not_test_split(cls, v: str) -> str:
+        if v.startswith("test_"):
+            raise ValueError(f"{v!r} selects on the test split; use a validation metric (val_...)")
+        return v
+
+    @field_validator("mode")
+    @classmethod
+    def _mode_matches_metric(cls, v: str, info: ValidationInfo) -> str:
+        metric = info.data.get("metric") or ""
+        if "loss" in metric and v == "max":
+            raise ValueError(f"metric {metric!r} is a loss: mode must be 'min'")
+        if "accuracy" in metric and v == "min":
+            raise ValueError(f"metric {metric!r} is an accuracy: mode must be 'max'")
+        return v
+
+
+# --------------------------------------------------------------------------------------------------
+# Resources, tracking, storage
+# --------------------------------------------------------------------------------------------------
+
+
+class ResourcesSpec(_Spec):
+    """Per trial. Fractional GPUs share a device (``0.25`` = four trials per GPU)."""
+
+    cpu: NonNegFloat = 1.0
+    gpu: NonNegFloat = 0.0
+
+    @field_validator("gpu")
+    @classmethod
+    def _whole_gpus_above_one(cls, v: float, info: ValidationInfo) -> float:
+        if v > 1 and not float(v).is_integer():
+            raise ValueError(f"fractions of a GPU must be below 1; above 1 use whole GPUs, got {v}")
+        if v == 0 and info.data.get("cpu") == 0:
+            raise ValueError("a trial needs some resource: cpu and gpu are both 0")
+        return v
+
+    def as_plan(self) -> tuple[tuple[str, float], ...]:
+        res: list[tuple[str, float]] = [("cpu", float(self.cpu))]
+        if self.gpu:
+            res.append(("gpu", float(self.gpu)))
+        return tuple(res)
+
+
+class TrackingSpec(_Spec):
+    """MLflow. ``uri`` None: ``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<storage>/mlflow.db``."""
+
+    uri: TrackingURI | None = None  # http(s), sqlite:////abs, postgresql, mysql, databricks
+    experiment: Annotated[str, Field(min_length=1, max_length=500)] | None = None  # None: the study's name
+    artifact_location: ArtifactLocation | None = None  # e.g. s3://bucket/prefix for a new experiment
+
+
+class StorageSpec(_Spec):
+    """How to reach ``storage_path`` when it is ``s3://...``; keys come from the environment only."""
+
+    endpoint_override: EndpointURL | None = None  # S3-compatible server, e.g. http://127.0.0.1:8333
+    region: Annotated[str, Field(pattern=r"^[a-z0-9-]{1,64}$")] = "us-east-1"
+
+
+# --------------------------------------------------------------------------------------------------
+# The trial sections and cross-field checks
+# --------------------------------------------------------------------------------------------------
+
+
+def _section_issues(model: Any, data: Any, training: TrainingSpec) -> list[SpecIssue]:
+    """Checks that need more than one section; paths are those of the trial config."""
+    issues: list[SpecIssue] = []
+    allowed = _MODEL_DATA.get(model.type, set())
+    if data.type not in allowed:
+        issues.append(
+            SpecIssue(
+                "data.type",
+                f"{data.type!r} does not fit model type {model.type!r} (valid: {', '.join(sorted(allowed))})",
+            )
+        )
+    patch = getattr(model, "patch_size", None)
+    side = _IMAGE_SIDE.get(data.type)
+    if patch is not None and side is not None and side % patch:
+        issues.append(
+            SpecIssue(
+                "model.patch_size",
+                f"patch_size {patch} does not divide the {side}x{side} images of {data.type!r}",
+            )
+        )
+    if training.freeze is not None:
+        if training.freeze.t_freeze > training.epochs:
+            issues.append(
+                SpecIssue(
+                    "training.freeze.t_freeze",
+                    f"t_freeze ({training.freeze.t_freeze}) is after the last epoch ({training.epochs})",
+                )
+            )
+        if getattr(getattr(model, "norm", None), "type", None) != "autonorm":
+            issues.append(
+                SpecIssue(
+                    "training.freeze",
+                    "gate freezing needs model.norm.type 'autonorm' (set training.freeze: null otherwise)",
+                )
+            )
+    if training.budget == "updates" and training.max_updates is None:
+        issues.append(SpecIssue("training.max_updates", "required when training.budget is 'updates'"))
+    if training.budget == "epochs" and training.max_updates is not None:
+        issues.append(SpecIssue("training.max_updates", "only used when training.budget is 'updates'"))
+    if training.optimizer == "adamw" and training.momentum:
+        issues.append(SpecIssue("training.momentum", "momentum is an sgd setting; adamw ignores it"))
+    if training.tau_final is not None and getattr(getattr(model, "norm", None), "type", None) != "autonorm":
+        issues.append(SpecIssue("training.tau_final", "tau annealing needs model.norm.type 'autonorm'"))
+    return issues
+
+
+class TrialSections(_Spec):
+    """What one trial receives: the spec's model, data and training sections plus a seed.
+
+    Validating a candidate trial config against this model is how the search space is checked:
+    every value a parameter can take is written into the base config and re-validated.
+    """
+
+    model: ModelSpec
+    data: DataSpec
+    training: TrainingSpec = TrainingSpec()
+    seed: Seed = 0
+
+    @model_validator(mode="after")
+    def _cross(self) -> TrialSections:
+        issues = _section_issues(self.model, self.data, self.training)
+        if issues:
+            raise SpecError(issues)
+        return self
+
+    def trial_config(self) -> dict[str, Any]:
+        """The plain dict workers hand to a trial (see ``workers/plan.py``)."""
+        return trial_config(self.model, self.data, self.training, self.seed)
+
+
+def _type_first(obj: Any) -> Any:
+    """Put each variant's ``type`` first, so a resolved spec reads like the YAML people write."""
+    if isinstance(obj, dict):
+        head = {"type": obj["type"]} if "type" in obj else {}
+        return {**head, **{k: _type_first(v) for k, v in obj.items() if k != "type"}}
+    if isinstance(obj, list):
+        return [_type_first(v) for v in obj]
+    return obj
+
+
+def trial_config(model: Any, data: Any, training: TrainingSpec, seed: int) -> dict[str, Any]:
+    """Trial config from sections; ``None`` model sizes are dropped so the preset's values apply."""
+    return {
+        "model": model.model_dump(mode="json", exclude_none=True),
+        "data": data.model_dump(mode="json"),
+        "training": training.model_dump(mode="json"),
+        "seed": seed,
+    }
