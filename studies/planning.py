@@ -112,6 +112,7 @@ class PhaseTrials:
     name: str
     plan: StudyPlan
     configs: tuple[dict[str, Any], ...]
+    optional: bool = False  # runs only when needed (a range extension): in ``trials_max`` only
 
 
 def _grid_points(plan: StudyPlan) -> list[dict[str, Any]]:
@@ -124,11 +125,11 @@ def _grid_points(plan: StudyPlan) -> list[dict[str, Any]]:
     return [p for _ in range(plan.num_samples) for p in points]
 
 
-def _phase(name: str, plan: StudyPlan) -> PhaseTrials:
+def _phase(name: str, plan: StudyPlan, *, optional: bool = False) -> PhaseTrials:
     configs = tuple(with_values(plan.base_config, point) for point in _grid_points(plan))
     if len(configs) != expected_trials(plan):  # the plan contract; never expected to fail
         raise AssertionError(f"phase {name}: {len(configs)} configs for {expected_trials(plan)} trials")
-    return PhaseTrials(name=name, plan=plan, configs=configs)
+    return PhaseTrials(name=name, plan=plan, configs=configs, optional=optional)
 
 
 def phases_of(spec: Any) -> list[PhaseTrials]:
@@ -149,8 +150,15 @@ def phases_of(spec: Any) -> list[PhaseTrials]:
         else:
             placeholder = {a: spec.training.lr for a in spec.arms}
         out = []
+        tuning = spec.lr_tuning
+        rounds = tuning.max_extensions if tuning.lr_grid().extendable else 0
+        edge = {cell: tuning.high for cell in spec.tuning_cells}  # the rate does not change the cost
         for budget in spec.budgets:
             out.append(_phase(f"lr_tuning-{budget}", spec.tuning_plan(budget)))
+            out += [
+                _phase(f"lr_tuning-{budget}-ext{k}", spec.extension_plan(budget, k, edge), optional=True)
+                for k in range(1, rounds + 1)
+            ]
             out.append(_phase(f"confirmatory-{budget}", spec.confirmatory_plan(budget, placeholder)))
         return out
     if kind == "search":
@@ -203,6 +211,16 @@ def _confirm_phases(spec: Any, plan: StudyPlan) -> list[PhaseTrials]:
                 tune_base["training"]["epochs"] = tune.epochs
             grid = (("training.lr", tuple(tune.grid(lr))), ("seed", tuple(tune.seeds)))
             out.append(_phase(f"confirm-lr-{arm}", grid_plan(f"confirm-tune-{arm}", tune_base, grid)))
+            rounds = tune.max_extensions if tune.lr_grid(lr).extendable else 0
+            one = (("training.lr", (lr,)), ("seed", tuple(tune.seeds)))
+            out += [
+                _phase(
+                    f"confirm-lr-{arm}-ext{k}",
+                    grid_plan(f"confirm-tune-{arm}-ext{k}", tune_base, one),
+                    optional=True,
+                )
+                for k in range(1, rounds + 1)
+            ]
         out.append(
             _phase(f"confirm-{arm}", grid_plan(f"confirm-{arm}", base, (("seed", tuple(confirm.seeds)),)))
         )
@@ -510,11 +528,14 @@ def plan_study(
         steps / warmup / eval_rows: size of each measurement (:func:`calibrate_trial`).
 
     Returns:
-        ``{"study", "kind", "trials", "cpu_hours", "gpu_hours", "wall_s", "cluster": {"cpus",
-        "gpus"}, "phases": [{"name", "trials", "budget", "epochs" | "updates", "epochs_by_batch_size",
+        ``{"study", "kind", "trials", "trials_max", "cpu_hours", "gpu_hours", "cpu_hours_max",
+        "gpu_hours_max", "wall_s", "wall_s_max", "cluster": {"cpus", "gpus"}, "phases": [{"name",
+        "trials", "budget", "optional", "epochs" | "updates", "epochs_by_batch_size",
         "updates_by_batch_size", "slots", "trial_s" (mean), "trial_s_min", "trial_s_max",
         "cpu_hours", "gpu_hours", "wall_s", "upper_bound"}], "calibration": {...}}``.
-        ``trials`` equals the kind's ``total_trials(spec)``.
+        ``trials`` equals the kind's ``total_trials(spec)``: every phase but the optional ones (a
+        learning-rate range extension runs only when a tuned rate sits on its grid's edge);
+        ``trials_max`` / ``wall_s_max`` / ``*_hours_max`` count every extension too.
 
     Raises:
         ValueError: the cluster cannot start a trial, or a step time is missing with ``calibrate=False``.
@@ -588,7 +609,8 @@ def plan_study(
     consts = {name: _constant(cal, name) for name in DEFAULTS}
     out_phases: list[dict[str, Any]] = []
     total_cpu_h = total_gpu_h = 0.0
-    wall = consts["study_start_s"]
+    max_cpu_h = max_gpu_h = 0.0
+    wall = wall_max = consts["study_start_s"]
     for ph in phases:
         res = dict(ph.plan.resources)
         durations: list[float] = []
@@ -617,11 +639,20 @@ def plan_study(
         seconds = sum(durations)
         cpu_h = seconds * float(res.get("cpu", 0.0)) / 3600.0
         gpu_h = seconds * float(res.get("gpu", 0.0)) / 3600.0
-        total_cpu_h += cpu_h
-        total_gpu_h += gpu_h
-        wall += phase_wall
+        max_cpu_h += cpu_h
+        max_gpu_h += gpu_h
+        wall_max += phase_wall
+        if not ph.optional:
+            total_cpu_h += cpu_h
+            total_gpu_h += gpu_h
+            wall += phase_wall
         budget = budgets.pop() if len(budgets) == 1 else "mixed"
-        entry: dict[str, Any] = {"name": ph.name, "trials": len(ph.configs), "budget": budget}
+        entry: dict[str, Any] = {
+            "name": ph.name,
+            "trials": len(ph.configs),
+            "budget": budget,
+            "optional": ph.optional,
+        }
         if budget == "epochs":
             entry["epochs"] = max(e for _, e in epochs_b)
         elif budget == "updates":
@@ -650,10 +681,14 @@ def plan_study(
     return {
         "study": getattr(spec, "name", None),
         "kind": str(getattr(spec, "kind", "search")),
-        "trials": sum(len(ph.configs) for ph in phases),
+        "trials": sum(len(ph.configs) for ph in phases if not ph.optional),
+        "trials_max": sum(len(ph.configs) for ph in phases),
         "cpu_hours": total_cpu_h,
         "gpu_hours": total_gpu_h,
+        "cpu_hours_max": max_cpu_h,
+        "gpu_hours_max": max_gpu_h,
         "wall_s": wall,
+        "wall_s_max": wall_max,
         "cluster": {"cpus": cpus, "gpus": gpus},
         "phases": out_phases,
         "calibration": cal,
@@ -678,6 +713,11 @@ def format_plan(result: Mapping[str, Any]) -> str:
         f"{result['cpu_hours']:.3g} CPU h, {result['gpu_hours']:.3g} GPU h, wall ~{_duration(result['wall_s'])} "
         f"on {c['cpus']:g} CPUs / {c['gpus']:g} GPUs",
     ]
+    if result.get("trials_max", result["trials"]) != result["trials"]:
+        lines.append(
+            f"  at most {result['trials_max']} trials, wall ~{_duration(result['wall_s_max'])} "
+            "(every learning-rate range extension firing)"
+        )
     for ph in result["phases"]:
         size = (
             f"{ph['epochs']} epochs"
@@ -691,6 +731,7 @@ def format_plan(result: Mapping[str, Any]) -> str:
             f"({_duration(ph['trial_s_min'])}-{_duration(ph['trial_s_max'])}), {ph['slots']} at once, "
             f"wall ~{_duration(ph['wall_s'])}"
             + (" (upper bound: early stopping)" if ph["upper_bound"] else "")
+            + (" (only if needed)" if ph.get("optional") else "")
         )
     cal = result["calibration"]
     lines.append(

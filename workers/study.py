@@ -91,7 +91,7 @@ class StudyRunner:
             artifact_location=self.artifact_location,
             run_name=name,
         )
-        self._tags = dict(tags or {})
+        self._tags = {**dict(tags or {}), "expected_trials": str(expected_trials)}
         self.planned = {k: float(v) for k, v in (planned or {}).items()}
         self._params = {
             **dict(params or {}),
@@ -149,6 +149,19 @@ class StudyRunner:
             session, self._session = self._session, None
             if session is not None:
                 session.__exit__(exc_type, exc, tb)
+
+    def set_expected_trials(self, total: int) -> None:
+        """The study's trial count changed (a range extension, a sequential look, ``extend``).
+
+        MLflow params are immutable, so the ``expected_trials`` param keeps the count the study
+        started with; the current count is the study run's ``expected_trials`` tag (and metric, one
+        step per change), which a finished study leaves equal to its trial runs."""
+        self.expected_trials = int(total)
+        self._tags["expected_trials"] = str(self.expected_trials)
+        self.log_outputs(
+            tags={"expected_trials": str(self.expected_trials)},
+            metrics={"expected_trials": float(self.expected_trials)},
+        )
 
     def actual(self) -> dict[str, float]:
         """What the study cost so far, in the keys of ``planned``."""

@@ -35,7 +35,10 @@ def test_trials_equal_the_kinds_total_trials(path: Path, kind: str, preset: str 
     spec = load_study(path, preset=preset)
     plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=8)
     assert plan["trials"] == KINDS[kind].impl().total_trials(spec)
-    assert sum(p["trials"] for p in plan["phases"]) == plan["trials"]
+    assert sum(p["trials"] for p in plan["phases"] if not p["optional"]) == plan["trials"]
+    # trials_max: every learning-rate range extension firing (optional phases, one per round)
+    assert sum(p["trials"] for p in plan["phases"]) == plan["trials_max"] >= plan["trials"]
+    assert plan["wall_s_max"] >= plan["wall_s"] and plan["cpu_hours_max"] >= plan["cpu_hours"]
     assert plan["wall_s"] > 0 and plan["cpu_hours"] > 0 and plan["gpu_hours"] == 0
     assert plan["calibration"]["measured"] == []
 
@@ -43,9 +46,17 @@ def test_trials_equal_the_kinds_total_trials(path: Path, kind: str, preset: str 
 def test_batchsize_phases_are_tuning_then_confirmatory_per_budget() -> None:
     spec = load_study(BATCHSIZE)
     plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=8)
-    names = [p["name"] for p in plan["phases"]]
+    names = [p["name"] for p in plan["phases"] if not p["optional"]]
     assert names == ["lr_tuning-epochs", "confirmatory-epochs", "lr_tuning-updates", "confirmatory-updates"]
     by = {p["name"]: p for p in plan["phases"]}
+    rounds = spec.lr_tuning.max_extensions
+    extensions = [p for p in plan["phases"] if p["optional"]]
+    assert [p["name"] for p in extensions] == [
+        f"lr_tuning-{b}-ext{k}" for b in spec.budgets for k in range(1, rounds + 1)
+    ]
+    # one new rate per arm and round, on every tuning seed
+    assert {p["trials"] for p in extensions} == {len(spec.arms) * len(spec.lr_tuning.seeds)}
+    assert plan["trials_max"] == spec.total_trials + spec.extension_trials_max
     assert by["confirmatory-epochs"]["trials"] == spec.expected_trials // 2
     assert by["lr_tuning-epochs"]["trials"] == spec.tuning_trials // 2
     assert by["confirmatory-epochs"]["epochs"] == spec.training.epochs

@@ -21,7 +21,6 @@ defaults.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
@@ -54,6 +53,7 @@ from studies.spec import (
     spec_hash,
 )
 from studies.spec.sections import _FROZEN
+from studies.tuning import LRGrid, extension_trials_max
 from workers.dotted import ROOT
 from workers.plan import StudyPlan
 
@@ -136,8 +136,9 @@ class LRTuningSpec(BaseModel):
     [``low``, ``high``], each trained on every tuning seed (held out from the confirmatory seeds), the
     η with the best mean ``metric`` (a validation metric) wins. A grid rather than a sequential
     sampler: every candidate is scored on the same seeds, the phase resumes trial by trial, and
-    "the best η sits on the edge of the range" (``lr-at-range-edge``, the arm is then
-    inconclusive) is exact. Policies ``constant``/``linear``/``sqrt`` tune at ``reference_batch_size``
+    "the best η sits on the edge of the range" is exact. Such a winner extends the grid by one point
+    of its ratio in that direction, up to ``max_extensions`` times (:mod:`studies.tuning`); an arm
+    still on the edge after that is ``lr-at-range-edge`` (inconclusive). Policies ``constant``/``linear``/``sqrt`` tune at ``reference_batch_size``
     (one η per arm, then held fixed or scaled with B); ``tuned`` tunes every (arm, B) cell.
     """
 
@@ -151,6 +152,7 @@ class LRTuningSpec(BaseModel):
     epochs: PosInt | None = None  # tuning budget; None: the confirmatory training.epochs
     metric: Annotated[str, Field(min_length=1)] = "val_accuracy"
     mode: Literal["min", "max"] = "max"
+    max_extensions: Annotated[int, Field(strict=True, ge=0, le=20)] = 3  # edge extensions (studies.tuning)
 
     @model_validator(mode="after")
     def _range(self) -> LRTuningSpec:
@@ -162,11 +164,13 @@ class LRTuningSpec(BaseModel):
             raise ValueError(f"tuning seeds must be distinct, got {list(self.seeds)}")
         return self
 
+    def lr_grid(self) -> LRGrid:
+        """The grid before any extension."""
+        return LRGrid.absolute(self.low, self.high, self.points)
+
     def grid(self) -> tuple[float, ...]:
         """The candidate learning rates, log-spaced from ``low`` to ``high`` (both included)."""
-        lo, hi = math.log10(self.low), math.log10(self.high)
-        step = (hi - lo) / (self.points - 1)
-        return tuple(float(f"{10 ** (lo + i * step):.6g}") for i in range(self.points))
+        return self.lr_grid().points
 
 
 class AnalysisSpec(BaseModel):
@@ -402,7 +406,23 @@ class BatchSizeStudySpec(BaseModel):
 
     @property
     def total_trials(self) -> int:
+        """Every trial with no range extension firing."""
         return self.expected_trials + self.tuning_trials
+
+    @property
+    def tuning_cells(self) -> tuple[str, ...]:
+        """The cells whose η is tuned: ``arm`` (``cell_key(arm, B)`` for ``tuned``)."""
+        if self.lr_policy == "tuned":
+            return tuple(cell_key(a, b) for a in self.arms for b in self.batch_sizes)
+        return tuple(self.arms)
+
+    @property
+    def extension_trials_max(self) -> int:
+        """The most trials range extensions can add: every cell, every round, every budget."""
+        grids = [self.lr_tuning.lr_grid()] * len(self.tuning_cells)
+        return extension_trials_max(grids, len(self.lr_tuning.seeds), self.lr_tuning.max_extensions) * len(
+            self.budgets
+        )
 
     # ---- plans --------------------------------------------------------------------------------
 
@@ -482,6 +502,29 @@ class BatchSizeStudySpec(BaseModel):
         cells = [_cell(arm, b, lr) for arm in self.arms for b in sizes for lr in self.lr_tuning.grid()]
         return self._plan(
             name=f"tune-{budget}",
+            budget=budget,
+            cells=cells,
+            seeds=self.lr_tuning.seeds,
+            phase="lr_tuning",
+            epochs=self.lr_tuning.epochs,
+            environ=environ,
+        )
+
+    def extension_plan(
+        self,
+        budget: str,
+        round_: int,
+        lrs: Mapping[str, float],
+        *,
+        environ: Mapping[str, str] | None = None,
+    ) -> StudyPlan:
+        """Range extension ``round_`` of the tuning phase: each cell's one new η x the tuning seeds."""
+        cells = []
+        for key, lr in sorted(lrs.items()):
+            arm, _, b = key.partition("@")
+            cells.append(_cell(arm, int(b) if b else self.lr_tuning.reference_batch_size, lr))
+        return self._plan(
+            name=f"tune-{budget}-ext{int(round_)}",
             budget=budget,
             cells=cells,
             seeds=self.lr_tuning.seeds,

@@ -28,6 +28,7 @@ from typing import Any
 
 from studies.kinds import StudyOutcome
 from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
+from studies.tuning import RunPoints, tune
 from workers.runner import TrialRecord, read_trials
 
 __all__ = ["report", "run", "select_learning_rates", "status", "total_trials", "trials_table"]
@@ -53,47 +54,44 @@ def _value(t: TrialRecord, metric: str) -> float:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
 
 
+def _cell_of(spec: BatchSizeStudySpec) -> Any:
+    def cell(t: TrialRecord) -> str:
+        return (
+            cell_key(_arm(t), int(t.config["training"]["batch_size"]))
+            if spec.lr_policy == "tuned"
+            else _arm(t)
+        )
+
+    return cell
+
+
 def select_learning_rates(
-    spec: BatchSizeStudySpec, trials: Sequence[TrialRecord]
+    spec: BatchSizeStudySpec,
+    trials: Sequence[TrialRecord],
+    *,
+    run_points: RunPoints | None = None,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """The tuned η per arm (``cell_key(arm, B)`` per cell for ``tuned``) from one budget's tuning trials.
 
-    Score of an η: the mean over tuning seeds of the validation metric, a failed trial (diverged,
-    error, non-finite) counting as the worst value (−inf when maximising). Returns the table and a
-    JSON-able record per arm/cell: every η's mean score, the winner, whether it sits on the grid's
-    edge (then the optimum may lie outside the range), trials completed / failed.
+    :func:`studies.tuning.tune`: the η with the best mean validation metric over the tuning seeds
+    (a failed trial scores the worst value); a winner on the edge of the grid extends it through
+    ``run_points`` (up to ``lr_tuning.max_extensions`` rounds; ``None``: no extension). Returns the
+    table and a JSON-able record per arm/cell (every η's mean score, the winner, the final grid,
+    whether the winner still sits on its edge, trials completed / failed).
     """
     tuning = spec.lr_tuning
-    grid = tuning.grid()
-    worst = -math.inf if tuning.mode == "max" else math.inf
-    by_cell: dict[str, dict[float, list[float]]] = {}
-    failed: Counter[str] = Counter()
-    for t in trials:
-        b = int(t.config["training"]["batch_size"])
-        key = cell_key(_arm(t), b) if spec.lr_policy == "tuned" else _arm(t)
-        lr = float(t.config["training"]["lr"])
-        v = _value(t, tuning.metric)
-        ok = t.status == "completed" and math.isfinite(v)
-        failed[key] += not ok
-        by_cell.setdefault(key, {}).setdefault(lr, []).append(v if ok else worst)
-    table: dict[str, float] = {}
-    record: dict[str, Any] = {}
-    for key, scores in sorted(by_cell.items()):
-        means = {lr: sum(v) / len(v) for lr, v in scores.items()}
-        pick = max if tuning.mode == "max" else min
-        best_lr = pick(sorted(means), key=lambda lr: means[lr])
-        table[key] = best_lr
-        best_score = means[best_lr]
-        record[key] = {
-            "lr": best_lr,
-            tuning.metric: best_score if math.isfinite(best_score) else None,
-            "at_range_edge": bool(best_lr in (grid[0], grid[-1])),
-            "no_learning_rate_trained": not math.isfinite(best_score),
-            "scores": {f"{lr:g}": (m if math.isfinite(m) else None) for lr, m in sorted(means.items())},
-            "trials_failed": int(failed[key]),
-            "trials": sum(len(v) for v in scores.values()),
-        }
-    return table, record
+    grid = tuning.lr_grid()
+    record, _ = tune(
+        {cell: grid for cell in spec.tuning_cells},
+        trials,
+        cell_of=_cell_of(spec),
+        metric=tuning.metric,
+        mode=tuning.mode,
+        max_extensions=tuning.max_extensions,
+        run_points=run_points,
+    )
+    record = {cell: rec for cell, rec in record.items() if rec["lr"] is not None}
+    return {cell: float(rec["lr"]) for cell, rec in record.items()}, record
 
 
 def trials_table(
@@ -233,6 +231,36 @@ def _write_outputs(
     return dict(files)
 
 
+def _extension_runner(
+    spec: BatchSizeStudySpec, runner: Any, budget: str, environ: Mapping[str, str] | None
+) -> RunPoints:
+    """Runs range-extension round ``k`` as its own tuning phase ``tune-<budget>-ext<k>`` (ordinary
+    tuning trials: MLflow runs under the study run, resumable, listed by ``status``)."""
+
+    def run_points(round_: int, lrs: Mapping[str, float]) -> Sequence[TrialRecord]:
+        plan = spec.extension_plan(budget, round_, lrs, environ=environ)
+        _say(
+            f"  range extension {round_} ({budget} budget): "
+            + ", ".join(f"{k} lr={v:g}" for k, v in lrs.items())
+        )
+        runner.set_expected_trials(runner.expected_trials + len(lrs) * len(spec.lr_tuning.seeds))
+        return list(runner.run(plan, phase=f"lr_tuning-{budget}-ext{round_}").trials)
+
+    return run_points
+
+
+def _extension_reader(spec: BatchSizeStudySpec, budget: str) -> RunPoints:
+    """Reads range-extension round ``k`` back from the study directory (report, status)."""
+    from studies.study_dir import StudyDir
+
+    where = StudyDir.of(spec)
+
+    def read_points(round_: int, lrs: Mapping[str, float]) -> Sequence[TrialRecord]:
+        return read_trials(where.phase_plan(f"tune-{budget}-ext{round_}"), history=False)
+
+    return read_points
+
+
 def run(
     spec: BatchSizeStudySpec,
     *,
@@ -277,11 +305,14 @@ def run(
                 f"phase lr_tuning ({budget} budget): {len(plan.grid[0][1])} cells x {len(spec.lr_tuning.seeds)} seeds"
             )
             tuned = runner.run(plan, phase=f"lr_tuning-{budget}")
-            lr, record = select_learning_rates(spec, tuned.trials)
+            lr, record = select_learning_rates(
+                spec, tuned.trials, run_points=_extension_runner(spec, runner, budget, environ)
+            )
             lr_records[budget] = record
             for key, rec in record.items():
                 edge = " (on the edge of the range!)" if rec["at_range_edge"] else ""
-                _say(f"  {key}: lr={rec['lr']:.4g}{edge}")
+                grown = f" after {rec['extensions']} range extension(s)" if rec["extensions"] else ""
+                _say(f"  {key}: lr={rec['lr']:.4g}{grown}{edge}")
             plan = spec.confirmatory_plan(budget, lr, environ=environ)
             _say(f"phase confirmatory ({budget} budget): {plan.name} (grid, FIFO, full budget)")
             confirmed = runner.run(plan, phase=f"confirmatory-{budget}")
@@ -399,8 +430,12 @@ def _phase_trials(spec: BatchSizeStudySpec, *, history: bool = False) -> dict[st
     where = StudyDir.of(spec)
     out = {}
     for budget in spec.budgets:
-        for name in (f"tune-{budget}", f"confirm-{budget}"):
-            out[name] = read_trials(where.phase_plan(name), history=history)
+        names = [f"tune-{budget}"]
+        names += [f"tune-{budget}-ext{k}" for k in range(1, spec.lr_tuning.max_extensions + 1)]
+        for name in [*names, f"confirm-{budget}"]:
+            trials = read_trials(where.phase_plan(name), history=history)
+            if trials or "-ext" not in name:  # an extension round that never ran is not a phase
+                out[name] = trials
     return out
 
 
@@ -416,7 +451,9 @@ def status(spec: BatchSizeStudySpec) -> dict[str, Any]:
         "study": spec.name,
         "kind": "batchsize",
         "directory": StudyDir.of(spec).uri,
-        "expected_trials": spec.total_trials,
+        # Extension rounds that ran add their trials (an extension changes the count).
+        "expected_trials": spec.total_trials
+        + sum(len(ts) for name, ts in phases.items() if name.startswith("tune-") and "-ext" in name),
         "trials": len(all_trials),
         "by_status": dict(Counter(t.status for t in all_trials)),
         "phases": {
@@ -450,7 +487,9 @@ def report(spec: BatchSizeStudySpec, out_dir: Path) -> Path:
     lr_records: dict[str, Any] = {}
     tables = []
     for budget in spec.budgets:
-        _, record = select_learning_rates(spec, phases[f"tune-{budget}"])
+        _, record = select_learning_rates(
+            spec, phases[f"tune-{budget}"], run_points=_extension_reader(spec, budget)
+        )
         lr_records[budget] = record
         tables.append(
             trials_table(

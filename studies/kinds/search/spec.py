@@ -10,7 +10,6 @@ paper's claims on the per-seed paired differences (docs/science.md, "The AutoNor
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -41,6 +40,7 @@ from studies.spec.urls import StoragePath
 from workers.plan import StudyPlan
 
 __all__ = ["CONFIRM_ARMS", "ConfirmLRSpec", "ConfirmSpec", "StudySpec", "data_kind_of"]
+from studies.tuning import LRGrid
 
 Arm = Literal["frozen_ln", "frozen_dyt", "random_selector", "autonorm", "autonorm_s"]
 CONFIRM_ARMS: tuple[str, ...] = ("frozen_ln", "frozen_dyt", "random_selector", "autonorm", "autonorm_s")
@@ -65,7 +65,8 @@ def data_kind_of(data_type: str) -> str:
 class ConfirmLRSpec(BaseModel):
     """Each arm's η: a log-spaced grid around the searched η, every point on every tuning seed
     (held out from search and confirmatory seeds); the best mean validation metric wins. Without it
-    only AutoNorm-S would have a tuned η."""
+    only AutoNorm-S would have a tuned η. A winner on the grid's edge extends it by one point of its
+    ratio, up to ``max_extensions`` times (:mod:`studies.tuning`; a grid of fewer than 3 points never)."""
 
     model_config = _FROZEN
 
@@ -74,13 +75,15 @@ class ConfirmLRSpec(BaseModel):
     seeds: Annotated[tuple[_Seed, ...], Field(min_length=1)] = (200, 201)
     epochs: Annotated[int, Field(strict=True, ge=1)] | None = None  # None: the confirmatory budget
 
+    max_extensions: Annotated[int, Field(strict=True, ge=0, le=20)] = 3  # edge extensions (studies.tuning)
+
+    def lr_grid(self, center: float) -> LRGrid:
+        """The grid around ``center`` (the searched η), before any extension."""
+        return LRGrid.relative(center, self.factor, self.points)
+
     def grid(self, center: float) -> tuple[float, ...]:
         """``points`` learning rates, log-spaced and centred on ``center``."""
-        if self.points == 1:
-            return (float(center),)
-        lo, hi = math.log10(center / self.factor), math.log10(center * self.factor)
-        step = (hi - lo) / (self.points - 1)
-        return tuple(float(f"{10 ** (lo + i * step):.6g}") for i in range(self.points))
+        return self.lr_grid(center).points
 
 
 class ConfirmSpec(BaseModel):

@@ -27,6 +27,7 @@ from typing import Any
 from studies.kinds import StudyOutcome
 from studies.kinds.search.claims import CONFIRM_COLUMNS
 from studies.kinds.search.spec import CONFIRM_ARMS, StudySpec
+from studies.tuning import RunPoints, tune
 from workers.plan import StudyPlan, expected_trials
 from workers.runner import StudyResult, TrialRecord, best_trial, read_trials
 from workers.trainable import CONFIG_RESULT_KEY
@@ -172,25 +173,29 @@ def _grid_plan(
     )
 
 
-def _pick_lr(trials: Sequence[TrialRecord], metric: str, mode: str) -> tuple[float | None, dict[str, Any]]:
-    """The η with the best mean ``metric`` over tuning seeds (a failed trial scores the worst)."""
-    worst = -math.inf if mode == "max" else math.inf
-    scores: dict[float, list[float]] = {}
-    for t in trials:
-        v = t.metrics.get(metric)
-        ok = t.status == "completed" and isinstance(v, int | float) and math.isfinite(v)
-        scores.setdefault(float(t.config["training"]["lr"]), []).append(float(v) if ok else worst)  # type: ignore[arg-type]
-    means = {lr: sum(v) / len(v) for lr, v in scores.items()}
-    if not means or all(not math.isfinite(m) for m in means.values()):
-        return None, {"scores": {}, "reason": "no tuning trial completed"}
-    pick = max if mode == "max" else min
-    best = pick(sorted(means), key=lambda lr: means[lr])
-    grid = sorted(means)
-    return best, {
-        "lr": best,
-        "at_range_edge": len(grid) > 1 and best in (grid[0], grid[-1]),
-        "scores": {f"{lr:g}": (m if math.isfinite(m) else None) for lr, m in sorted(means.items())},
-    }
+def tune_arm_lr(
+    confirm: Any,
+    arm: str,
+    searched_lr: float,
+    trials: Sequence[TrialRecord],
+    *,
+    metric: str,
+    mode: str,
+    run_points: RunPoints | None,
+) -> dict[str, Any]:
+    """An arm's η from its ``confirm-tune-<arm>`` trials (:func:`studies.tuning.tune`): the best mean
+    ``metric`` over tuning seeds, the grid around the searched η extended through ``run_points``
+    when the winner sits on its edge."""
+    records, _ = tune(
+        {arm: confirm.lr_tuning.lr_grid(searched_lr)},
+        trials,
+        cell_of=lambda t: arm,
+        metric=metric,
+        mode="max" if mode == "max" else "min",
+        max_extensions=confirm.lr_tuning.max_extensions,
+        run_points=run_points,
+    )
+    return records[arm]
 
 
 def _confirm_and_claims(
@@ -226,11 +231,34 @@ def _confirm_and_claims(
                     arm=arm,
                     run_name=f"{arm}-lr{{training.lr:.3g}}-s{{seed}}",
                 )
-                picked, record = _pick_lr(
-                    runner.run(tplan, phase="confirm-lr").trials, plan.metric, plan.mode
+
+                def run_points(
+                    round_: int, lrs: Mapping[str, float], arm: str = arm, base: Any = tune_base
+                ) -> Any:
+                    eplan = _grid_plan(
+                        plan,
+                        name=f"confirm-tune-{arm}-ext{round_}",
+                        base=base,
+                        grid=(("training.lr", (lrs[arm],)), ("seed", tuple(confirm.lr_tuning.seeds))),  # type: ignore[union-attr]
+                        max_concurrent=slots,
+                        arm=arm,
+                        run_name=f"{arm}-lr{{training.lr:.3g}}-s{{seed}}",
+                    )
+                    runner.set_expected_trials(runner.expected_trials + len(confirm.lr_tuning.seeds))  # type: ignore[union-attr]
+                    print(f"[{spec.name}] {arm}: lr range extension {round_}: lr={lrs[arm]:g}", flush=True)
+                    return runner.run(eplan, phase=f"confirm-lr-ext{round_}").trials
+
+                record = tune_arm_lr(
+                    confirm,
+                    arm,
+                    searched_lr,
+                    runner.run(tplan, phase="confirm-lr").trials,
+                    metric=plan.metric,
+                    mode=plan.mode,
+                    run_points=run_points,
                 )
                 tuned[arm] = record
-                lr = picked if picked is not None else searched_lr
+                lr = searched_lr if record["no_learning_rate_trained"] else float(record["lr"])
             base["training"]["lr"] = lr
             cplan = _grid_plan(
                 plan,
@@ -450,11 +478,19 @@ def status(spec: StudySpec) -> dict[str, Any]:
     if spec.confirm is not None:
         phases = {"search": {"trials": len(trials), "by_status": dict(Counter(t.status for t in trials))}}
         counts: Counter[str] = Counter(t.status for t in trials)
+        rounds = spec.confirm.lr_tuning.max_extensions if spec.confirm.lr_tuning else 0
+        extended = 0
         for arm in spec.confirm.arms:
-            for name in (f"confirm-tune-{arm}", f"confirm-{arm}"):
+            names = [f"confirm-tune-{arm}", *(f"confirm-tune-{arm}-ext{k}" for k in range(1, rounds + 1))]
+            for name in [*names, f"confirm-{arm}"]:
                 ts = read_trials(where.phase_plan(name), history=False)
+                if "-ext" in name:
+                    if not ts:  # an extension round that never ran is not a phase
+                        continue
+                    extended += len(ts)
                 phases[name] = {"trials": len(ts), "by_status": dict(Counter(t.status for t in ts))}
                 counts.update(t.status for t in ts)
+        out["expected_trials"] = total_trials(spec) + extended
         out["phases"] = phases
         out["trials"] = sum(counts.values())
         out["by_status"] = dict(counts)
@@ -557,10 +593,23 @@ def _claims_report(spec: StudySpec, plan: StudyPlan, trials: Sequence[TrialRecor
     tuned: dict[str, Any] = {}
     if confirm.lr_tuning is not None:
         where = StudyDir.of(spec)
+        best_lr = best_trial(trials, plan.metric, plan.mode)
         for arm in confirm.arms:
-            tuned[arm] = _pick_lr(
-                read_trials(where.phase_plan(f"confirm-tune-{arm}")), plan.metric, plan.mode
-            )[1]
+            if best_lr is None:
+                continue
+
+            def read_points(round_: int, lrs: Mapping[str, float], arm: str = arm) -> Any:
+                return read_trials(where.phase_plan(f"confirm-tune-{arm}-ext{round_}"), history=False)
+
+            tuned[arm] = tune_arm_lr(
+                confirm,
+                arm,
+                float(best_lr.config["training"]["lr"]),
+                read_trials(where.phase_plan(f"confirm-tune-{arm}")),
+                metric=plan.metric,
+                mode=plan.mode,
+                run_points=read_points,
+            )
     gate_lr_edges(claims, tuned)
     best = best_trial(trials, plan.metric, plan.mode)
     out_dir.mkdir(parents=True, exist_ok=True)

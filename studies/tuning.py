@@ -1,0 +1,256 @@
+"""The one learning-rate tuning step of every study kind: grid, selection, edge flag, range extension.
+
+A kind tunes a nuisance learning rate per *cell* (an arm, or an (arm, batch size) cell) on held-out
+tuning seeds, never on a confirmatory seed, and hands the winner to its confirmatory phase:
+
+1. The grid: ``points`` log-spaced rates, either absolute (``low .. high``: the batch-size kind,
+   :meth:`LRGrid.absolute`) or relative to a searched η (``η / factor .. η * factor``: the search
+   kind's confirmation, :meth:`LRGrid.relative`). Both are the same object: a start, a ratio, and
+   the index range ``first .. last`` of the points in use.
+2. Selection (:func:`select_lr`): the rate with the best mean validation metric over the tuning
+   seeds wins; a failed trial (not ``completed``, or a non-finite metric) scores the worst value, so
+   a rate that diverges on one seed is not picked for its other seed; ties go to the lower rate.
+3. The edge: a winner on the first or last point of its grid suggests the optimum lies outside it.
+   With 3 or more points the grid is extended by one point of its own ratio in that direction, the
+   new point runs on the tuning seeds (ordinary tuning trials, through ``run_points``), and the
+   selection is made again — at most ``max_extensions`` times (:func:`tune`). Only a cell still on
+   the edge afterwards is flagged ``at_range_edge`` (the kinds' ``lr-at-range-edge`` gate). A grid
+   of fewer than 3 points has no interior: it is never extended, and a 2-point grid's winner is
+   always on its edge (a 1-point grid's never is).
+
+:func:`tune` is deterministic in the trials it is given, so a report rebuilt from the study
+directory replays the same extensions from the extension phases' trials (``run_points`` then reads
+them back instead of running them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol
+
+__all__ = [
+    "LRGrid",
+    "TrialLike",
+    "extension_trials_max",
+    "round_lr",
+    "select_lr",
+    "tune",
+]
+
+Side = Literal["low", "high"]
+
+
+class TrialLike(Protocol):
+    """What tuning reads of a trial (:class:`workers.runner.TrialRecord` has it)."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def config(self) -> dict[str, Any]: ...
+    @property
+    def metrics(self) -> dict[str, Any]: ...
+
+
+def round_lr(lr: float) -> float:
+    """A learning rate as trials see it: 6 significant digits (readable names, exact matching)."""
+    return float(f"{lr:.6g}")
+
+
+@dataclass(frozen=True)
+class LRGrid:
+    """Log-spaced learning rates ``10 ** (log_start + i * log_step)`` for ``i = first .. last``.
+
+    Attributes:
+        log_start: log10 of point ``i = 0`` (the original grid's lowest point).
+        log_step: log10 of the grid's ratio (0 for a one-point grid).
+        first / last: the index range in use; the original grid is ``0 .. points - 1``, an
+            extension lowers ``first`` or raises ``last`` by one.
+        points_planned: the original grid's size (extensions never change it).
+    """
+
+    log_start: float
+    log_step: float
+    first: int
+    last: int
+    points_planned: int
+
+    @classmethod
+    def absolute(cls, low: float, high: float, points: int) -> LRGrid:
+        """``points`` rates from ``low`` to ``high``, both included (``points >= 2``)."""
+        if not (0 < low < high) or points < 2:
+            raise ValueError(f"need 0 < low < high and points >= 2, got {low}, {high}, {points}")
+        lo, hi = math.log10(low), math.log10(high)
+        return cls(lo, (hi - lo) / (points - 1), 0, points - 1, points)
+
+    @classmethod
+    def relative(cls, center: float, factor: float, points: int) -> LRGrid:
+        """``points`` rates from ``center / factor`` to ``center * factor`` (``center`` alone for one)."""
+        if center <= 0 or factor <= 1 or points < 1:
+            raise ValueError(f"need center > 0, factor > 1, points >= 1, got {center}, {factor}, {points}")
+        if points == 1:
+            return cls(math.log10(center), 0.0, 0, 0, 1)
+        lo, hi = math.log10(center / factor), math.log10(center * factor)
+        return cls(lo, (hi - lo) / (points - 1), 0, points - 1, points)
+
+    def point(self, i: int) -> float:
+        return round_lr(10 ** (self.log_start + i * self.log_step))
+
+    @property
+    def points(self) -> tuple[float, ...]:
+        """The rates in use, ascending."""
+        return tuple(self.point(i) for i in range(self.first, self.last + 1))
+
+    @property
+    def extendable(self) -> bool:
+        """Only a grid with an interior (>= 3 points) is extended."""
+        return self.points_planned >= 3
+
+    @property
+    def extensions(self) -> int:
+        return (self.last - self.first + 1) - self.points_planned
+
+    def next_point(self, side: Side) -> float:
+        """The rate one ratio beyond the grid on ``side``."""
+        return self.point(self.first - 1 if side == "low" else self.last + 1)
+
+    def extended(self, side: Side) -> LRGrid:
+        return replace(self, first=self.first - 1) if side == "low" else replace(self, last=self.last + 1)
+
+
+def _value(t: TrialLike, metric: str) -> float:
+    v = t.metrics.get(metric)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
+
+
+def _lr_of(t: TrialLike) -> float:
+    return round_lr(float(t.config["training"]["lr"]))
+
+
+def select_lr(
+    trials: Sequence[TrialLike], grid: LRGrid, *, metric: str, mode: Literal["min", "max"]
+) -> dict[str, Any]:
+    """The winning rate of one cell's tuning trials on ``grid`` (trials at other rates are ignored).
+
+    Returns:
+        A JSON-able record: ``lr`` (the winner; with no trained rate, the lowest rate tried),
+        ``<metric>`` (its mean score, ``None`` if no rate trained), ``at_range_edge``, ``edge``
+        (``"low" | "high" | None``), ``no_learning_rate_trained``, ``scores`` (rate -> mean score),
+        ``grid`` (the rates in use), ``extensions``, ``trials``, ``trials_failed``.
+    """
+    worst = -math.inf if mode == "max" else math.inf
+    on_grid = set(grid.points)
+    scores: dict[float, list[float]] = {}
+    failed = 0
+    for t in trials:
+        lr = _lr_of(t)
+        if lr not in on_grid:
+            continue
+        v = _value(t, metric)
+        ok = t.status == "completed" and math.isfinite(v)
+        failed += not ok
+        scores.setdefault(lr, []).append(v if ok else worst)
+    record: dict[str, Any] = {
+        "grid": list(grid.points),
+        "extensions": grid.extensions,
+        "trials": sum(len(v) for v in scores.values()),
+        "trials_failed": failed,
+    }
+    if not scores:
+        return {
+            **record,
+            "lr": None,
+            metric: None,
+            "at_range_edge": False,
+            "edge": None,
+            "no_learning_rate_trained": True,
+            "scores": {},
+        }
+    means = {lr: sum(v) / len(v) for lr, v in scores.items()}
+    pick = max if mode == "max" else min
+    best = pick(sorted(means), key=lambda lr: means[lr])  # ties: the lower rate
+    points = grid.points
+    edge: Side | None = None
+    if len(points) > 1 and best == points[0]:
+        edge = "low"
+    elif len(points) > 1 and best == points[-1]:
+        edge = "high"
+    score = means[best]
+    return {
+        **record,
+        "lr": best,
+        metric: score if math.isfinite(score) else None,
+        "at_range_edge": edge is not None,
+        "edge": edge,
+        "no_learning_rate_trained": not math.isfinite(score),
+        "scores": {f"{lr:g}": (m if math.isfinite(m) else None) for lr, m in sorted(means.items())},
+    }
+
+
+RunPoints = Callable[[int, Mapping[str, float]], Sequence[TrialLike]]
+"""``run_points(round, {cell: lr})``: run (or read back) extension round ``round`` (1-based): each
+cell's new rate on every tuning seed; returns those trials."""
+
+
+def tune(
+    grids: Mapping[str, LRGrid],
+    trials: Sequence[TrialLike],
+    *,
+    cell_of: Callable[[TrialLike], str],
+    metric: str,
+    mode: Literal["min", "max"],
+    max_extensions: int,
+    run_points: RunPoints | None = None,
+) -> tuple[dict[str, dict[str, Any]], list[TrialLike]]:
+    """Select every cell's rate, extending the grids whose winner sits on an edge.
+
+    Args:
+        grids: cell -> its grid (the points the first tuning phase ran).
+        trials: the first tuning phase's trials (every cell).
+        cell_of: the cell a trial belongs to.
+        metric / mode: the validation metric and its direction.
+        max_extensions: extension rounds at most (0: never extend).
+        run_points: runs one extension round (see :data:`RunPoints`); ``None`` never extends.
+
+    Returns:
+        ``(records, trials)``: cell -> :func:`select_lr`'s record on its final grid, and every tuning
+        trial (the first phase's and the extensions').
+    """
+    if max_extensions < 0:
+        raise ValueError(f"max_extensions must be >= 0, got {max_extensions}")
+    current = dict(grids)
+    every = list(trials)
+
+    def records() -> dict[str, dict[str, Any]]:
+        by_cell: dict[str, list[TrialLike]] = {}
+        for t in every:
+            by_cell.setdefault(cell_of(t), []).append(t)
+        return {
+            cell: select_lr(by_cell.get(cell, []), grid, metric=metric, mode=mode)
+            for cell, grid in sorted(current.items())
+        }
+
+    out = records()
+    for round_ in range(1, max_extensions + 1):
+        need = {
+            cell: rec["edge"]
+            for cell, rec in out.items()
+            if rec["edge"] is not None and current[cell].extendable
+        }
+        if not need or run_points is None:
+            break
+        points = {cell: current[cell].next_point(side) for cell, side in need.items()}
+        added = list(run_points(round_, points))
+        if not added:  # a round not run (yet): its cells stay as they are
+            break
+        every += added
+        for cell, side in need.items():
+            current[cell] = current[cell].extended(side)
+        out = records()
+    return out, every
+
+
+def extension_trials_max(grids: Sequence[LRGrid], seeds: int, max_extensions: int) -> int:
+    """The most trials the extensions of ``grids`` can add (every extendable cell, every round)."""
+    return sum(max_extensions * seeds for g in grids if g.extendable)
