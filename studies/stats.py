@@ -749,13 +749,15 @@ def sequential_looks(
     alternatives: Mapping[str, Alternative],
     min_effect: float | Mapping[str, float | None] | None = None,
     prior_scale: float = 1.0,
+    stop_early: bool = True,
 ) -> list[dict[str, Any]]:
     """Replay a sequential study's looks from its per-seed values (in seed order).
 
     Look j uses the first ``looks[j]`` values of every hypothesis; the replay ends at the first look
     where every hypothesis is decided (``reject`` or ``futile``) — the study stops launching seeds
-    there — or at the last look the values reach. Deterministic, so a report regenerated from the
-    trials repeats the study's own looks.
+    there — or at the last look the values reach (``stop_early=False``: always the latter, for a
+    study that went on, e.g. extended, after a decided look). Deterministic, so a report regenerated
+    from the trials repeats the study's own looks.
 
     Returns:
         ``[{"n_seeds", "hypotheses": {name: {decision, p_value, p_value_holm, ci, estimate, n}},
@@ -781,6 +783,6 @@ def sequential_looks(
         )
         stop = n == planned[-1] or all(h["decision"] in ("reject", "futile") for h in decided.values())
         out.append({"n_seeds": n, "hypotheses": decided, "stop": stop})
-        if stop:
+        if stop and stop_early:
             break
     return out

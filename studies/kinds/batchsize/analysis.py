@@ -44,6 +44,7 @@ from studies.stats import (
     ols_slope,
     permutation_p_value,
     seed_interval,
+    sequential_looks,
     t_test_p,
 )
 
@@ -268,6 +269,7 @@ def _arm_statistics(
     )
     out["interaction"] = _none_if_nan(inter)
     out["interaction_ci"] = inter_ci
+    out["interaction_by_seed"] = [_none_if_nan(float(v)) for v in d_slopes]
     rows = [(x[np.isfinite(r)], r[np.isfinite(r)]) for r in d]
     rows = [(xx, rr) for xx, rr in rows if xx.size >= 2]
     if rows:
@@ -343,8 +345,15 @@ def _analyse(
     chance_metric: float,
     chance_loss: float,
     salt: str,
+    sequential: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Statistics, gates and verdicts of one budget, failures scored at chance or dropped."""
+    """Statistics, gates and verdicts of one budget, failures scored at chance or dropped.
+
+    With ``sequential`` (``{"looks", "seed_order", "min_effect", "prior_scale"}``) each fix arm's
+    per-seed interaction slopes, in ``seed_order``, are tested with the anytime-valid mixture t-test
+    at every look (Holm over the fix arms at each): its p-value and confidence sequence replace the
+    fixed-design p and interaction CI, a futile arm is ``refuted`` (``effect below min_effect``), and
+    the replayed looks are returned as ``looks``."""
     sign = 1.0 if negative else -1.0
     seeds = sorted(df["seed"].unique(), key=lambda s: (len(s), s))
     bs = sorted(float(b) for b in df["batch_size"].unique())
@@ -436,7 +445,12 @@ def _analyse(
         elif loss_missing:
             gates.append("train loss missing")
         underpowered = n_complete < min_seeds or len(bs) < _MIN_BATCH_SIZES
-        if is_fix and res["min_attainable_p"] is not None and res["min_attainable_p"] * family >= alpha:
+        if (
+            sequential is None
+            and is_fix
+            and res["min_attainable_p"] is not None
+            and res["min_attainable_p"] * family >= alpha
+        ):
             underpowered = True
         if underpowered:
             gates.append("underpowered")
@@ -446,6 +460,17 @@ def _analyse(
     adjusted = holm({a: arms[a]["p_value"] for a in fix_arms})
     for arm, p in adjusted.items():
         arms[arm]["p_value_holm"] = p
+    looks = _sequential_looks(arms, fix_arms, seeds, sequential, alpha=alpha, negative=negative)
+    final = looks[-1]["hypotheses"] if looks else {}
+    for arm, h in final.items():
+        r = arms[arm]
+        r["fixed_design"] = {k: r[k] for k in ("p_value", "p_value_holm", "interaction_ci")}
+        r.update(
+            p_value=h["p_value"],
+            p_value_holm=h["p_value_holm"],
+            interaction_ci=[_none_if_nan(v) for v in h["ci"]],
+            sequential=h["decision"],
+        )
 
     verdict: dict[str, str] = {}
     # The interaction is measured against the control: a control that failed, did not learn or sat at
@@ -456,6 +481,8 @@ def _analyse(
         r["gates"] += inherited
         if r["gates"]:
             verdict[arm], reasons = "inconclusive", list(r["gates"])
+        elif r.get("sequential") == "futile":
+            verdict[arm], reasons = "refuted", ["effect below min_effect"]
         else:
             verdict[arm] = verdict_for(
                 r["slope_ci"],
@@ -503,7 +530,42 @@ def _analyse(
         "exploratory": exploratory,
         "batch_sizes": [int(b) if float(b).is_integer() else float(b) for b in bs],
         "seeds": seeds,
+        "looks": looks,
     }
+
+
+def _sequential_looks(
+    arms: Mapping[str, Mapping[str, Any]],
+    fix_arms: Sequence[str],
+    seeds: Sequence[str],
+    sequential: Mapping[str, Any] | None,
+    *,
+    alpha: float,
+    negative: bool,
+) -> list[dict[str, Any]]:
+    """Every look of a sequential design over the fix arms' per-seed interaction slopes."""
+    if sequential is None or not fix_arms:
+        return []
+    order = [str(s) for s in sequential["seed_order"]]
+    position = {s: i for i, s in enumerate(seeds)}
+    values: dict[str, list[float]] = {}
+    for arm in fix_arms:
+        by_seed = arms[arm].get("interaction_by_seed") or []
+        picked = [by_seed[position[s]] for s in order if s in position and position[s] < len(by_seed)]
+        values[arm] = [float(v) for v in picked if v is not None]
+    planned = [n for n in sequential["looks"]]
+    have = max((len(v) for v in values.values()), default=0)
+    if have < planned[0]:
+        return []
+    return sequential_looks(
+        values,
+        looks=planned,
+        alpha=alpha,
+        alternatives=dict.fromkeys(fix_arms, "less" if negative else "greater"),
+        min_effect=sequential.get("min_effect"),
+        prior_scale=float(sequential.get("prior_scale", 1.0)),
+        stop_early=False,
+    )
 
 
 def _study_verdict(
@@ -555,6 +617,7 @@ def batchsize_trend(
     n_perm: int = 9999,
     seed: int = 0,
     confidence: float = 0.95,
+    sequential: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Test the batch-size hypothesis (docs/science.md §2) and return the ``verdict.json`` dictionary.
 
@@ -622,6 +685,12 @@ def batchsize_trend(
         n_perm: Monte-Carlo permutations when exact enumeration is too large.
         seed: seeds every random draw.
         confidence: two-sided level of the intervals.
+        sequential: a sequential design (``{"looks", "seed_order", "min_effect", "prior_scale"}``,
+            the protocol's §4): each fix arm's per-seed interaction slopes in ``seed_order`` are
+            tested anytime-validly at every look in ``looks`` the data reach; the sequential p and
+            confidence sequence replace the fixed-design p and interaction CI (those are kept in the
+            arm's ``fixed_design``), a futile arm is ``refuted`` (``effect below min_effect``), the
+            permutation part of the power gate is dropped, and each budget's result holds ``looks``.
 
     Returns:
         ``{"hypothesis", "metric", "control", "control_arms", "fix_arms", "higher_is_better",
@@ -688,7 +757,7 @@ def batchsize_trend(
     }
 
     def one(sub: pd.DataFrame, budget: str) -> dict[str, Any]:
-        primary = _analyse(sub, drop_failed=False, salt=budget, **common)
+        primary = _analyse(sub, drop_failed=False, salt=budget, sequential=sequential, **common)
         dropped = _analyse(sub[sub["ok"]], drop_failed=True, salt=budget, **common)
         keys = (
             "n",
@@ -720,6 +789,7 @@ def batchsize_trend(
             "study_verdict": primary["study_verdict"],
             "study_reasons": primary["study_reasons"],
             "exploratory": primary["exploratory"],
+            "looks": primary["looks"],
             "sensitivity": {
                 "verdict": dropped["verdict"],
                 "controls": dropped["controls"],
