@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from studies.batchsize_spec import LRTuningSpec
-from studies.confirm_spec import ConfirmLRSpec
+from studies.kinds.batchsize.spec import LRTuningSpec
+from studies.kinds.search.spec import ConfirmLRSpec
 from studies.tuning import LRGrid, extension_trials_max, select_lr, tune
 
 SEEDS = (1000, 1001)
