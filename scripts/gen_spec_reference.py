@@ -4,7 +4,7 @@
     .venv/bin/python scripts/gen_spec_reference.py --check   # exit 1 if the committed file is stale
     .venv/bin/python scripts/gen_spec_reference.py --stdout  # print instead of writing
 
-The reference walks ``model_fields`` of every spec class in :data:`SPECS`, descending into nested
+The reference walks ``model_fields`` of every registered kind's spec class (``studies.kinds.KINDS``), descending into nested
 section models, optional sections, lists of models and discriminated unions (``type: ...``), and
 writes one table per top-level section: field path, type, default, description. A description is
 the field's ``description`` when it has one, else its attribute docstring, else the ``#`` comment
@@ -40,24 +40,23 @@ from pydantic_core import PydanticUndefined
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "docs" / "spec-reference.md"
 
-# (module, class, heading, what it is). Add a study kind's spec class here.
-SPECS: tuple[tuple[str, str, str, str], ...] = (
-    (
-        "studies.kinds.search.spec",
-        "StudySpec",
-        "Search studies",
-        "One Optuna (or grid) search under Ray Tune, e.g. `studies/specs/autonorm_search.yaml`.",
-    ),
-    (
-        "studies.kinds.batchsize.spec",
-        "BatchSizeStudySpec",
-        "Batch-size studies",
-        "The affine-divergence batch-size protocol, e.g. `studies/specs/batchsize_correlation.yaml`.",
-    ),
-)
 
-# Modules whose ``Annotated[A | B | ..., Field(discriminator=...)]`` aliases give unions their names.
-_ALIAS_MODULES = ("studies.spec.sections", "studies.kinds.batchsize.spec")
+def _specs() -> tuple[tuple[str, str, str, str], ...]:
+    """(module, class, heading, what it is) of every registered kind's spec class (studies.kinds.KINDS)."""
+    from studies.kinds import KINDS
+
+    out = []
+    for kind in KINDS.values():
+        module, cls = kind.spec.split(":")
+        out.append((module, cls, kind.title or f"{kind.name} studies", kind.summary))
+    return tuple(out)
+
+
+def _alias_modules() -> tuple[str, ...]:
+    """Modules whose ``Annotated[A | B | ..., Field(discriminator=...)]`` aliases give unions their
+    names: the shared sections, then each kind's spec module."""
+    return ("studies.spec.sections", *dict.fromkeys(m for m, _, _, _ in _specs()))
+
 
 _MAX_DEFAULT_CHARS = 60
 
@@ -135,7 +134,7 @@ def _tag(model: type[BaseModel]) -> str | None:
 
 def _union_names() -> dict[frozenset[type], str]:
     names: dict[frozenset[type], str] = {}
-    for mod_name in _ALIAS_MODULES:
+    for mod_name in _alias_modules():
         mod = importlib.import_module(mod_name)
         for name, value in sorted(vars(mod).items()):
             if name.startswith("_") or typing.get_origin(value) is not Annotated:
@@ -521,9 +520,9 @@ def render() -> str:
         "and rows with an *only when* entry exist for those variants only. *section* is a",
         "nested mapping whose own fields follow; `null` means the field may be left empty.",
         "",
-        "Contents: " + ", ".join(f"[{h}](#{_anchor(f'{h} {m}{c}')})" for m, c, h, _ in SPECS) + ".",
+        "Contents: " + ", ".join(f"[{h}](#{_anchor(f'{h} {m}{c}')})" for m, c, h, _ in _specs()) + ".",
     ]
-    for spec in SPECS:
+    for spec in _specs():
         out += ["", *render_spec(*spec)]
     return "\n".join(out) + "\n"
 

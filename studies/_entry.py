@@ -232,7 +232,7 @@ def study_main(
             print(spec.to_yaml(), end="")
             from studies.study_dir import StudyDir
 
-            total = kind_for(spec).impl().total_trials(spec)
+            total = kind_for(spec).total_trials(spec)
             print(f"# kind {spec.kind}: {total} trials in all, study directory {StudyDir.of(spec).uri}")
             return 0
         spec = load_for_run(lambda extra: load_from_args(args, extra=extra))

@@ -11,7 +11,7 @@
 Exit status: 0 success, 1 a failed job or an unreachable service, 2 an invalid spec (every error
 printed with its field path and YAML line, never a traceback).
 
-Every command works on every study kind (``kind:`` in the spec, ``search`` when absent; see
+Every command works on every study kind (``kind:`` in the spec, :data:`studies.kinds.DEFAULT_KIND` when absent; see
 :mod:`studies.kinds`): ``run`` is what the scripts in ``studies/`` do, ``status``/``report``/``resume``
 read the study directory ``<storage_path>/<name>/`` (its ``study_spec.yaml`` says everything else).
 
@@ -58,7 +58,7 @@ from studies._entry import (
     print_spec_error,
     print_where,
 )
-from studies.kinds import KINDS, SPEC_FILE, kind_for, load_study, presets_of, run_study_spec
+from studies.kinds import DEFAULT_KIND, KINDS, SPEC_FILE, kind_for, load_study, presets_of, run_study_spec
 from studies.spec import SpecError, SpecIssue, git_commit, resolve_storage_path
 from workers.errors import StudyError
 
@@ -140,15 +140,7 @@ def _print_json(obj: Any) -> None:
 
 
 def _describe(spec: Any) -> str:
-    total = kind_for(spec).impl().total_trials(spec)
-    if spec.kind == "search":
-        plan = spec.to_plan()
-        return (
-            f"{len(plan.space) or len(plan.grid)} searched parameters, sampler {plan.sampler.type}, scheduler "
-            f"{plan.scheduler.type}, {total} trials ({plan.max_concurrent} at a time), metric {plan.metric} "
-            f"({plan.mode}), storage {plan.storage.path}"
-        )
-    return f"{total} trials in all phases, storage {spec.storage_path}"
+    return kind_for(spec).describe(spec)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -484,7 +476,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print("status needs a spec, a study directory or --job ID", file=sys.stderr)
         return EXIT_SPEC_ERROR
     spec = _load_target(args.target, args)
-    status = kind_for(spec).impl().status(spec)
+    status = kind_for(spec).status(spec)
     if args.json:
         _print_json(status)
         return 0
@@ -557,7 +549,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             print(f"the study lives at {where.uri}; give --out DIR for the report", file=sys.stderr)
             return 1
         out = Path(where.path) / "report"
-    report = kind_for(spec).impl().report(spec, out)
+    report = kind_for(spec).report(spec, out)
     print(f"report written to {report}")
     return 0
 
@@ -580,7 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--kind",
         choices=sorted(KINDS),
         default=None,
-        help="spec kind (default: the file's `kind:`, else search)",
+        help=f"spec kind (default: the file's `kind:`, else {DEFAULT_KIND})",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -56,8 +56,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from workers.dotted import with_values
-from workers.plan import StudyPlan, expected_trials
+from studies.kinds import kind_for
+from studies.kinds.base import Phase
+from workers.plan import StudyPlan
 
 __all__ = [
     "DEFAULTS",
@@ -89,142 +90,19 @@ DEFAULTS: dict[str, float] = {
     "report_s": 0.2,
 }
 
-#: Text data sets (the AutoNorm claims test contrast a on images only).
-_TEXT_DATA = frozenset({"ptb_pos_sample", "pang_lee_polarity", "sst2", "ptb_pos"})
-
-#: (name, arm a, arm b, alternative) of the AutoNorm claims' paired contrasts (studies.kinds.search.claims).
-_CONTRASTS: tuple[tuple[str, str, str, str], ...] = (
-    ("a", "random_selector", "autonorm", "greater"),
-    ("b", "autonorm_s", "autonorm", "greater"),
-    ("e", "autonorm_s", "frozen_ln", "two-sided"),
-)
-
 
 # --------------------------------------------------------------------------------------------------
-# Phases: exactly what a kind's ``run`` runs
+# Phases: exactly what a kind's ``run`` runs (the kind says which)
 # --------------------------------------------------------------------------------------------------
 
-
-@dataclasses.dataclass(frozen=True)
-class PhaseTrials:
-    """One phase of a study: its name (as ``run`` calls it), its plan and the plan's trial configs."""
-
-    name: str
-    plan: StudyPlan
-    configs: tuple[dict[str, Any], ...]
-    optional: bool = False  # runs only when needed (a range extension): in ``trials_max`` only
+PhaseTrials = Phase
+"""Earlier name of :class:`studies.kinds.base.Phase`."""
 
 
-def _grid_points(plan: StudyPlan) -> list[dict[str, Any]]:
-    """Tune's trial set of a plan: the grid product x ``num_samples`` (the base config for samplers)."""
-    if plan.sampler.type != "grid":
-        return [{} for _ in range(plan.num_samples)]
-    names = [name for name, _ in plan.grid]
-    product = itertools.product(*(values for _, values in plan.grid))
-    points = [dict(zip(names, combo)) for combo in product]
-    return [p for _ in range(plan.num_samples) for p in points]
-
-
-def _phase(name: str, plan: StudyPlan, *, optional: bool = False) -> PhaseTrials:
-    configs = tuple(with_values(plan.base_config, point) for point in _grid_points(plan))
-    if len(configs) != expected_trials(plan):  # the plan contract; never expected to fail
-        raise AssertionError(f"phase {name}: {len(configs)} configs for {expected_trials(plan)} trials")
-    return PhaseTrials(name=name, plan=plan, configs=configs, optional=optional)
-
-
-def phases_of(spec: Any) -> list[PhaseTrials]:
-    """The phases ``run`` runs for ``spec``, in order, each with every trial config.
-
-    ``batchsize``: per budget ``lr_tuning-<budget>`` (:meth:`tuning_plan`) then
-    ``confirmatory-<budget>`` (:meth:`confirmatory_plan` with a placeholder learning rate per arm or
-    cell: the trial count and the update counts do not depend on it). ``search``: one phase
-    ``search`` (:meth:`to_plan`). Another kind: its ``phase_plans()`` (``[(name, plan), ...]``) when
-    it has one, else its ``to_plan()`` as one phase.
-    """
-    kind = str(getattr(spec, "kind", "search"))
-    if kind == "batchsize":
-        from studies.kinds.batchsize.spec import cell_key
-
-        if spec.lr_policy == "tuned":
-            placeholder = {cell_key(a, b): spec.training.lr for a in spec.arms for b in spec.batch_sizes}
-        else:
-            placeholder = {a: spec.training.lr for a in spec.arms}
-        out = []
-        tuning = spec.lr_tuning
-        rounds = tuning.max_extensions if tuning.lr_grid().extendable else 0
-        edge = {cell: tuning.high for cell in spec.tuning_cells}  # the rate does not change the cost
-        for budget in spec.budgets:
-            out.append(_phase(f"lr_tuning-{budget}", spec.tuning_plan(budget)))
-            out += [
-                _phase(f"lr_tuning-{budget}-ext{k}", spec.extension_plan(budget, k, edge), optional=True)
-                for k in range(1, rounds + 1)
-            ]
-            out.append(_phase(f"confirmatory-{budget}", spec.confirmatory_plan(budget, placeholder)))
-        return out
-    if kind == "search":
-        plan = spec.to_plan()
-        return [_phase("search", plan), *_confirm_phases(spec, plan)]
-    if callable(getattr(spec, "phase_plans", None)):
-        return [_phase(name, plan) for name, plan in spec.phase_plans()]
-    if callable(getattr(spec, "to_plan", None)):
-        return [_phase("search" if kind == "search" else kind, spec.to_plan())]
-    raise ValueError(f"cannot plan a study of kind {kind!r}: no phase_plans() or to_plan()")
-
-
-def _confirm_phases(spec: Any, plan: StudyPlan) -> list[PhaseTrials]:
-    """The search kind's ``confirm:`` phases, as its ``run`` builds them: per arm, the η grid around
-    the searched η on the tuning seeds (``confirm-lr-<arm>``), then every confirmatory seed
-    (``confirm-<arm>``). The best searched configuration is not known before the search: the spec's
-    base config stands in for it (same model, data and budget; only sampled values differ)."""
-    confirm = getattr(spec, "confirm", None)
-    if confirm is None:
-        return []
-    import studies.kinds.search as search_kind
-    from workers.plan import SamplerConfig, SchedulerConfig
-
-    arm_config = getattr(search_kind, "arm_config", None)
-    slots = getattr(confirm, "max_concurrent", None) or plan.max_concurrent
-    lr = float(plan.base_config["training"]["lr"])
-
-    def grid_plan(name: str, base: dict[str, Any], grid: Any) -> StudyPlan:
-        return dataclasses.replace(
-            plan,
-            name=name,
-            base_config=base,
-            space=(),
-            grid=tuple(grid),
-            sampler=SamplerConfig(type="grid"),
-            scheduler=SchedulerConfig(type="fifo"),
-            num_samples=1,
-            max_concurrent=slots,
-        )
-
-    out = []
-    for arm in confirm.arms:
-        base = (
-            arm_config(plan.base_config, arm) if callable(arm_config) else with_values(plan.base_config, {})
-        )
-        tune = confirm.lr_tuning
-        if tune is not None:
-            tune_base = with_values(base, {})
-            if tune.epochs is not None:
-                tune_base["training"]["epochs"] = tune.epochs
-            grid = (("training.lr", tuple(tune.grid(lr))), ("seed", tuple(tune.seeds)))
-            out.append(_phase(f"confirm-lr-{arm}", grid_plan(f"confirm-tune-{arm}", tune_base, grid)))
-            rounds = tune.max_extensions if tune.lr_grid(lr).extendable else 0
-            one = (("training.lr", (lr,)), ("seed", tuple(tune.seeds)))
-            out += [
-                _phase(
-                    f"confirm-lr-{arm}-ext{k}",
-                    grid_plan(f"confirm-tune-{arm}-ext{k}", tune_base, one),
-                    optional=True,
-                )
-                for k in range(1, rounds + 1)
-            ]
-        out.append(
-            _phase(f"confirm-{arm}", grid_plan(f"confirm-{arm}", base, (("seed", tuple(confirm.seeds)),)))
-        )
-    return out
+def phases_of(spec: Any) -> list[Phase]:
+    """The phases ``run`` runs for ``spec``, in order, each with every trial config: the kind's
+    :meth:`~studies.kinds.base.StudyKind.phases`."""
+    return kind_for(spec).phases(spec)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -680,7 +558,7 @@ def plan_study(
     )
     return {
         "study": getattr(spec, "name", None),
-        "kind": str(getattr(spec, "kind", "search")),
+        "kind": kind_for(spec).name,
         "trials": sum(len(ph.configs) for ph in phases if not ph.optional),
         "trials_max": sum(len(ph.configs) for ph in phases),
         "cpu_hours": total_cpu_h,
@@ -746,47 +624,19 @@ def format_plan(result: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def _chance_accuracy(data_type: str) -> float:
+def chance_accuracy(data_type: str) -> float:
+    """1/C for a data set with C classes (NaN for regression)."""
     from autonorm_core.data import class_count
 
     c = class_count(data_type)
     return 1.0 / c if c else math.nan
 
 
-def _interaction_slopes(sub: Any, *, fix: str, control: str, chance: float) -> list[float]:
-    """Per seed: OLS slope vs log2 B of the paired differences fix - control per (B, seed) cell.
-
-    Rows come from :func:`studies.kinds.batchsize.analysis.normalize_table`; failed trials are scored at ``chance``
-    (with a NaN chance they are missing cells), as the primary analysis does.
-    """
-    import numpy as np
-
-    from studies.stats import ols_slope
-
-    df = sub.copy()
-    df["score"] = np.where(df["ok"], df["value"], chance)
-    df = df[np.isfinite(df["score"].to_numpy(dtype=float))]
-    cells = df.groupby(["arm", "seed", "batch_size"])["score"].mean()
-    out = []
-    seeds = sorted(sub["seed"].unique(), key=lambda s: (len(s), s))
-    for seed in seeds:
-        xs, ds = [], []
-        for b in sorted(float(b) for b in sub["batch_size"].unique()):
-            a_key, c_key = (fix, seed, b), (control, seed, b)
-            if a_key in cells.index and c_key in cells.index:
-                xs.append(math.log2(b))
-                ds.append(float(cells[a_key]) - float(cells[c_key]))
-        if len(xs) >= 2:
-            slope = ols_slope(np.asarray(xs), np.asarray(ds))
-            if math.isfinite(slope):
-                out.append(slope)
-    return out
-
-
-def _needed(
+def per_seed_need(
     values: Sequence[float], **kwargs: Any
 ) -> tuple[int | None, float | None, float | None, str | None]:
-    """``(K, effect, sd, problem)`` from per-seed values (``problem`` when fewer than 2)."""
+    """``(K, effect, sd, problem)`` from per-seed values (``problem`` when fewer than 2); ``kwargs``
+    go to :func:`studies.power.seeds_needed`."""
     import numpy as np
 
     from studies.power import seeds_needed
@@ -797,168 +647,6 @@ def _needed(
     min_effect = kwargs.get("min_effect")
     effect = abs(float(min_effect)) if min_effect is not None else float(arr.mean())
     return seeds_needed(values, **kwargs), effect, float(arr.std(ddof=1)), None
-
-
-def _batchsize_pilot(
-    spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
-) -> dict[str, Any]:
-    import pandas as pd
-
-    from studies.kinds.batchsize.analysis import normalize_table
-
-    path = study_dir / "trials.csv"
-    if not path.is_file():
-        raise ValueError(
-            f"{path} not found: the pilot has not finished its confirmatory phase (no trials.csv)"
-        )
-    a = spec.analysis
-    df = normalize_table(pd.read_csv(path), a.metric)
-    if spec.control not in set(df["arm"]):
-        raise ValueError(f"the control arm {spec.control!r} has no trial in {path}")
-    fix_arms = list(spec.fix_arms)
-    m = len(fix_arms)
-    alternative = "less" if a.higher_is_better else "greater"
-    chance = _chance_accuracy(spec.data.type) if a.metric.endswith("accuracy") else math.nan
-    budgets = sorted(b for b in df["budget"].unique()) or [""]
-    by_budget: dict[str, Any] = {}
-    for budget in budgets:
-        sub = df[df["budget"] == budget]
-        entry: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "problems": {}}
-        for arm in fix_arms:
-            values = _interaction_slopes(sub, fix=arm, control=spec.control, chance=chance)
-            k, effect, sd, problem = _needed(
-                values,
-                alpha=alpha,
-                family_size=m,
-                power=power,
-                min_effect=min_effect,
-                alternative=alternative,
-            )
-            entry["seeds_needed"][arm] = k
-            entry["per_seed"][arm] = values
-            entry["effect"][arm] = effect
-            entry["sd"][arm] = sd
-            if problem:
-                entry["problems"][arm] = problem
-        by_budget[budget or "all"] = entry
-    # Per arm, the budget that needs the most seeds (None, i.e. unreachable, wins).
-    out: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "binding_budget": {}}
-    for arm in fix_arms:
-
-        def need(b: str, arm: str = arm) -> float:
-            k = by_budget[b]["seeds_needed"][arm]
-            return math.inf if k is None else float(k)
-
-        worst = max(by_budget, key=need)
-        for field in ("seeds_needed", "per_seed", "effect", "sd"):
-            out[field][arm] = by_budget[worst][field][arm]
-        out["binding_budget"][arm] = worst
-    out.update(
-        quantity="per-seed interaction slope (fix - control) vs log2 batch size",
-        metric=a.metric,
-        alternative=alternative,
-        family_size=m,
-        by_budget=by_budget,
-        min_seeds=a.min_seeds,
-    )
-    return out
-
-
-def _search_pilot(
-    spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
-) -> dict[str, Any]:
-    import numpy as np
-    import pandas as pd
-
-    from studies.stats import paired_contrast
-
-    path = study_dir / "confirm_trials.csv"
-    if not path.is_file():
-        raise ValueError(
-            f"{path} not found: the pilot has no confirmatory phase (arms x seeds, confirm_trials.csv), "
-            "so there are no per-seed paired differences to plan the seeds with"
-        )
-    table = pd.read_csv(path)
-    for col in ("arm", "seed", "status", "test_accuracy"):
-        if col not in table.columns:
-            raise ValueError(f"{path} lacks column {col!r}; required: arm, seed, status, test_accuracy")
-    data_type = str(spec.data.type)
-    confirm = getattr(spec, "confirm", None)
-    data_kind = getattr(confirm, "data_kind", "auto")
-    if data_kind == "auto":
-        data_kind = "text" if data_type in _TEXT_DATA else "vision"
-        with contextlib.suppress(ImportError):
-            from studies.kinds.search.spec import data_kind_of
-
-            data_kind = data_kind_of(data_type)
-    contrasts = [c for c in _CONTRASTS if c[0] != "a" or data_kind == "vision"]
-    m = len(contrasts)
-    chance = _chance_accuracy(data_type)
-    values = pd.to_numeric(table["test_accuracy"], errors="coerce").to_numpy(dtype=float)
-    ok = table["status"].astype(str).str.lower().isin({"completed", "terminated"}).to_numpy() & np.isfinite(
-        values
-    )
-    scored = np.where(ok, values, chance)
-    cells: dict[str, dict[str, float]] = {}
-    for arm, seed, v in zip(table["arm"].astype(str), table["seed"].astype(str), scored):
-        cells.setdefault(arm, {})[seed] = float(v)
-    out: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "problems": {}}
-    for name, arm_a, arm_b, alternative in contrasts:
-        a_cells, b_cells = cells.get(arm_a, {}), cells.get(arm_b, {})
-        seeds = sorted(
-            (
-                s
-                for s in set(a_cells) & set(b_cells)
-                if math.isfinite(a_cells[s]) and math.isfinite(b_cells[s])
-            ),
-            key=lambda s: (len(s), s),
-        )
-        diffs: list[float] = []
-        if len(seeds) >= 2:
-            diffs = paired_contrast(
-                [a_cells[s] for s in seeds],
-                [b_cells[s] for s in seeds],
-                alternative=alternative,  # type: ignore[arg-type]
-            )["differences"]
-        k, effect, sd, problem = _needed(
-            diffs, alpha=alpha, family_size=m, power=power, min_effect=min_effect, alternative=alternative
-        )
-        out["seeds_needed"][name] = k
-        out["per_seed"][name] = diffs
-        out["effect"][name] = effect
-        out["sd"][name] = sd
-        if problem:
-            out["problems"][name] = f"{arm_a} - {arm_b}: {problem}"
-    out.update(
-        quantity="per-seed paired difference of test_accuracy",
-        metric="test_accuracy",
-        contrasts={n: {"a": a, "b": b, "alternative": alt} for n, a, b, alt in contrasts},
-        family_size=m,
-        data_kind=data_kind,
-        min_seeds=getattr(confirm, "min_seeds", None),
-    )
-    return out
-
-
-def _with_seeds(spec: Any, k: int) -> Any:
-    """``spec`` with ``k`` confirmatory seeds (held-out tuning seeds skipped), re-validated.
-
-    The document re-validated is what was set (``exclude_unset``): a full dump would also carry
-    fields a spec derives itself (a batch-size study's layer and LR scaling), which it refuses as input.
-    """
-    doc = spec.model_dump(mode="json", exclude_unset=True)
-    confirm = getattr(spec, "confirm", None)
-    if getattr(spec, "kind", "search") == "search" and confirm is not None:
-        # The claims are tested on the confirmatory seeds: fresh ones, off the search and tuning seeds.
-        taken = set(spec.seeds) | set(getattr(confirm.lr_tuning, "seeds", ()) or ())
-        start = min(confirm.seeds)
-        doc.setdefault("confirm", {})["seeds"] = list(
-            itertools.islice((s for s in itertools.count(start) if s not in taken), k)
-        )
-    else:
-        taken = set(getattr(getattr(spec, "lr_tuning", None), "seeds", ()) or ())
-        doc["seeds"] = list(itertools.islice((s for s in itertools.count() if s not in taken), k))
-    return type(spec).model_validate(doc)
 
 
 def pilot_power(
@@ -975,16 +663,10 @@ def pilot_power(
 ) -> dict[str, Any]:
     """Seeds each confirmatory test needs, from a finished pilot, and the cost of the study with them.
 
-    ``batchsize``: reads ``<study_dir>/trials.csv``; per fix arm (``spec.fix_arms``) and budget the
-    per-seed interaction slopes (OLS slope vs log2 B of the paired differences fix - ``spec.control``
-    per (B, seed) cell, failed trials scored at chance as the analysis does); K from
-    :func:`studies.power.seeds_needed` at ``alpha`` (default ``spec.analysis.alpha``) over a family of
-    ``len(fix_arms)``, one-sided in the hypothesis direction (``less`` when higher is better); with
-    several budgets an arm needs the most seeds any budget needs. ``search``: reads
-    ``confirm_trials.csv`` (no file: ``ValueError``, the pilot has no confirmatory phase); contrasts
-    a (random_selector - autonorm, greater), b (autonorm_s - autonorm, greater), e (autonorm_s -
-    frozen_ln, two-sided) of the per-seed paired test accuracy (a only on image data, as
-    :func:`studies.kinds.search.claims.autonorm_claims` tests it; alpha default 0.05).
+    The kind estimates the seeds (:meth:`~studies.kinds.base.StudyKind.power`; e.g. the batch-size
+    kind's per-seed interaction slopes, the search kind's per-seed paired contrasts); this function
+    prices the study with that many seeds (:meth:`~studies.kinds.base.StudyKind.with_seeds`, then
+    :func:`plan_study`) and says it in words. ``alpha`` defaults to the spec's.
 
     Returns:
         ``{"seeds_needed": {arm_or_contrast: K | None}, "per_seed", "effect", "sd", "power", "alpha",
@@ -995,21 +677,13 @@ def pilot_power(
     """
     if not 0.0 < power < 1.0:
         raise ValueError(f"power must lie strictly between 0 and 1, got {power!r}")
-    kind = str(getattr(spec, "kind", "search"))
+    kind = kind_for(spec)
     if alpha is None:
-        if kind == "batchsize":
-            alpha = float(spec.analysis.alpha)
-        else:
-            alpha = float(getattr(getattr(spec, "confirm", None), "alpha", 0.05))
+        alpha = kind.alpha(spec)
     directory = Path(study_dir)
     if not directory.is_dir():
         raise ValueError(f"pilot study directory {directory} does not exist")
-    if kind == "batchsize":
-        result = _batchsize_pilot(spec, directory, power=power, min_effect=min_effect, alpha=alpha)
-    elif kind == "search":
-        result = _search_pilot(spec, directory, power=power, min_effect=min_effect, alpha=alpha)
-    else:
-        raise ValueError(f"pilot_power does not know study kind {kind!r}")
+    result = kind.power(spec, directory, power=power, min_effect=min_effect, alpha=alpha)
     reached = [k for k in result["seeds_needed"].values() if k is not None]
     k = max(reached) if reached else None
     floor = result.get("min_seeds") or 2
@@ -1019,7 +693,11 @@ def pilot_power(
     if planned is not None:
         try:
             cost = plan_study(
-                _with_seeds(spec, planned), cpus=cpus, gpus=gpus, calibration=calibration, calibrate=calibrate
+                kind.with_seeds(spec, planned),
+                cpus=cpus,
+                gpus=gpus,
+                calibration=calibration,
+                calibrate=calibrate,
             )
         except Exception as exc:  # a spec that cannot take K seeds (e.g. a sampled search)
             note = f"no cost for {planned} seeds: {type(exc).__name__}: {str(exc).splitlines()[0]}"

@@ -191,16 +191,19 @@ class StudyRunner:
         )
         return dataclasses.replace(plan, storage=storage, tracking=tracking)
 
-    def run(self, plan: StudyPlan, *, phase: str, nested: bool = True) -> StudyResult:
+    def run(self, plan: StudyPlan, *, phase: str | None = None, nested: bool = True) -> StudyResult:
         """Run (or resume) one plan of the study.
 
         Args:
             plan: the plan; with ``nested`` its storage/tracking are replaced (:meth:`phase_plan`).
-            phase: the phase name (``autonorm.phase`` tag on the plan's run).
+            phase: the phase name (``autonorm.phase`` tag on the plan's run and its trial runs);
+                default the plan's name, which is also the phase's folder and run name: one name
+                per phase everywhere.
             nested: the plan is a phase (its run nested under the study run). ``False``: the plan
                 *is* the study (its experiment directory is the study directory, its run the study
                 run); only for a study whose only plan is this one.
         """
+        phase = plan.name if phase is None else phase
         tags = dict(plan.tags)
         tags["autonorm.phase"] = phase
         if nested:

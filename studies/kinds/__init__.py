@@ -1,19 +1,14 @@
 """Study kinds: one registry, one way to load, run, inspect and report every study.
 
-Every spec names its kind in ``kind:`` (absent = ``search``). A kind is a module with:
-
-* ``SPEC``: the pydantic spec class (``"module:Class"`` in :data:`KINDS`, imported on use);
-* ``run(spec, *, runner_options) -> StudyOutcome``: turns the spec into phases, runs each phase's
-  plans through :class:`workers.study.StudyRunner` (one Ray session, one MLflow study run), then
-  analyses and writes the outputs into ``<storage_path>/<name>/``;
-* ``status(spec) -> dict``: progress from the study directory (works while it runs and after);
-* ``report(spec, out_dir) -> Path``: the report regenerated from the study directory;
-* ``total_trials(spec) -> int``: every trial of every phase (what MLflow will count).
+Every spec names its kind in ``kind:`` (absent: :data:`DEFAULT_KIND`). A kind is a folder
+``studies/kinds/<kind>/`` whose ``__init__.py`` defines ``KIND``, an object implementing the contract
+:class:`studies.kinds.base.StudyKind` (documented there: spec class, phases, run, analyse, status,
+report, power). :data:`KINDS` maps each ``kind:`` value to that object; adding a kind is one line of
+:data:`KIND_MODULES` (docs/extending.md).
 
 :func:`run_study_spec` adds what every kind shares: the resolved spec written to
 ``<storage>/<name>/study_spec.yaml``, a rerun with an edited spec refused (exit 2, the changed fields
 named), the outcome printed. The CLI and the scripts in ``studies/`` call it, nothing else.
-See docs/extending.md for adding a kind.
 """
 
 from __future__ import annotations
@@ -21,26 +16,34 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from pydantic import BaseModel
-
+from studies.kinds.base import SHARED_VERDICT_FIELDS, Phase, StudyKind, StudyOutcome
 from studies.spec import SpecError, SpecIssue, load_spec, parse_yaml, read_spec_text
 
 __all__ = [
     "DEFAULT_KIND",
     "KINDS",
+    "KIND_MODULES",
+    "SHARED_VERDICT_FIELDS",
     "SPEC_FILE",
+    "Phase",
     "StudyKind",
     "StudyOutcome",
     "changed_fields",
+    "kind_for",
     "kind_of",
     "load_study",
+    "presets_of",
     "run_study_spec",
 ]
+
+KIND_MODULES: tuple[str, ...] = (
+    "studies.kinds.search",
+    "studies.kinds.batchsize",
+)
+"""The registered kinds: each module defines ``KIND`` (a :class:`StudyKind`). One line per kind."""
 
 DEFAULT_KIND = "search"
 """The kind of a spec that names none in ``kind:``."""
@@ -49,79 +52,35 @@ SPEC_FILE = "study_spec.yaml"
 """The resolved spec inside every study directory (``<storage_path>/<name>/``)."""
 
 
-@dataclass(frozen=True)
-class StudyKind:
-    """A registered kind: its spec class and the module that runs it.
+def _registry() -> dict[str, StudyKind]:
+    kinds: dict[str, StudyKind] = {}
+    for module in KIND_MODULES:
+        kind = importlib.import_module(module).KIND
+        if not isinstance(kind, StudyKind) or kind.name in kinds:
+            raise TypeError(f"{module}.KIND must be a StudyKind with a name of its own")
+        kinds[kind.name] = kind
+    return kinds
 
-    Attributes:
-        name: the ``kind:`` value.
-        spec: ``"module:Class"`` of the pydantic spec.
-        module: the implementation (``run``, ``status``, ``report``, ``total_trials``).
-        script: the entry script users run (``python studies/...``).
+
+KINDS: dict[str, StudyKind] = _registry()
+"""``kind:`` value -> the kind (:class:`studies.kinds.base.StudyKind`)."""
+
+
+def kind_of(document: Mapping[str, Any], *, source: str | None = None, line: int | None = None) -> StudyKind:
+    """The kind a loaded YAML document declares (:data:`DEFAULT_KIND` when it declares none).
+
+    Raises:
+        SpecError: ``kind`` is not one of :data:`KINDS` (a mapping, a list, an unknown name), with the
+            field, the line where known and the known kinds.
     """
-
-    name: str
-    spec: str
-    module: str
-    script: str
-
-    def spec_class(self) -> type[BaseModel]:
-        module, cls = self.spec.split(":")
-        loaded: type[BaseModel] = getattr(importlib.import_module(module), cls)
-        return loaded
-
-    def impl(self) -> ModuleType:
-        return importlib.import_module(self.module)
-
-
-KINDS: dict[str, StudyKind] = {
-    "search": StudyKind(
-        "search", "studies.kinds.search.spec:StudySpec", "studies.kinds.search", "studies/autonorm_search.py"
-    ),
-    "batchsize": StudyKind(
-        "batchsize",
-        "studies.kinds.batchsize.spec:BatchSizeStudySpec",
-        "studies.kinds.batchsize",
-        "studies/batchsize_correlation.py",
-    ),
-}
-
-
-@dataclass
-class StudyOutcome:
-    """What a finished (or resumed-to-the-end) study produced, whatever its kind.
-
-    Attributes:
-        kind / name: the study.
-        study_dir: ``<storage_path>/<name>`` (absolute path or ``s3://...``).
-        tracking_uri / parent_run_id: where its MLflow study run lives.
-        summary: JSON-able summary the CLI prints (trial counts, best trial, verdicts, ...).
-        verdict: the ``verdict.json`` content for hypothesis studies.
-        files: output name -> local file.
-    """
-
-    kind: str
-    name: str
-    study_dir: str
-    tracking_uri: str
-    parent_run_id: str | None
-    summary: dict[str, Any] = field(default_factory=dict)
-    verdict: dict[str, Any] | None = None
-    files: dict[str, Path] = field(default_factory=dict)
-
-
-def kind_of(document: Mapping[str, Any], *, source: str | None = None) -> StudyKind:
-    """The kind a loaded YAML document declares (``search`` when it declares none)."""
     name = document.get("kind", DEFAULT_KIND) if isinstance(document, Mapping) else DEFAULT_KIND
-    if name not in KINDS:
-        raise SpecError(
-            [
-                SpecIssue(
-                    "kind", f"unknown study kind {name!r}; valid: {', '.join(sorted(KINDS))}", None, source
-                )
-            ]
+    if not isinstance(name, str) or name not in KINDS:
+        shown = (
+            repr(name) if isinstance(name, str | int | float | bool) or name is None else type(name).__name__
         )
-    return KINDS[str(name)]
+        what = f"unknown study kind {shown}" if isinstance(name, str) else f"must be a kind name, got {shown}"
+        raise SpecError([SpecIssue("kind", f"{what}; valid: {', '.join(sorted(KINDS))}", line, source)])
+    return KINDS[name]
 
 
 def load_study(
@@ -138,8 +97,8 @@ def load_study(
     """
     path = Path(path)
     if kind is None:
-        document, _ = parse_yaml(read_spec_text(path), source=str(path))
-        study_kind = kind_of(document, source=str(path))
+        document, lines = parse_yaml(read_spec_text(path), source=str(path))
+        study_kind = kind_of(document, source=str(path), line=lines.get(("kind",)))
     else:
         study_kind = KINDS[kind]
     return load_spec(path, list(overrides), preset=preset, model=study_kind.spec_class())
@@ -153,6 +112,7 @@ def presets_of(path: str | Path) -> list[str]:
 
 
 def kind_for(spec: Any) -> StudyKind:
+    """The kind of a validated spec."""
     return KINDS[str(getattr(spec, "kind", DEFAULT_KIND))]
 
 
@@ -177,12 +137,10 @@ def changed_fields(old: Any, new: Any, path: str = "") -> list[str]:
 
 def _check_unchanged(spec: Any, study_dir: Any, *, allow_changed: bool) -> None:
     """Refuse to resume a study whose stored spec differs from ``spec`` (two studies would mix)."""
-    from studies.spec import parse_yaml as _parse
-
     text = study_dir.read_text(SPEC_FILE)
     if text is None:
         return
-    stored, _ = _parse(text, source=f"{study_dir.uri}/{SPEC_FILE}")
+    stored, _ = parse_yaml(text, source=f"{study_dir.uri}/{SPEC_FILE}")
     current = spec.to_document()
     # Where the study lives may move (a copied directory, another mount): that is not a new study.
     ignore = {"storage_path", "presets"}
@@ -228,7 +186,7 @@ def run_study_spec(spec: Any, *, allow_changed_spec: bool = False, **runner_opti
         planned = _estimate(spec) if runner_options.get("trainable") is None else None
         if planned is not None:
             runner_options["planned"] = planned
-        outcome: StudyOutcome = kind.impl().run(spec, **runner_options)
+        outcome = kind.run(spec, **runner_options)
     return outcome
 
 

@@ -347,7 +347,10 @@ def test_smoke_mlflow_one_study_run_phases_nested_every_trial_a_leaf(
     tops = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'study'")
     assert [r.info.run_id for r in tops] == [out.parent_run_id]
     phases = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{out.parent_run_id}'")
-    assert {r.data.tags["autonorm.phase"] for r in phases} == {"lr_tuning-epochs", "confirmatory-epochs"}
+    # One name per phase: run name, phase tag (on the phase run and its trials) and folder agree.
+    assert {r.data.tags["autonorm.phase"] for r in phases} == {"tune-epochs", "confirm-epochs"}
+    assert {r.info.run_name for r in phases} == {"tune-epochs", "confirm-epochs"}
+    assert "autonorm.phase" not in client.get_run(out.parent_run_id).data.tags
     trials = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'trial'")
     assert len(trials) == spec.total_trials
     assert {r.data.tags["mlflow.parentRunId"] for r in trials} == {p.info.run_id for p in phases}

@@ -62,7 +62,7 @@ def test_validate_ok_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["validate", str(SHIPPED), "--preset", "smoke"]) == 0
     out = capsys.readouterr().out
     smoke = load_spec(SHIPPED, preset="smoke")
-    total = kind_for(smoke).impl().total_trials(smoke)
+    total = kind_for(smoke).total_trials(smoke)
     assert "ok: autonorm_search" in out and f" {total} trials (2 at a time)" in out
 
 
@@ -165,7 +165,7 @@ def test_study_directory_is_a_target(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert cli.main(["validate", str(study_dir)]) == 0
     assert cli.main(["status", str(study_dir)]) == 0
     out = capsys.readouterr().out
-    total = kind_for(spec).impl().total_trials(spec)
+    total = kind_for(spec).total_trials(spec)
     assert f"trials: 0 of {total} (none yet)" in out
     assert cli.main(["validate", str(tmp_path)]) == 2  # a directory without study_spec.yaml
     assert "not a study directory" in capsys.readouterr().err
@@ -737,7 +737,7 @@ def test_plan_json_counts_what_run_will_run(capsys: pytest.CaptureFixture[str]) 
     assert cli.main(["plan", str(BATCHSIZE), "--preset", "smoke", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     spec = load_study(BATCHSIZE, preset="smoke")
-    assert plan["trials"] == kind_for(spec).impl().total_trials(spec) == 42
+    assert plan["trials"] == kind_for(spec).total_trials(spec) == 42
     assert plan["wall_s"] > 0 and plan["cpu_hours"] > 0 and plan["gpu_hours"] == 0
     assert sum(p["trials"] for p in plan["phases"]) == plan["trials"]
 

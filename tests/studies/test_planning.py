@@ -34,7 +34,7 @@ CAL: dict[str, Any] = {"step_s": {"*": 0.01}, "eval_s": 0.1, "setup_s": 0.5}
 def test_trials_equal_the_kinds_total_trials(path: Path, kind: str, preset: str | None) -> None:
     spec = load_study(path, preset=preset)
     plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=8)
-    assert plan["trials"] == KINDS[kind].impl().total_trials(spec)
+    assert plan["trials"] == KINDS[kind].total_trials(spec)
     assert sum(p["trials"] for p in plan["phases"] if not p["optional"]) == plan["trials"]
     # trials_max: every learning-rate range extension firing (optional phases, one per round)
     assert sum(p["trials"] for p in plan["phases"]) == plan["trials_max"] >= plan["trials"]
@@ -47,26 +47,26 @@ def test_batchsize_phases_are_tuning_then_confirmatory_per_budget() -> None:
     spec = load_study(BATCHSIZE)
     plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=8)
     names = [p["name"] for p in plan["phases"] if not p["optional"]]
-    assert names == ["lr_tuning-epochs", "confirmatory-epochs", "lr_tuning-updates", "confirmatory-updates"]
+    assert names == ["tune-epochs", "confirm-epochs", "tune-updates", "confirm-updates"]
     by = {p["name"]: p for p in plan["phases"]}
     rounds = spec.lr_tuning.max_extensions
     extensions = [p for p in plan["phases"] if p["optional"]]
     assert [p["name"] for p in extensions] == [
-        f"lr_tuning-{b}-ext{k}" for b in spec.budgets for k in range(1, rounds + 1)
+        f"tune-{b}-ext{k}" for b in spec.budgets for k in range(1, rounds + 1)
     ]
     # one new rate per arm and round, on every tuning seed
     assert {p["trials"] for p in extensions} == {len(spec.arms) * len(spec.lr_tuning.seeds)}
     assert plan["trials_max"] == spec.total_trials + spec.extension_trials_max
-    assert by["confirmatory-epochs"]["trials"] == spec.expected_trials // 2
-    assert by["lr_tuning-epochs"]["trials"] == spec.tuning_trials // 2
-    assert by["confirmatory-epochs"]["epochs"] == spec.training.epochs
-    assert by["confirmatory-updates"]["updates"] == spec.training.max_updates
+    assert by["confirm-epochs"]["trials"] == spec.expected_trials // 2
+    assert by["tune-epochs"]["trials"] == spec.tuning_trials // 2
+    assert by["confirm-epochs"]["epochs"] == spec.training.epochs
+    assert by["confirm-updates"]["updates"] == spec.training.max_updates
     # Under the epochs budget the updates fall as 1/B (54,000 training rows of Fashion-MNIST).
-    ups = by["confirmatory-epochs"]["updates_by_batch_size"]
+    ups = by["confirm-epochs"]["updates_by_batch_size"]
     assert ups["8"] == spec.training.epochs * (54_000 // 8) and ups["512"] == spec.training.epochs * (
         54_000 // 512
     )
-    assert set(by["confirmatory-updates"]["updates_by_batch_size"].values()) == {spec.training.max_updates}
+    assert set(by["confirm-updates"]["updates_by_batch_size"].values()) == {spec.training.max_updates}
 
 
 def _equal_trials_cal() -> dict[str, Any]:

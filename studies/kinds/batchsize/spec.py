@@ -480,7 +480,7 @@ class BatchSizeStudySpec(BaseModel):
             hypothesis=self.hypothesis,
             extra_tags=(
                 ("autonorm.study", "batchsize"),
-                ("autonorm.phase", phase),
+                ("autonorm.phase", name),
                 ("autonorm.budget", budget),
             ),
             extra_params=self._plan_params(),
@@ -564,6 +564,7 @@ class BatchSizeStudySpec(BaseModel):
         return dataclasses.replace(
             plan,
             name=self.name,
+            tags=tuple((k, v) for k, v in plan.tags if k != "autonorm.phase"),  # the study run is no phase
             tracking=dataclasses.replace(plan.tracking, experiment=self.tracking.experiment or self.name),
         )
 

@@ -1,12 +1,13 @@
 """``kind: batchsize``: does a divergence-correcting layer get worse as the batch grows?
 
-Phases (docs/science.md, "The batch-size hypothesis"), all under the study's one MLflow run:
+Phases (docs/science.md, "The batch-size hypothesis"; :mod:`studies.kinds.batchsize.kind`), each in
+its own folder with its own phase run nested under the study's MLflow run:
 
-1. ``lr_tuning``, one grid plan per budget: every arm's η on a log-spaced grid at the reference
+1. ``tune-<budget>``, one grid plan per budget: every arm's η on a log-spaced grid at the reference
    batch size (per (arm, B) cell for ``lr_policy: tuned``) on held-out tuning seeds; the η with the
    best mean validation metric wins (a failed trial scores the worst value); a winner on the edge of
    the grid is flagged (``lr-at-range-edge``).
-2. ``confirmatory``, one grid plan per budget: arms x batch sizes x seeds with the tuned η (fixed
+2. ``confirm-<budget>``, one grid plan per budget: arms x batch sizes x seeds with the tuned η (fixed
    across B, or scaled with B for ``linear`` / ``sqrt``), FIFO, full budget, same seeds for every arm.
 3. Analysis: :func:`studies.kinds.batchsize.analysis.batchsize_trend` over every confirmatory trial (failed ones
    scored at chance, not dropped), then ``verdict.json``, reports, ``trials.csv``, ``lr_tuning.json``
@@ -26,15 +27,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds import StudyOutcome
+from studies.kinds.base import StudyOutcome, hypothesis_entry
+from studies.kinds.batchsize.kind import KIND_NAME, BatchSizeKind, placeholder_lr
 from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
 from studies.tuning import RunPoints, tune
 from workers.runner import TrialRecord, read_trials
 
-__all__ = ["report", "run", "select_learning_rates", "status", "total_trials", "trials_table"]
+__all__ = ["analyse", "report", "run", "select_learning_rates", "status", "total_trials", "trials_table"]
 
 SPEC = BatchSizeStudySpec
-_TAG = "batchsize"
+_TAG = KIND_NAME
 
 
 def _say(message: str) -> None:
@@ -154,11 +156,14 @@ def _chance(spec: BatchSizeStudySpec) -> tuple[float, float]:
 
 
 def analyse(spec: BatchSizeStudySpec, table: Any) -> dict[str, Any]:
+    """:func:`studies.kinds.batchsize.analysis.batchsize_trend` with the spec's analysis settings,
+    plus the fields every kind's ``verdict.json`` has: ``kind``, and ``hypotheses`` (one per fix arm:
+    its verdict, reasons, the interaction estimate and CI, p and Holm p)."""
     from studies.kinds.batchsize.analysis import batchsize_trend
 
     a = spec.analysis
     chance_metric, chance_loss = _chance(spec)
-    return batchsize_trend(
+    verdict = batchsize_trend(
         table,
         control=spec.control,
         controls=list(spec.control_arms),
@@ -174,6 +179,20 @@ def analyse(spec: BatchSizeStudySpec, table: Any) -> dict[str, Any]:
         seed=a.seed,
         confidence=a.confidence,
     )
+    arms = verdict.get("arms") or {}
+    hypotheses = {
+        arm: {
+            **hypothesis_entry(arms.get(arm) or {}, estimate="interaction", ci="interaction_ci"),
+            "verdict": label,
+        }
+        for arm, label in (verdict.get("verdict") or {}).items()
+    }
+    return {
+        "kind": KIND_NAME,
+        "study_verdict": verdict.get("study_verdict"),
+        "hypotheses": hypotheses,
+        **verdict,
+    }
 
 
 def _verdict_tags(verdict: Mapping[str, Any]) -> dict[str, str]:
@@ -244,7 +263,7 @@ def _extension_runner(
             + ", ".join(f"{k} lr={v:g}" for k, v in lrs.items())
         )
         runner.set_expected_trials(runner.expected_trials + len(lrs) * len(spec.lr_tuning.seeds))
-        return list(runner.run(plan, phase=f"lr_tuning-{budget}-ext{round_}").trials)
+        return list(runner.run(plan).trials)
 
     return run_points
 
@@ -304,7 +323,7 @@ def run(
             _say(
                 f"phase lr_tuning ({budget} budget): {len(plan.grid[0][1])} cells x {len(spec.lr_tuning.seeds)} seeds"
             )
-            tuned = runner.run(plan, phase=f"lr_tuning-{budget}")
+            tuned = runner.run(plan)
             lr, record = select_learning_rates(
                 spec, tuned.trials, run_points=_extension_runner(spec, runner, budget, environ)
             )
@@ -315,7 +334,7 @@ def run(
                 _say(f"  {key}: lr={rec['lr']:.4g}{grown}{edge}")
             plan = spec.confirmatory_plan(budget, lr, environ=environ)
             _say(f"phase confirmatory ({budget} budget): {plan.name} (grid, FIFO, full budget)")
-            confirmed = runner.run(plan, phase=f"confirmatory-{budget}")
+            confirmed = runner.run(plan)
             tables.append(
                 trials_table(
                     confirmed.trials,
@@ -357,7 +376,7 @@ def run(
     _say(f"wall time {runner.wall_time_s / 60:.1f} min, {cpu_h:.3f} CPU h, {gpu_h:.3f} GPU h")
     counts = Counter(str(s) for s in table["status"]) if not table.empty else Counter()
     return StudyOutcome(
-        kind="batchsize",
+        kind=KIND_NAME,
         name=spec.name,
         study_dir=runner.study_uri,
         tracking_uri=runner.tracking_uri,
@@ -429,13 +448,10 @@ def _phase_trials(spec: BatchSizeStudySpec, *, history: bool = False) -> dict[st
 
     where = StudyDir.of(spec)
     out = {}
-    for budget in spec.budgets:
-        names = [f"tune-{budget}"]
-        names += [f"tune-{budget}-ext{k}" for k in range(1, spec.lr_tuning.max_extensions + 1)]
-        for name in [*names, f"confirm-{budget}"]:
-            trials = read_trials(where.phase_plan(name), history=history)
-            if trials or "-ext" not in name:  # an extension round that never ran is not a phase
-                out[name] = trials
+    for phase in BatchSizeKind().phases(spec):
+        trials = read_trials(where.phase_plan(phase.name), history=history)
+        if trials or not phase.optional:  # an extension round that never ran is not a phase
+            out[phase.name] = trials
     return out
 
 
@@ -449,7 +465,7 @@ def status(spec: BatchSizeStudySpec) -> dict[str, Any]:
     verdict = json.loads(verdict_text) if verdict_text else None
     return {
         "study": spec.name,
-        "kind": "batchsize",
+        "kind": KIND_NAME,
         "directory": StudyDir.of(spec).uri,
         # Extension rounds that ran add their trials (an extension changes the count).
         "expected_trials": spec.total_trials
@@ -493,7 +509,7 @@ def report(spec: BatchSizeStudySpec, out_dir: Path) -> Path:
         lr_records[budget] = record
         tables.append(
             trials_table(
-                phases[f"confirm-{budget}"],
+                phases[spec.confirmatory_plan(budget, placeholder_lr(spec)).name],
                 metric=spec.analysis.metric,
                 budget=budget,
                 lr_record=record,

@@ -737,6 +737,7 @@ def write_claims_report(
     wall_time_s: float = math.nan,
     cpu_hours: float = math.nan,
     gpu_hours: float = math.nan,
+    shared: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write the claims study's report into ``out_dir`` (created when missing).
 
@@ -760,6 +761,8 @@ def write_claims_report(
         best_config: the best searched configuration (the confirm arms' starting point).
         tuned_lr: arm → the lr-tuning record (``{"lr", "at_range_edge", "scores", "reason"}``) or lr.
         wall_time_s / cpu_hours / gpu_hours: resources spent (NaN: unknown, shown as "–").
+        shared: the fields every kind's ``verdict.json`` has (``kind``, ``study_verdict``,
+            ``hypotheses``), written first.
 
     Returns:
         name → path for ``verdict``, ``confirm_trials``, ``markdown``, ``html`` and, when there was
@@ -804,6 +807,7 @@ def write_claims_report(
 
     line = claims_line(claims)
     verdict = {
+        **dict(shared or {}),
         "claims": claims,
         "data_kind": data_kind,
         "study_verdict_line": line,

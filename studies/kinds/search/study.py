@@ -1,21 +1,21 @@
 """``kind: search``: an Optuna (or grid) search under Ray Tune, then optionally the AutoNorm claims.
 
-Phases, all under the study's one MLflow run:
+Phases (:mod:`studies.kinds.search.kind`), each in its own folder with its own phase run nested
+under the study run:
 
-1. ``search``: one plan whose Tune experiment *is* the study directory and whose MLflow run is the
-   study run (the search trials are its children). The gate entropy per layer is drawn and logged.
-2. ``confirm`` (with a ``confirm:`` section): the best COMPLETED search configuration (AutoNorm-S)
-   and the baselines (FrozenLN, FrozenDyT, RandomSelector, AutoNorm never frozen) on fresh seeds,
-   each arm's η first tuned on held-out seeds around the searched η, then every arm on every
-   confirmatory seed at full budget, FIFO. One phase run per arm and step, nested under the study run.
-3. ``claims``: :func:`studies.kinds.search.claims.autonorm_claims` on the per-seed paired differences and the
-   per-epoch gate logs; ``verdict.json``, ``confirm_trials.csv``, reports and plots in the study
-   directory and ``claim/<id>`` tags on the study run.
+1. ``search``: the search; the gate entropy per layer is drawn and logged.
+2. With a ``confirm:`` section: the best COMPLETED search configuration (AutoNorm-S) and the
+   baselines (FrozenLN, FrozenDyT, RandomSelector, AutoNorm never frozen) on fresh seeds, each arm's
+   η first tuned on held-out seeds around the searched η (``confirm-tune-<arm>``), then every arm on
+   every confirmatory seed at full budget, FIFO (``confirm-<arm>``).
+3. Analysis: :func:`studies.kinds.search.claims.autonorm_claims` on the per-seed paired differences
+   and the per-epoch gate logs; ``verdict.json``, ``confirm_trials.csv``, reports and plots in the
+   study directory and ``claim/<id>`` tags on the study run. Without ``confirm:`` the
+   ``verdict.json`` says ``study_verdict: none`` and names the best trial.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import sys
@@ -24,27 +24,31 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds import StudyOutcome
+from studies.kinds.base import StudyOutcome, hypothesis_entry
 from studies.kinds.search.claims import CONFIRM_COLUMNS
-from studies.kinds.search.spec import CONFIRM_ARMS, StudySpec
+from studies.kinds.search.kind import (
+    KIND_NAME,
+    SEARCH_PHASE,
+    SearchKind,
+    arm_config,
+    confirm_plan,
+    extension_plan,
+    search_plan,
+    tune_plan,
+)
+from studies.kinds.search.spec import StudySpec
 from studies.tuning import RunPoints, tune
 from workers.plan import StudyPlan, expected_trials
 from workers.runner import StudyResult, TrialRecord, best_trial, read_trials
-from workers.trainable import CONFIG_RESULT_KEY
 
-__all__ = ["arm_config", "describe_result", "report", "run", "status", "total_trials"]
+__all__ = ["analyse", "arm_config", "describe_result", "report", "run", "status", "total_trials"]
 
 SPEC = StudySpec
 
 
 def total_trials(spec: StudySpec) -> int:
     """Search trials plus, with ``confirm:``, every arm's tuning and confirmatory trials."""
-    total = expected_trials(spec.to_plan())
-    confirm = spec.confirm
-    if confirm is not None:
-        tuning = confirm.lr_tuning.points * len(confirm.lr_tuning.seeds) if confirm.lr_tuning else 0
-        total += len(confirm.arms) * (tuning + len(confirm.seeds))
-    return total
+    return SearchKind().total_trials(spec)
 
 
 def describe_result(result: StudyResult, plan: StudyPlan) -> dict[str, Any]:
@@ -78,37 +82,46 @@ def run(
 ) -> StudyOutcome:
     from workers.study import StudyRunner
 
-    plan = dataclasses.replace(spec.to_plan(), run_name="search-{index:03d}")
+    study = spec.to_plan()
+    plan = search_plan(spec)
     with StudyRunner(
-        name=plan.name,
-        storage=plan.storage,
-        tracking=plan.tracking,
-        expected_trials=expected_trials(plan),
-        tags=dict(plan.tags),
-        params=dict(plan.params),
-        artifacts=dict(plan.artifacts),
+        name=study.name,
+        storage=study.storage,
+        tracking=study.tracking,
+        expected_trials=total_trials(spec),
+        tags=dict(study.tags),
+        params=dict(study.params),
+        artifacts=dict(study.artifacts),
         trainable=trainable,
         progress=progress,
         ray_address=ray_address,
         ray_init_kwargs=ray_init_kwargs,
         planned=planned,
-        resources=plan.resources,
+        resources=study.resources,
     ) as runner:
-        result = runner.run(plan, phase="search", nested=False)
-        png = _gate_entropy_plot(plan, runner.local_dir())
+        result = runner.run(plan)
+        png = _gate_entropy_plot(runner.phase_plan(plan), runner.local_dir())
         if png is not None:
             runner.log_outputs(files=[png], artifact_path="plots")
             runner.publish([png])
         summary = describe_result(result, plan)
+        summary["study"] = study.name
         files: dict[str, Path] = {"gate_entropy_plot": png} if png is not None else {}
-        verdict = None
         if spec.confirm is not None:
             verdict, claim_files = _confirm_and_claims(spec, plan, result, runner)
             files.update(claim_files)
             summary["claims"] = {k: v.get("verdict") for k, v in (verdict.get("claims") or {}).items()}
+        else:
+            verdict = analyse(None, spec, best=result.best(plan.metric, plan.mode), metric=plan.metric)
+            path = runner.local_dir() / "verdict.json"
+            _write_json(path, verdict)
+            files["verdict"] = path
+            runner.publish([path])
+            runner.log_outputs(files=[path], tags={"verdict/study": str(verdict["study_verdict"])})
+        summary["study_verdict"] = verdict["study_verdict"]
     return StudyOutcome(
-        kind="search",
-        name=plan.name,
+        kind=KIND_NAME,
+        name=study.name,
         study_dir=runner.study_uri,
         tracking_uri=runner.tracking_uri,
         parent_run_id=runner.run_id or result.parent_run_id,
@@ -118,59 +131,83 @@ def run(
     )
 
 
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    import json
+
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+#: The claims that make up the AutoNorm paper's main claim (where they apply to the data).
+MAIN_CLAIMS = ("a", "b")
+
+
+def study_verdict_of(claims: Mapping[str, Mapping[str, Any]]) -> str:
+    """The paper's main claim: (a) and (b) together where both apply (on text, where (a) does not
+    apply, (b) alone): ``supported`` when all that apply are, ``refuted`` when any is, else
+    ``inconclusive`` (also when none applies)."""
+    verdicts = [
+        str(claims[c].get("verdict"))
+        for c in MAIN_CLAIMS
+        if c in claims and not any("not applicable" in str(r) for r in claims[c].get("reasons") or [])
+    ]
+    if verdicts and all(v == "supported" for v in verdicts):
+        return "supported"
+    if "refuted" in verdicts:
+        return "refuted"
+    return "inconclusive"
+
+
+def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
+    """The ``verdict.json`` dictionary.
+
+    With ``confirm:``: ``table`` is the confirmatory table (:func:`_confirm_table`), ``inputs`` carry
+    ``gate_logs`` (per-epoch logs per (arm, seed)), ``tuned`` (each arm's lr-tuning record) and
+    ``searched`` (``False`` when no search trial completed); the claims, each gated for an η at its
+    grid's edge, and the study verdict (:func:`study_verdict_of`). Without: ``study_verdict: none``
+    and the best search trial (``inputs["best"]``, ``inputs["metric"]``).
+    """
+    if spec.confirm is None:
+        best = inputs.get("best")
+        metric = inputs.get("metric") or spec.search.metric
+        return {
+            "kind": KIND_NAME,
+            "study_verdict": "none",
+            "hypotheses": {},
+            "metric": metric,
+            "best_trial_id": best.trial_id if best is not None else None,
+            "best_metric": best.metrics.get(metric) if best is not None else None,
+            "best_params": dict(best.params) if best is not None else None,
+        }
+    from studies.kinds.search.claims import autonorm_claims
+
+    confirm = spec.confirm
+    claims = autonorm_claims(
+        table,
+        inputs.get("gate_logs") or {},
+        data_kind=_data_kind(spec),  # type: ignore[arg-type]
+        min_seeds=confirm.min_seeds,
+        alpha=confirm.alpha,
+        eps=confirm.eps,
+        metric=confirm.metric,
+        chance=_chance(spec),
+    )
+    gate_lr_edges(claims, inputs.get("tuned") or {})
+    if not inputs.get("searched", True):
+        for claim in claims.values():
+            claim["verdict"] = "inconclusive"
+            claim.setdefault("reasons", []).append("no completed search trial")
+    return {
+        "kind": KIND_NAME,
+        "study_verdict": study_verdict_of(claims),
+        "hypotheses": {cid: hypothesis_entry(c) for cid, c in claims.items()},
+        "claims": claims,
+        "data_kind": _data_kind(spec),
+    }
+
+
 # --------------------------------------------------------------------------------------------------
 # confirm and claims
 # --------------------------------------------------------------------------------------------------
-
-
-def arm_config(best: Mapping[str, Any], arm: str) -> dict[str, Any]:
-    """The trial config of a confirmatory arm: the best searched configuration with its norm (and
-    freezing) replaced; everything else (model size, divergence fix, data, budget) unchanged."""
-    cfg = copy.deepcopy(dict(best))
-    cfg.pop(CONFIG_RESULT_KEY, None)
-    norm = dict(cfg["model"]["norm"])
-    candidates = list(norm.get("candidates") or ("dyt", "layernorm"))
-    if arm == "autonorm_s":
-        return cfg  # the searched AutoNorm-S, freezing rule and all
-    cfg["training"]["freeze"] = None
-    if arm == "autonorm":
-        cfg["model"]["norm"] = norm  # the same gate, never frozen
-    elif arm == "frozen_ln":
-        cfg["model"]["norm"] = {"type": "layernorm"}
-    elif arm == "frozen_dyt":
-        cfg["model"]["norm"] = {"type": "dyt"}
-    elif arm == "random_selector":
-        cfg["model"]["norm"] = {"type": "random_selector", "candidates": candidates}
-    else:
-        raise ValueError(f"unknown confirmatory arm {arm!r}; valid: {', '.join(CONFIRM_ARMS)}")
-    return cfg
-
-
-def _grid_plan(
-    plan: StudyPlan,
-    *,
-    name: str,
-    base: Mapping[str, Any],
-    grid: Any,
-    max_concurrent: int,
-    arm: str,
-    run_name: str,
-) -> StudyPlan:
-    from workers.plan import SamplerConfig, SchedulerConfig
-
-    return dataclasses.replace(
-        plan,
-        name=name,
-        run_name=run_name,
-        tags=(*plan.tags, ("autonorm.arm", arm)),
-        base_config=copy.deepcopy(dict(base)),
-        space=(),
-        grid=tuple(grid),
-        sampler=SamplerConfig(type="grid"),
-        scheduler=SchedulerConfig(type="fifo"),
-        num_samples=1,
-        max_concurrent=max_concurrent,
-    )
 
 
 def tune_arm_lr(
@@ -205,9 +242,7 @@ def _confirm_and_claims(
 
     confirm = spec.confirm
     assert confirm is not None
-    data_kind = _data_kind(spec)
     best = result.best(plan.metric, plan.mode)
-    slots = confirm.max_concurrent or plan.max_concurrent
     tuned: dict[str, Any] = {}
     run_ids: dict[str, str] = {}
     if best is None:
@@ -218,41 +253,21 @@ def _confirm_and_claims(
             base = arm_config(best.config, arm)
             lr = searched_lr
             if confirm.lr_tuning is not None:
-                tune = confirm.lr_tuning
-                tune_base = copy.deepcopy(base)
-                if tune.epochs is not None:
-                    tune_base["training"]["epochs"] = tune.epochs
-                tplan = _grid_plan(
-                    plan,
-                    name=f"confirm-tune-{arm}",
-                    base=tune_base,
-                    grid=(("training.lr", tune.grid(searched_lr)), ("seed", tuple(tune.seeds))),
-                    max_concurrent=slots,
-                    arm=arm,
-                    run_name=f"{arm}-lr{{training.lr:.3g}}-s{{seed}}",
-                )
+                tplan = tune_plan(spec, plan, base, arm, searched_lr)
 
                 def run_points(
-                    round_: int, lrs: Mapping[str, float], arm: str = arm, base: Any = tune_base
+                    round_: int, lrs: Mapping[str, float], arm: str = arm, base: Any = base
                 ) -> Any:
-                    eplan = _grid_plan(
-                        plan,
-                        name=f"confirm-tune-{arm}-ext{round_}",
-                        base=base,
-                        grid=(("training.lr", (lrs[arm],)), ("seed", tuple(confirm.lr_tuning.seeds))),  # type: ignore[union-attr]
-                        max_concurrent=slots,
-                        arm=arm,
-                        run_name=f"{arm}-lr{{training.lr:.3g}}-s{{seed}}",
-                    )
+                    eplan = extension_plan(spec, plan, base, arm, round_, lrs[arm])
                     runner.set_expected_trials(runner.expected_trials + len(confirm.lr_tuning.seeds))  # type: ignore[union-attr]
                     print(f"[{spec.name}] {arm}: lr range extension {round_}: lr={lrs[arm]:g}", flush=True)
-                    return runner.run(eplan, phase=f"confirm-lr-ext{round_}").trials
+                    return runner.run(eplan).trials
 
                 record = tune_arm_lr(
                     confirm,
                     arm,
                     searched_lr,
-                    runner.run(tplan, phase="confirm-lr").trials,
+                    runner.run(tplan).trials,
                     metric=plan.metric,
                     mode=plan.mode,
                     run_points=run_points,
@@ -260,23 +275,11 @@ def _confirm_and_claims(
                 tuned[arm] = record
                 lr = searched_lr if record["no_learning_rate_trained"] else float(record["lr"])
             base["training"]["lr"] = lr
-            cplan = _grid_plan(
-                plan,
-                name=f"confirm-{arm}",
-                base=base,
-                grid=(("seed", tuple(confirm.seeds)),),
-                max_concurrent=slots,
-                arm=arm,
-                run_name=f"{arm}-s{{seed}}",
-            )
-            confirmed = runner.run(cplan, phase="confirm")
+            confirmed = runner.run(confirm_plan(spec, plan, base, arm))
             run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
-    table, gate_logs, claims = _claims(spec, run_ids)
-    gate_lr_edges(claims, tuned)
-    if best is None:
-        for claim in claims.values():
-            claim["verdict"] = "inconclusive"
-            claim.setdefault("reasons", []).append("no completed search trial")
+    table, gate_logs = _confirm_table(spec, run_ids)
+    verdict = analyse(table, spec, gate_logs=gate_logs, tuned=tuned, searched=best is not None)
+    claims = verdict["claims"]
     cpu_h, gpu_h = runner.resource_hours()
     out_dir = runner.local_dir()
     files = write_claims_report(
@@ -286,15 +289,17 @@ def _confirm_and_claims(
         out_dir,
         title=f"AutoNorm claims: {spec.name}",
         protocol=spec.to_document(),
-        data_kind=data_kind,
+        data_kind=verdict["data_kind"],
         best_config=best.config if best is not None else None,
         tuned_lr=tuned,
         wall_time_s=runner.wall_time_s,
         cpu_hours=cpu_h,
         gpu_hours=gpu_h,
+        shared={k: verdict[k] for k in ("kind", "study_verdict", "hypotheses")},
     )
     runner.publish(files.values())
     tags = {f"claim/{cid}": str(c.get("verdict")) for cid, c in claims.items()}
+    tags["verdict/study"] = str(verdict["study_verdict"])
     metrics = {
         f"{key}/{cid}": float(c[key])
         for cid, c in claims.items()
@@ -309,7 +314,8 @@ def _confirm_and_claims(
             f"p_holm {c.get('p_value_holm')}) {reasons}",
             flush=True,
         )
-    verdict = {"claims": claims, "data_kind": data_kind, "tuned_lr": tuned}
+    print(f"[{spec.name}] study verdict (the paper's main claim): {verdict['study_verdict']}", flush=True)
+    verdict["tuned_lr"] = tuned
     return verdict, dict(files)
 
 
@@ -381,28 +387,6 @@ def _data_kind(spec: StudySpec) -> str:
     return spec.confirm.data_kind if spec.confirm.data_kind != "auto" else data_kind_of(spec.data.type)
 
 
-def _claims(
-    spec: StudySpec, run_ids: Mapping[str, str]
-) -> tuple[Any, dict[tuple[str, Any], list[dict[str, Any]]], dict[str, Any]]:
-    """The confirmatory trials from the study directory and the claims computed on them."""
-    from studies.kinds.search.claims import autonorm_claims
-
-    confirm = spec.confirm
-    assert confirm is not None
-    table, gate_logs = _confirm_table(spec, run_ids)
-    claims = autonorm_claims(
-        table,
-        gate_logs,
-        data_kind=_data_kind(spec),  # type: ignore[arg-type]
-        min_seeds=confirm.min_seeds,
-        alpha=confirm.alpha,
-        eps=confirm.eps,
-        metric=confirm.metric,
-        chance=_chance(spec),
-    )
-    return table, gate_logs, claims
-
-
 def _chance(spec: StudySpec) -> float | None:
     from autonorm_core.data import class_count
 
@@ -453,50 +437,50 @@ def _row(t: TrialRecord, plan: StudyPlan) -> dict[str, Any]:
     return row
 
 
+def _stored_search_plan(spec: StudySpec) -> StudyPlan:
+    """The search phase's plan where the study directory keeps it (for reading trials back)."""
+    from studies.study_dir import StudyDir
+
+    plan = search_plan(spec)
+    return dataclasses.replace(plan, storage=StudyDir.of(spec).phase_plan(SEARCH_PHASE).storage)
+
+
 def status(spec: StudySpec) -> dict[str, Any]:
     """Progress from the study directory (while it runs and after)."""
     import json
 
     from studies.study_dir import StudyDir
 
-    plan = spec.to_plan()
+    plan = _stored_search_plan(spec)
     where = StudyDir.of(spec)
     trials = read_trials(plan, history=False)
     best = best_trial(trials, plan.metric, plan.mode)
+    phases: dict[str, Any] = {}
+    counts: Counter[str] = Counter()
+    for phase in SearchKind().phases(spec):
+        ts = (
+            trials if phase.name == SEARCH_PHASE else read_trials(where.phase_plan(phase.name), history=False)
+        )
+        phases[phase.name] = {"trials": len(ts), "by_status": dict(Counter(t.status for t in ts))}
+        counts.update(t.status for t in ts)
     out: dict[str, Any] = {
-        "study": plan.name,
-        "kind": "search",
+        "study": spec.name,
+        "kind": KIND_NAME,
         "directory": where.uri,
         "expected_trials": total_trials(spec),
-        "trials": len(trials),
-        "by_status": dict(Counter(t.status for t in trials)),
+        "trials": sum(counts.values()),
+        "by_status": dict(counts),
+        "phases": phases,
         "metric": plan.metric,
         "best_trial": best.trial_id if best else None,
         f"best_{plan.metric}": best.metrics.get(plan.metric) if best else None,
         "rows": [_row(t, plan) for t in trials],
     }
-    if spec.confirm is not None:
-        phases = {"search": {"trials": len(trials), "by_status": dict(Counter(t.status for t in trials))}}
-        counts: Counter[str] = Counter(t.status for t in trials)
-        rounds = spec.confirm.lr_tuning.max_extensions if spec.confirm.lr_tuning else 0
-        extended = 0
-        for arm in spec.confirm.arms:
-            names = [f"confirm-tune-{arm}", *(f"confirm-tune-{arm}-ext{k}" for k in range(1, rounds + 1))]
-            for name in [*names, f"confirm-{arm}"]:
-                ts = read_trials(where.phase_plan(name), history=False)
-                if "-ext" in name:
-                    if not ts:  # an extension round that never ran is not a phase
-                        continue
-                    extended += len(ts)
-                phases[name] = {"trials": len(ts), "by_status": dict(Counter(t.status for t in ts))}
-                counts.update(t.status for t in ts)
-        out["expected_trials"] = total_trials(spec) + extended
-        out["phases"] = phases
-        out["trials"] = sum(counts.values())
-        out["by_status"] = dict(counts)
-        text = where.read_text("verdict.json")
-        if text:
-            out["claims"] = {k: v.get("verdict") for k, v in (json.loads(text).get("claims") or {}).items()}
+    text = where.read_text("verdict.json")
+    verdict = json.loads(text) if text else None
+    out["study_verdict"] = verdict.get("study_verdict") if verdict else None
+    if spec.confirm is not None and verdict:
+        out["claims"] = {k: v.get("verdict") for k, v in (verdict.get("claims") or {}).items()}
     return out
 
 
@@ -528,14 +512,15 @@ def _edge_flags(best: TrialRecord | None, plan: StudyPlan) -> list[str]:
 
 
 def report(spec: StudySpec, out_dir: Path) -> Path:
-    """``report.md`` (+ gate-entropy plot when trials report it) regenerated from the study directory."""
-    plan = spec.to_plan()
+    """``report.md`` (+ gate-entropy plot when trials report it) and ``verdict.json`` regenerated from
+    the study directory; with ``confirm:`` the claims report in ``out_dir/claims``."""
+    plan = _stored_search_plan(spec)
     trials = read_trials(plan)
     best = best_trial(trials, plan.metric, plan.mode)
     out_dir.mkdir(parents=True, exist_ok=True)
     counts = Counter(t.status for t in trials)
     lines = [
-        f"# Study `{plan.name}`",
+        f"# Study `{spec.name}`",
         "",
         f"- trials: {len(trials)} of {expected_trials(plan)} planned "
         f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'none'})",
@@ -577,19 +562,25 @@ def report(spec: StudySpec, out_dir: Path) -> Path:
     path = out_dir / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     if spec.confirm is not None:
-        _claims_report(spec, plan, trials, out_dir / "claims")
+        verdict = _claims_report(spec, plan, trials, out_dir / "claims")
+    else:
+        verdict = analyse(None, spec, best=best, metric=plan.metric)
+    _write_json(out_dir / "verdict.json", verdict)
     return path
 
 
-def _claims_report(spec: StudySpec, plan: StudyPlan, trials: Sequence[TrialRecord], out_dir: Path) -> Path:
-    """The claims re-analysed from the confirmatory phases in the study directory."""
+def _claims_report(
+    spec: StudySpec, plan: StudyPlan, trials: Sequence[TrialRecord], out_dir: Path
+) -> dict[str, Any]:
+    """The claims re-analysed from the confirmatory phases in the study directory; their verdict."""
+    import json
+
     from studies.kinds.search.report import write_claims_report
     from studies.study_dir import StudyDir
 
     confirm = spec.confirm
     assert confirm is not None
-    data_kind = _data_kind(spec)
-    table, gate_logs, claims = _claims(spec, {})
+    table, gate_logs = _confirm_table(spec, {})
     tuned: dict[str, Any] = {}
     if confirm.lr_tuning is not None:
         where = StudyDir.of(spec)
@@ -610,18 +601,20 @@ def _claims_report(spec: StudySpec, plan: StudyPlan, trials: Sequence[TrialRecor
                 mode=plan.mode,
                 run_points=read_points,
             )
-    gate_lr_edges(claims, tuned)
     best = best_trial(trials, plan.metric, plan.mode)
+    verdict = analyse(table, spec, gate_logs=gate_logs, tuned=tuned, searched=best is not None)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = write_claims_report(
-        claims,
+        verdict["claims"],
         table,
         gate_logs,
         out_dir,
         title=f"AutoNorm claims: {spec.name}",
         protocol=spec.to_document(),
-        data_kind=data_kind,
+        data_kind=verdict["data_kind"],
         best_config=best.config if best else None,
         tuned_lr=tuned,
+        shared={k: verdict[k] for k in ("kind", "study_verdict", "hypotheses")},
     )
-    return files.get("markdown", out_dir / "report.md")
+    written: dict[str, Any] = json.loads(files["verdict"].read_text(encoding="utf-8"))
+    return written

@@ -1,0 +1,209 @@
+"""The contract every study kind implements, documented in one place.
+
+A study kind is a folder ``studies/kinds/<kind>/`` whose ``__init__.py`` defines ``KIND``, an
+instance of a :class:`StudyKind` subclass, and whose module path is one line of
+:data:`studies.kinds.KIND_MODULES`. Everything else — the CLI (``validate``, ``plan``, ``run``,
+``resume``, ``status``, ``report``, ``submit``), the entry scripts, the planner, the spec reference
+generator — reaches the kind through that object and never branches on its name.
+
+When each method is called:
+
+* :meth:`StudyKind.spec_class` — on every load (``validate``, ``run``, ``plan``, ...): the pydantic
+  class the YAML is validated into (composed of the shared sections in :mod:`studies.spec`).
+* :meth:`StudyKind.phases` — by ``plan`` (trial counts, cost; an ``optional`` phase, e.g. a
+  learning-rate range extension, counts only in the maxima), by :meth:`StudyKind.total_trials` (the
+  study run's ``expected_trials``), by ``status`` (one entry per phase) and by the kind's own ``run``
+  (the phase names it runs). A phase's name is its folder ``<study>/<phase>/``, its MLflow run name,
+  the ``autonorm.phase`` tag of that run and of each of its trial runs, and what ``plan`` and
+  ``status`` print.
+* :meth:`StudyKind.run` — by ``run`` / ``resume`` / the entry scripts, through
+  :func:`studies.kinds.run_study_spec` (which holds the lease and writes the resolved spec first).
+* :meth:`StudyKind.analyse` — by ``run`` after the last phase and by ``report``: the trial table →
+  the ``verdict.json`` dictionary. It always carries :data:`SHARED_VERDICT_FIELDS`.
+* :meth:`StudyKind.report` — by ``report``: re-read the study directory, analyse again, write files.
+* :meth:`StudyKind.status` — by ``status``, during a run and after it.
+* :meth:`StudyKind.power` / :meth:`StudyKind.with_seeds` / :meth:`StudyKind.alpha` — by
+  ``plan --pilot`` (:func:`studies.planning.pilot_power`).
+
+A kind keeps its heavy imports (Ray, pandas, matplotlib) inside its methods: the registry is imported
+by every command, including ``validate``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel
+
+from workers.dotted import with_values
+from workers.plan import StudyPlan, expected_trials
+
+__all__ = [
+    "SHARED_VERDICT_FIELDS",
+    "STUDY_VERDICTS",
+    "Phase",
+    "StudyKind",
+    "StudyOutcome",
+    "hypothesis_entry",
+]
+
+STUDY_VERDICTS: tuple[str, ...] = ("supported", "refuted", "inconclusive", "none")
+"""Values of ``study_verdict``: ``none`` for a study that tests no hypothesis (a search alone)."""
+
+SHARED_VERDICT_FIELDS: tuple[str, ...] = ("kind", "study_verdict", "hypotheses")
+"""Fields every ``verdict.json`` has, whatever its kind; ``hypotheses`` maps a hypothesis's name to
+``{verdict, reasons, estimate, ci, p_value, p_value_holm}`` (:func:`hypothesis_entry`)."""
+
+StudyVerdict = Literal["supported", "refuted", "inconclusive", "none"]
+
+
+def hypothesis_entry(
+    result: Mapping[str, Any], *, estimate: str = "estimate", ci: str = "ci"
+) -> dict[str, Any]:
+    """One hypothesis in the uniform view: ``verdict``, ``reasons``, ``estimate``, ``ci``, ``p_value``,
+    ``p_value_holm``, read from a kind's own result (``estimate`` / ``ci`` name its keys)."""
+    return {
+        "verdict": result.get("verdict"),
+        "reasons": list(result.get("reasons") or []),
+        "estimate": result.get(estimate),
+        "ci": result.get(ci),
+        "p_value": result.get("p_value"),
+        "p_value_holm": result.get("p_value_holm"),
+    }
+
+
+def _grid_points(plan: StudyPlan) -> list[dict[str, Any]]:
+    """Tune's trial set of a plan: the grid product x ``num_samples`` (the base config for samplers)."""
+    if plan.sampler.type != "grid":
+        return [{} for _ in range(plan.num_samples)]
+    names = [name for name, _ in plan.grid]
+    product = itertools.product(*(values for _, values in plan.grid))
+    points = [dict(zip(names, combo)) for combo in product]
+    return [p for _ in range(plan.num_samples) for p in points]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a study: its name, its plan and the plan's trial configs.
+
+    The name is the plan's name (``plan.name``): the folder ``<study>/<name>/``, the phase run's name
+    and its ``autonorm.phase`` tag. Values a phase only learns from an earlier one (the tuned η, the
+    best searched configuration) are placeholders here; the trial count does not depend on them.
+    """
+
+    name: str
+    plan: StudyPlan
+    configs: tuple[dict[str, Any], ...]
+    optional: bool = False  # runs only when needed (a range extension): in ``plan``'s maxima only
+
+    @classmethod
+    def of(cls, plan: StudyPlan, *, optional: bool = False) -> Phase:
+        configs = tuple(with_values(plan.base_config, point) for point in _grid_points(plan))
+        if len(configs) != expected_trials(plan):  # the plan contract; never expected to fail
+            raise AssertionError(
+                f"phase {plan.name}: {len(configs)} configs for {expected_trials(plan)} trials"
+            )
+        return cls(name=plan.name, plan=plan, configs=configs, optional=optional)
+
+
+@dataclass
+class StudyOutcome:
+    """What a finished (or resumed-to-the-end) study produced, whatever its kind.
+
+    Attributes:
+        kind / name: the study.
+        study_dir: ``<storage_path>/<name>`` (absolute path or ``s3://...``).
+        tracking_uri / parent_run_id: where its MLflow study run lives.
+        summary: JSON-able summary the CLI prints (trial counts, best trial, verdicts, ...).
+        verdict: the ``verdict.json`` content.
+        files: output name -> local file.
+    """
+
+    kind: str
+    name: str
+    study_dir: str
+    tracking_uri: str
+    parent_run_id: str | None
+    summary: dict[str, Any] = field(default_factory=dict)
+    verdict: dict[str, Any] | None = None
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+class StudyKind(ABC):
+    """A study kind. Subclasses set :attr:`name` and :attr:`spec` and implement the abstract methods.
+
+    Attributes:
+        name: the ``kind:`` value.
+        spec: ``"module:Class"`` of the pydantic spec class (imported on use).
+        script: the entry script users ``ray job submit`` (``None``: ``python -m studies.cli run``).
+        title: a heading for the spec reference.
+        summary: one sentence for the spec reference.
+    """
+
+    name: ClassVar[str]
+    spec: ClassVar[str]
+    script: ClassVar[str | None] = None
+    title: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+
+    def spec_class(self) -> type[BaseModel]:
+        """The pydantic spec class (``extra="forbid"``, frozen, a ``kind: Literal[name]`` field)."""
+        module, cls = self.spec.split(":")
+        loaded: type[BaseModel] = getattr(importlib.import_module(module), cls)
+        return loaded
+
+    @abstractmethod
+    def phases(self, spec: Any) -> list[Phase]:
+        """Every phase ``run`` runs, in order, each with every trial config."""
+
+    def total_trials(self, spec: Any) -> int:
+        """Every trial of every phase but the optional ones (the study run's ``expected_trials``)."""
+        return sum(len(p.configs) for p in self.phases(spec) if not p.optional)
+
+    def describe(self, spec: Any) -> str:
+        """One line for ``validate``."""
+        return f"{self.total_trials(spec)} trials in all phases, storage {spec.storage_path}"
+
+    @abstractmethod
+    def run(self, spec: Any, **runner_options: Any) -> StudyOutcome:
+        """Run (or resume) every phase, analyse, write ``verdict.json`` and the report, log them.
+
+        ``runner_options`` go to :class:`workers.study.StudyRunner` (``ray_address``,
+        ``ray_init_kwargs``, ``trainable``, ``progress``, ``planned``)."""
+
+    @abstractmethod
+    def analyse(self, table: Any, spec: Any, **inputs: Any) -> dict[str, Any]:
+        """The ``verdict.json`` dictionary from the trial table (with :data:`SHARED_VERDICT_FIELDS`);
+        ``inputs``: what else the kind's analysis reads (per-epoch logs, tuning records)."""
+
+    @abstractmethod
+    def status(self, spec: Any) -> dict[str, Any]:
+        """Progress from the study directory: ``study``, ``kind``, ``directory``, ``expected_trials``,
+        ``trials``, ``by_status``, ``phases: {name: {trials, by_status}}``, ``rows``."""
+
+    @abstractmethod
+    def report(self, spec: Any, out_dir: Path) -> Path:
+        """Re-analyse the study directory and write the report files into ``out_dir``; returns
+        the Markdown report."""
+
+    @abstractmethod
+    def power(
+        self, spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
+    ) -> dict[str, Any]:
+        """Seeds each confirmatory test needs, from a finished pilot in ``study_dir``:
+        ``{"seeds_needed": {test: K | None}, "per_seed", "effect", "sd", "quantity", "family_size",
+        "min_seeds", ...}`` (:func:`studies.planning.pilot_power` adds the cost)."""
+
+    def alpha(self, spec: Any) -> float:
+        """The spec's significance level (``plan --pilot`` default)."""
+        return 0.05
+
+    def with_seeds(self, spec: Any, k: int) -> Any:
+        """``spec`` with ``k`` confirmatory seeds, re-validated (``plan --pilot`` prices it)."""
+        raise ValueError(f"a {self.name} study has no confirmatory seeds to set")

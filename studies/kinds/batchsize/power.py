@@ -1,0 +1,115 @@
+"""``plan --pilot`` for the batch-size kind: seeds each fix arm's interaction test needs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = ["interaction_slopes", "pilot"]
+
+
+def interaction_slopes(sub: Any, *, fix: str, control: str, chance: float) -> list[float]:
+    """Per seed: OLS slope vs log2 B of the paired differences fix - control per (B, seed) cell.
+
+    Rows come from :func:`studies.kinds.batchsize.analysis.normalize_table`; failed trials are scored at ``chance``
+    (with a NaN chance they are missing cells), as the primary analysis does.
+    """
+    import numpy as np
+
+    from studies.stats import ols_slope
+
+    df = sub.copy()
+    df["score"] = np.where(df["ok"], df["value"], chance)
+    df = df[np.isfinite(df["score"].to_numpy(dtype=float))]
+    cells = df.groupby(["arm", "seed", "batch_size"])["score"].mean()
+    out = []
+    seeds = sorted(sub["seed"].unique(), key=lambda s: (len(s), s))
+    for seed in seeds:
+        xs, ds = [], []
+        for b in sorted(float(b) for b in sub["batch_size"].unique()):
+            a_key, c_key = (fix, seed, b), (control, seed, b)
+            if a_key in cells.index and c_key in cells.index:
+                xs.append(math.log2(b))
+                ds.append(float(cells[a_key]) - float(cells[c_key]))
+        if len(xs) >= 2:
+            slope = ols_slope(np.asarray(xs), np.asarray(ds))
+            if math.isfinite(slope):
+                out.append(slope)
+    return out
+
+
+def pilot(
+    spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
+) -> dict[str, Any]:
+    """Per fix arm (``spec.fix_arms``) and budget: the per-seed interaction slopes (OLS slope vs
+    log2 B of the paired differences fix - ``spec.control`` per (B, seed) cell, failed trials scored
+    at chance as the analysis does) from ``<study_dir>/trials.csv``, and the seeds
+    :func:`studies.stats.seeds_needed` asks for over a family of ``len(fix_arms)``, one-sided in the
+    hypothesis direction; with several budgets an arm needs the most seeds any budget needs.
+
+    Raises:
+        ValueError: no ``trials.csv`` (the pilot has not finished its confirmatory phase), or no trial
+            of the control arm.
+    """
+    import pandas as pd
+
+    from studies.kinds.batchsize.analysis import normalize_table
+    from studies.planning import chance_accuracy, per_seed_need
+
+    path = study_dir / "trials.csv"
+    if not path.is_file():
+        raise ValueError(
+            f"{path} not found: the pilot has not finished its confirmatory phase (no trials.csv)"
+        )
+    a = spec.analysis
+    df = normalize_table(pd.read_csv(path), a.metric)
+    if spec.control not in set(df["arm"]):
+        raise ValueError(f"the control arm {spec.control!r} has no trial in {path}")
+    fix_arms = list(spec.fix_arms)
+    m = len(fix_arms)
+    alternative = "less" if a.higher_is_better else "greater"
+    chance = chance_accuracy(spec.data.type) if a.metric.endswith("accuracy") else math.nan
+    budgets = sorted(b for b in df["budget"].unique()) or [""]
+    by_budget: dict[str, Any] = {}
+    for budget in budgets:
+        sub = df[df["budget"] == budget]
+        entry: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "problems": {}}
+        for arm in fix_arms:
+            values = interaction_slopes(sub, fix=arm, control=spec.control, chance=chance)
+            k, effect, sd, problem = per_seed_need(
+                values,
+                alpha=alpha,
+                family_size=m,
+                power=power,
+                min_effect=min_effect,
+                alternative=alternative,
+            )
+            entry["seeds_needed"][arm] = k
+            entry["per_seed"][arm] = values
+            entry["effect"][arm] = effect
+            entry["sd"][arm] = sd
+            if problem:
+                entry["problems"][arm] = problem
+        by_budget[budget or "all"] = entry
+    # Per arm, the budget that needs the most seeds (None, i.e. unreachable, wins).
+    out: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "binding_budget": {}}
+    for arm in fix_arms:
+
+        def need(b: str, arm: str = arm) -> float:
+            k = by_budget[b]["seeds_needed"][arm]
+            return math.inf if k is None else float(k)
+
+        worst = max(by_budget, key=need)
+        for field in ("seeds_needed", "per_seed", "effect", "sd"):
+            out[field][arm] = by_budget[worst][field][arm]
+        out["binding_budget"][arm] = worst
+    out.update(
+        quantity="per-seed interaction slope (fix - control) vs log2 batch size",
+        metric=a.metric,
+        alternative=alternative,
+        family_size=m,
+        by_budget=by_budget,
+        min_seeds=a.min_seeds,
+    )
+    return out

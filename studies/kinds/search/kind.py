@@ -1,0 +1,220 @@
+"""The search kind's contract object (:class:`SearchKind`) and its phases.
+
+Phases, each in its own folder ``<study>/<phase>/`` with its own phase run under the study run:
+
+* ``search``: the Optuna (or grid) search;
+* with ``confirm:``, per arm: ``confirm-tune-<arm>`` (the η grid around the searched η on held-out
+  tuning seeds, when ``confirm.lr_tuning`` is set), then ``confirm-<arm>`` (every confirmatory seed).
+
+Light on imports: the run, analysis and report modules are imported on use.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from studies.kinds.base import Phase, StudyKind, StudyOutcome
+from studies.kinds.search.spec import CONFIRM_ARMS
+from workers.plan import StudyPlan
+from workers.trainable import CONFIG_RESULT_KEY
+
+__all__ = [
+    "KIND_NAME",
+    "SEARCH_PHASE",
+    "SearchKind",
+    "arm_config",
+    "confirm_plan",
+    "search_plan",
+    "tune_plan",
+]
+
+KIND_NAME = "search"
+SEARCH_PHASE = "search"
+"""The search phase's name: its folder, phase run and ``autonorm.phase`` tag."""
+
+
+def arm_config(best: Mapping[str, Any], arm: str) -> dict[str, Any]:
+    """The trial config of a confirmatory arm: the best searched configuration with its norm (and
+    freezing) replaced; everything else (model size, divergence fix, data, budget) unchanged."""
+    cfg = copy.deepcopy(dict(best))
+    cfg.pop(CONFIG_RESULT_KEY, None)
+    norm = dict(cfg["model"]["norm"])
+    candidates = list(norm.get("candidates") or ("dyt", "layernorm"))
+    if arm == "autonorm_s":
+        return cfg  # the searched AutoNorm-S, freezing rule and all
+    cfg["training"]["freeze"] = None
+    if arm == "autonorm":
+        cfg["model"]["norm"] = norm  # the same gate, never frozen
+    elif arm == "frozen_ln":
+        cfg["model"]["norm"] = {"type": "layernorm"}
+    elif arm == "frozen_dyt":
+        cfg["model"]["norm"] = {"type": "dyt"}
+    elif arm == "random_selector":
+        cfg["model"]["norm"] = {"type": "random_selector", "candidates": candidates}
+    else:
+        raise ValueError(f"unknown confirmatory arm {arm!r}; valid: {', '.join(CONFIRM_ARMS)}")
+    return cfg
+
+
+def search_plan(spec: Any) -> StudyPlan:
+    """The search phase's plan (the spec's plan under the phase's name)."""
+    plan: StudyPlan = spec.to_plan()
+    return dataclasses.replace(plan, name=SEARCH_PHASE, run_name="search-{index:03d}")
+
+
+def _grid_plan(
+    plan: StudyPlan, *, name: str, base: Mapping[str, Any], grid: Any, arm: str, run_name: str, slots: int
+) -> StudyPlan:
+    from workers.plan import SamplerConfig, SchedulerConfig
+
+    return dataclasses.replace(
+        plan,
+        name=name,
+        run_name=run_name,
+        tags=(*plan.tags, ("autonorm.arm", arm)),
+        base_config=copy.deepcopy(dict(base)),
+        space=(),
+        grid=tuple(grid),
+        sampler=SamplerConfig(type="grid"),
+        scheduler=SchedulerConfig(type="fifo"),
+        num_samples=1,
+        max_concurrent=slots,
+    )
+
+
+def tune_plan(spec: Any, plan: StudyPlan, base: Mapping[str, Any], arm: str, searched_lr: float) -> StudyPlan:
+    """Phase ``confirm-tune-<arm>``: the arm's η grid around ``searched_lr`` on the tuning seeds."""
+    confirm = spec.confirm
+    tune = confirm.lr_tuning
+    tune_base = copy.deepcopy(dict(base))
+    if tune.epochs is not None:
+        tune_base["training"]["epochs"] = tune.epochs
+    return _grid_plan(
+        plan,
+        name=f"confirm-tune-{arm}",
+        base=tune_base,
+        grid=(("training.lr", tuple(tune.grid(searched_lr))), ("seed", tuple(tune.seeds))),
+        arm=arm,
+        run_name=f"{arm}-lr{{training.lr:.3g}}-s{{seed}}",
+        slots=confirm.max_concurrent or plan.max_concurrent,
+    )
+
+
+def extension_plan(
+    spec: Any, plan: StudyPlan, base: Mapping[str, Any], arm: str, round_: int, lr: float
+) -> StudyPlan:
+    """Phase ``confirm-tune-<arm>-ext<round_>``: one learning-rate range extension (the one new η on
+    the tuning seeds), run only while the arm's tuned η sits on its grid's edge."""
+    tune = spec.confirm.lr_tuning
+    tplan = tune_plan(spec, plan, base, arm, lr)
+    return dataclasses.replace(
+        tplan,
+        name=f"confirm-tune-{arm}-ext{round_}",
+        grid=(("training.lr", (lr,)), ("seed", tuple(tune.seeds))),
+    )
+
+
+def confirm_plan(spec: Any, plan: StudyPlan, base: Mapping[str, Any], arm: str) -> StudyPlan:
+    """Phase ``confirm-<arm>``: the arm (``base``, its η set) on every confirmatory seed."""
+    confirm = spec.confirm
+    return _grid_plan(
+        plan,
+        name=f"confirm-{arm}",
+        base=base,
+        grid=(("seed", tuple(confirm.seeds)),),
+        arm=arm,
+        run_name=f"{arm}-s{{seed}}",
+        slots=confirm.max_concurrent or plan.max_concurrent,
+    )
+
+
+class SearchKind(StudyKind):
+    """``kind: search``: one search under Ray Tune, then optionally the AutoNorm claims."""
+
+    name = KIND_NAME
+    spec = "studies.kinds.search.spec:StudySpec"
+    script = "studies/autonorm_search.py"
+    title = "Search studies"
+    summary = "One Optuna (or grid) search under Ray Tune, e.g. `studies/specs/autonorm_search.yaml`."
+
+    def phases(self, spec: Any) -> list[Phase]:
+        """``search``, then per confirmatory arm ``confirm-tune-<arm>``, its optional range-extension
+        rounds ``confirm-tune-<arm>-ext<k>``, and ``confirm-<arm>``. The
+        best searched configuration is not known before the search: the spec's base config stands in
+        for it (same model, data and budget; only sampled values differ)."""
+        plan = search_plan(spec)
+        out = [Phase.of(plan)]
+        if spec.confirm is None:
+            return out
+        lr = float(plan.base_config["training"]["lr"])
+        for arm in spec.confirm.arms:
+            base = arm_config(plan.base_config, arm)
+            tune = spec.confirm.lr_tuning
+            if tune is not None:
+                out.append(Phase.of(tune_plan(spec, plan, base, arm, lr)))
+                rounds = tune.max_extensions if tune.lr_grid(lr).extendable else 0
+                out += [
+                    Phase.of(extension_plan(spec, plan, base, arm, k, lr), optional=True)
+                    for k in range(1, rounds + 1)
+                ]
+            out.append(Phase.of(confirm_plan(spec, plan, base, arm)))
+        return out
+
+    def describe(self, spec: Any) -> str:
+        plan = spec.to_plan()
+        return (
+            f"{len(plan.space) or len(plan.grid)} searched parameters, sampler {plan.sampler.type}, scheduler "
+            f"{plan.scheduler.type}, {self.total_trials(spec)} trials ({plan.max_concurrent} at a time), metric "
+            f"{plan.metric} ({plan.mode}), storage {plan.storage.path}"
+        )
+
+    def run(self, spec: Any, **runner_options: Any) -> StudyOutcome:
+        from studies.kinds.search.study import run
+
+        return run(spec, **runner_options)
+
+    def analyse(self, table: Any, spec: Any, **inputs: Any) -> dict[str, Any]:
+        from studies.kinds.search.study import analyse
+
+        return analyse(table, spec, **inputs)
+
+    def status(self, spec: Any) -> dict[str, Any]:
+        from studies.kinds.search.study import status
+
+        return status(spec)
+
+    def report(self, spec: Any, out_dir: Path) -> Path:
+        from studies.kinds.search.study import report
+
+        return report(spec, out_dir)
+
+    def power(
+        self, spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
+    ) -> dict[str, Any]:
+        from studies.kinds.search.power import pilot
+
+        return pilot(spec, study_dir, power=power, min_effect=min_effect, alpha=alpha)
+
+    def alpha(self, spec: Any) -> float:
+        return float(getattr(spec.confirm, "alpha", 0.05))
+
+    def with_seeds(self, spec: Any, k: int) -> Any:
+        """``k`` confirmatory seeds (with ``confirm:``; off the search and tuning seeds), else ``k``
+        search seeds."""
+        import itertools
+
+        doc = spec.model_dump(mode="json", exclude_unset=True)
+        confirm = spec.confirm
+        if confirm is not None:
+            taken = set(spec.seeds) | set(getattr(confirm.lr_tuning, "seeds", ()) or ())
+            start = min(confirm.seeds)
+            doc.setdefault("confirm", {})["seeds"] = list(
+                itertools.islice((s for s in itertools.count(start) if s not in taken), k)
+            )
+        else:
+            doc["seeds"] = list(itertools.islice(itertools.count(), k))
+        return type(spec).model_validate(doc)

@@ -1,0 +1,93 @@
+"""``plan --pilot`` for the search kind: seeds each paired contrast of the AutoNorm claims needs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from studies.kinds.search.claims import _CONTRASTS
+from studies.kinds.search.spec import data_kind_of
+
+__all__ = ["pilot"]
+
+
+def pilot(
+    spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
+) -> dict[str, Any]:
+    """Per contrast a (random_selector - autonorm, greater; image data only), b (autonorm_s -
+    autonorm, greater), e (autonorm_s - frozen_ln, two-sided): the per-seed paired differences of the
+    test accuracy in ``<study_dir>/confirm_trials.csv`` (failed trials scored at chance) and the seeds
+    :func:`studies.stats.seeds_needed` asks for over the family.
+
+    Raises:
+        ValueError: no ``confirm_trials.csv`` (the pilot had no confirmatory phase) or a column missing.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from studies.planning import chance_accuracy, per_seed_need
+    from studies.stats import paired_contrast
+
+    path = study_dir / "confirm_trials.csv"
+    if not path.is_file():
+        raise ValueError(
+            f"{path} not found: the pilot has no confirmatory phase (arms x seeds, confirm_trials.csv), "
+            "so there are no per-seed paired differences to plan the seeds with"
+        )
+    table = pd.read_csv(path)
+    for col in ("arm", "seed", "status", "test_accuracy"):
+        if col not in table.columns:
+            raise ValueError(f"{path} lacks column {col!r}; required: arm, seed, status, test_accuracy")
+    data_type = str(spec.data.type)
+    confirm = spec.confirm
+    data_kind = getattr(confirm, "data_kind", "auto")
+    if data_kind == "auto":
+        data_kind = data_kind_of(data_type)
+    contrasts = [c for c in _CONTRASTS if c[0] != "a" or data_kind == "vision"]
+    m = len(contrasts)
+    chance = chance_accuracy(data_type)
+    values = pd.to_numeric(table["test_accuracy"], errors="coerce").to_numpy(dtype=float)
+    ok = table["status"].astype(str).str.lower().isin({"completed", "terminated"}).to_numpy() & np.isfinite(
+        values
+    )
+    scored = np.where(ok, values, chance)
+    cells: dict[str, dict[str, float]] = {}
+    for arm, seed, v in zip(table["arm"].astype(str), table["seed"].astype(str), scored):
+        cells.setdefault(arm, {})[seed] = float(v)
+    out: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "problems": {}}
+    for name, arm_a, arm_b, alternative in contrasts:
+        a_cells, b_cells = cells.get(arm_a, {}), cells.get(arm_b, {})
+        seeds = sorted(
+            (
+                s
+                for s in set(a_cells) & set(b_cells)
+                if math.isfinite(a_cells[s]) and math.isfinite(b_cells[s])
+            ),
+            key=lambda s: (len(s), s),
+        )
+        diffs: list[float] = []
+        if len(seeds) >= 2:
+            diffs = paired_contrast(
+                [a_cells[s] for s in seeds],
+                [b_cells[s] for s in seeds],
+                alternative=alternative,
+            )["differences"]
+        k, effect, sd, problem = per_seed_need(
+            diffs, alpha=alpha, family_size=m, power=power, min_effect=min_effect, alternative=alternative
+        )
+        out["seeds_needed"][name] = k
+        out["per_seed"][name] = diffs
+        out["effect"][name] = effect
+        out["sd"][name] = sd
+        if problem:
+            out["problems"][name] = f"{arm_a} - {arm_b}: {problem}"
+    out.update(
+        quantity="per-seed paired difference of test_accuracy",
+        metric="test_accuracy",
+        contrasts={n: {"a": a, "b": b, "alternative": alt} for n, a, b, alt in contrasts},
+        family_size=m,
+        data_kind=data_kind,
+        min_seeds=getattr(confirm, "min_seeds", None),
+    )
+    return out
