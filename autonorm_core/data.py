@@ -72,12 +72,14 @@ __all__ = [
     "PAD_INDEX",
     "UNK_INDEX",
     "DatasetNotFoundError",
+    "RawData",
     "Splits",
     "cache_root",
     "class_count",
     "list_datasets",
     "load_dataset",
     "pattern_corpora_dir",
+    "register_dataset",
     "split_sizes",
 ]
 
@@ -278,8 +280,18 @@ def _subset_sizes(subset: int | tuple[int, int] | None) -> tuple[int | None, int
 
 
 @dataclass(frozen=True)
-class _Raw:
-    """A parsed data set before splitting: arrays/lists for the training pool and the test split."""
+class RawData:
+    """A parsed data set before splitting: what a registered loader returns.
+
+    Attributes:
+        pool_x / pool_y: the training pool (train + validation; :func:`load_dataset` carves the
+            validation split from it by the seed). Arrays (or lists of token lists for text).
+        test_x / test_y: the test split (official, or a fixed carve: :meth:`from_pool`).
+        task: ``classification`` / ``tagging`` (integer class ids) or ``regression`` (floats).
+        classes: class names, index-aligned with the ids; empty for a regression.
+        layout: overrides the registry entry's layout (``image`` / ``tabular`` / ``text``); the
+            generic loaders set it from the file.
+    """
 
     pool_x: Any
     pool_y: Any
@@ -287,6 +299,33 @@ class _Raw:
     test_y: Any
     task: Task
     classes: tuple[str, ...]
+    layout: Literal["image", "tabular", "text"] | None = None
+
+    @classmethod
+    def from_pool(
+        cls,
+        x: Any,
+        y: Any,
+        *,
+        task: Task,
+        classes: tuple[str, ...],
+        layout: Literal["image", "tabular", "text"] | None = None,
+    ) -> RawData:
+        """A set without an official test split: a fixed 20 % (constant seed, the same for every
+        training seed) becomes the test split, the rest the training pool."""
+        test_idx, pool_idx = (torch.tensor(i, dtype=torch.long) for i in _fixed_test_indices(len(y)))
+        return cls(
+            _take(x, pool_idx),
+            _take(y, pool_idx),
+            _take(x, test_idx),
+            _take(y, test_idx),
+            task,
+            classes,
+            layout,
+        )
+
+
+_Raw = RawData
 
 
 def _take(items: Any, index: Tensor) -> Any:
@@ -330,8 +369,7 @@ def _fixed_test_indices(n: int) -> tuple[list[int], list[int]]:
 
 
 def _fixed_test_carve(x: Any, y: Any, task: Task, classes: tuple[str, ...]) -> _Raw:
-    test_idx, pool_idx = (torch.tensor(i, dtype=torch.long) for i in _fixed_test_indices(len(y)))
-    return _Raw(_take(x, pool_idx), _take(y, pool_idx), _take(x, test_idx), _take(y, test_idx), task, classes)
+    return RawData.from_pool(x, y, task=task, classes=classes)
 
 
 def _standardise(train: Tensor, *others: Tensor, dims: tuple[int, ...]) -> list[Tensor]:
@@ -348,23 +386,42 @@ def _standardise(train: Tensor, *others: Tensor, dims: tuple[int, ...]) -> list[
 def _image_splits(
     name: str, raw: _Raw, *, seed: int, val_fraction: float, subset: int | tuple[int, int] | None
 ) -> Splits:
-    """``raw`` holds uint8/float arrays (N, C, H, W) and integer labels."""
+    """``raw`` holds uint8/float arrays (N, C, H, W) and integer labels (or float regression targets)."""
+    return _dense_splits(name, raw, seed=seed, val_fraction=val_fraction, subset=subset, dims=(0, 2, 3))
+
+
+def _dense_splits(
+    name: str,
+    raw: _Raw,
+    *,
+    seed: int,
+    val_fraction: float,
+    subset: int | tuple[int, int] | None,
+    dims: tuple[int, ...],
+) -> Splits:
+    """Images (``dims`` (0, 2, 3): per channel) or feature rows (``(0,)``: per feature), standardised
+    with the train split's statistics; class ids, or regression targets standardised likewise."""
     (xtr, ytr, xva, yva, xte, yte), indices = _carve(raw, seed=seed, val_fraction=val_fraction, subset=subset)
     tr, va, te = (torch.as_tensor(np.ascontiguousarray(a), dtype=torch.float32) for a in (xtr, xva, xte))
-    tr, va, te = _standardise(tr, va, te, dims=(0, 2, 3))
-
-    def lab(a: Any) -> Tensor:
-        return torch.as_tensor(np.asarray(a, dtype=np.int64))
-
+    tr, va, te = _standardise(tr, va, te, dims=dims)
+    offset, scale = 0.0, 1.0
+    if raw.task == "regression":
+        ys = [torch.as_tensor(np.ascontiguousarray(a), dtype=torch.float32) for a in (ytr, yva, yte)]
+        offset, scale = ys[0].mean().item(), max(ys[0].std().item(), 1e-6)
+        ys = [(y - offset) / scale for y in ys]
+    else:
+        ys = [torch.as_tensor(np.asarray(a, dtype=np.int64)) for a in (ytr, yva, yte)]
     return Splits(
         name=name,
-        train=(tr, lab(ytr)),
-        val=(va, lab(yva)),
-        test=(te, lab(yte)),
-        task="classification",
+        train=(tr, ys[0]),
+        val=(va, ys[1]),
+        test=(te, ys[2]),
+        task=raw.task,
         num_classes=len(raw.classes),
         input_shape=tuple(tr.shape[1:]),
         classes=raw.classes,
+        target_offset=offset,
+        target_scale=scale,
         indices=indices,
     )
 
@@ -624,74 +681,113 @@ def _load_sst2(data_root: str | os.PathLike[str] | None) -> _Raw:
     return _Raw(*read("train"), *read("dev"), "classification", ("negative", "positive"))
 
 
-_Loader = Callable[[str | os.PathLike[str] | None], _Raw]
-
-# name -> (loader, kind); kind picks the tensoriser.
-_REGISTRY: dict[str, tuple[_Loader, str]] = {
-    "fashion_mnist": (_load_fashion_mnist, "image"),
-    "digits": (_load_digits, "image"),
-    "diabetes": (_load_diabetes, "tabular"),
-    "ptb_pos_sample": (_load_ptb_pos_sample, "text"),
-    "pang_lee_polarity": (_load_pang_lee_polarity, "text"),
-    "mnist": (_load_mnist, "image"),
-    "cifar10": (_load_cifar10, "image"),
-    "cifar100": (_load_cifar100, "image"),
-    "svhn": (_load_svhn, "image"),
-    "sst2": (_load_sst2, "text"),
-    "ptb_pos": (_load_ptb_pos, "text"),
-}
-_OFFLINE = ("fashion_mnist", "digits", "diabetes", "ptb_pos_sample", "pang_lee_polarity")
+_Loader = Callable[..., "RawData"]
+Layout = Literal["image", "tabular", "text"]
 
 
-# Classes of the sets whose label set is fixed (0 = regression); tagging sets count their tags from the
-# corpus, so they are absent. tests/core/test_data.py checks these against loaded splits.
-_CLASS_COUNTS = {
-    "fashion_mnist": 10,
-    "digits": 10,
-    "diabetes": 0,
-    "pang_lee_polarity": 2,
-    "mnist": 10,
-    "cifar10": 10,
-    "cifar100": 100,
-    "svhn": 10,
-    "sst2": 2,
-}
+@dataclass(frozen=True)
+class _Entry:
+    loader: _Loader
+    layout: Layout | None  # None: the loader's RawData says (the generic loaders: from the file)
+    offline: bool
+    num_classes: int | None
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register_dataset(
+    name: str, *, layout: Layout | None, offline: bool = False, num_classes: int | None = None
+) -> Callable[[_Loader], _Loader]:
+    """Register a data-set loader under ``name`` (like :func:`autonorm_core.norms.register_norm`).
+
+    A loader is ``loader(data_root, **options) -> RawData``: it parses the files into a training
+    pool and a test split (:meth:`RawData.from_pool` carves the fixed test split of a set without an
+    official one) and :func:`load_dataset` does the rest with the conventions of this module (seeded
+    validation carve, train-only statistics, the test split never used for fitting).
+
+    Args:
+        name: the registry name (the spec's ``data.type``).
+        layout: ``image`` ((N, C, H, W), per-channel standardisation), ``tabular`` ((N, D),
+            per-feature), ``text`` (token lists -> ids); ``None`` when the loader's ``RawData.layout``
+            says it.
+        offline: the set needs no ``data_root`` (listed by ``list_datasets(offline_only=True)``).
+        num_classes: classes (0: regression) when fixed without loading; None: known once loaded.
+
+    Raises:
+        ValueError: ``name`` is already registered.
+    """
+
+    def deco(loader: _Loader) -> _Loader:
+        if name in _REGISTRY:
+            raise ValueError(f"data set {name!r} is already registered")
+        _REGISTRY[name] = _Entry(loader, layout, offline, num_classes)
+        return loader
+
+    return deco
+
+
+# The shipped sets (tests/core/test_data.py checks the class counts against loaded splits).
+for _name, _loader, _layout, _offline, _classes in (
+    ("fashion_mnist", _load_fashion_mnist, "image", True, 10),
+    ("digits", _load_digits, "image", True, 10),
+    ("diabetes", _load_diabetes, "tabular", True, 0),
+    ("ptb_pos_sample", _load_ptb_pos_sample, "text", True, None),
+    ("pang_lee_polarity", _load_pang_lee_polarity, "text", True, 2),
+    ("mnist", _load_mnist, "image", False, 10),
+    ("cifar10", _load_cifar10, "image", False, 10),
+    ("cifar100", _load_cifar100, "image", False, 100),
+    ("svhn", _load_svhn, "image", False, 10),
+    ("sst2", _load_sst2, "text", False, 2),
+    ("ptb_pos", _load_ptb_pos, "text", False, None),
+):
+    register_dataset(_name, layout=_layout, offline=_offline, num_classes=_classes)(_loader)  # type: ignore[arg-type]
+
+
+def _from_file(file: Any) -> RawData:
+    if file.test_x is None:
+        return RawData.from_pool(
+            file.pool_x, file.pool_y, task=file.task, classes=file.classes, layout=file.layout
+        )
+    return RawData(file.pool_x, file.pool_y, file.test_x, file.test_y, file.task, file.classes, file.layout)
+
+
+@register_dataset("arrays", layout=None)
+def _load_arrays(data_root: str | os.PathLike[str] | None, *, path: str) -> RawData:
+    """``data: {type: arrays, path: x.npz}``: see :mod:`autonorm_core.datafiles`."""
+    from autonorm_core.datafiles import read_arrays
+
+    return _from_file(read_arrays(path))
+
+
+@register_dataset("table", layout="tabular")
+def _load_table(
+    data_root: str | os.PathLike[str] | None, *, path: str, target: str, test_path: str | None = None
+) -> RawData:
+    """``data: {type: table, path: data.csv, target: COLUMN}``: see :mod:`autonorm_core.datafiles`."""
+    from autonorm_core.datafiles import read_table
+
+    return _from_file(read_table(path, target, test_path=test_path))
 
 
 def class_count(name: str) -> int | None:
     """Number of classes of a data set without loading it (0: regression; ``None``: known only once
-    loaded, e.g. a tagging corpus). What "chance" means for a study's verdict gates."""
+    loaded, e.g. a tagging corpus or a file of one's own). What "chance" means for a study's verdict gates."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown data set {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
-    return _CLASS_COUNTS.get(name)
+    return _REGISTRY[name].num_classes
 
 
 def list_datasets(*, offline_only: bool = False) -> tuple[str, ...]:
-    """Registered data set names (sorted); ``offline_only`` keeps those that need no ``data_root``."""
-    return tuple(sorted(_OFFLINE if offline_only else _REGISTRY))
+    """Registered data set names (sorted); ``offline_only`` keeps the shipped sets that load with no
+    argument at all (no ``data_root``, no file of one's own: ``arrays`` and ``table`` need a ``path``)."""
+    return tuple(sorted(n for n, e in _REGISTRY.items() if e.offline or not offline_only))
 
 
 def _tabular_splits(
     name: str, raw: _Raw, *, seed: int, val_fraction: float, subset: int | tuple[int, int] | None
 ) -> Splits:
-    (xtr, ytr, xva, yva, xte, yte), indices = _carve(raw, seed=seed, val_fraction=val_fraction, subset=subset)
-    tr, va, te = (torch.as_tensor(np.ascontiguousarray(a), dtype=torch.float32) for a in (xtr, xva, xte))
-    tr, va, te = _standardise(tr, va, te, dims=(0,))
-    ys = [torch.as_tensor(np.ascontiguousarray(a), dtype=torch.float32) for a in (ytr, yva, yte)]
-    offset, scale = ys[0].mean().item(), max(ys[0].std().item(), 1e-6)
-    ys = [(y - offset) / scale for y in ys]
-    return Splits(
-        name=name,
-        train=(tr, ys[0]),
-        val=(va, ys[1]),
-        test=(te, ys[2]),
-        task="regression",
-        num_classes=0,
-        input_shape=tuple(tr.shape[1:]),
-        target_offset=offset,
-        target_scale=scale,
-        indices=indices,
-    )
+    return _dense_splits(name, raw, seed=seed, val_fraction=val_fraction, subset=subset, dims=(0,))
 
 
 def load_dataset(
@@ -703,6 +799,7 @@ def load_dataset(
     subset: int | tuple[int, int] | None = None,
     device: torch.device | str = "cpu",
     min_freq: int = 1,
+    **options: Any,
 ) -> Splits:
     """Loads a data set as tensors split into train / val / test.
 
@@ -720,6 +817,8 @@ def load_dataset(
         device: Where the tensors are put (small sets fit on any accelerator).
         min_freq: Text only: train-split count a word needs to enter the vocabulary; rarer words
             become ``<unk>`` (see the module docstring for why the default is 1).
+        **options: The loader's own keywords: ``path`` for ``arrays``; ``path``, ``target`` and
+            ``test_path`` for ``table`` (see :mod:`autonorm_core.datafiles`).
 
     Returns:
         The splits with the conventions in this module's docstring.
@@ -727,6 +826,8 @@ def load_dataset(
     Raises:
         ValueError: Unknown name or invalid fraction / subset.
         DatasetNotFoundError: The files are missing; the message says which files go where.
+        autonorm_core.datafiles.DataFileError: A file of one's own that cannot be used (a
+            ``ValueError`` naming the file and the array or column).
     """
     if name not in _REGISTRY:
         raise ValueError(f"unknown data set {name!r}; valid names: {', '.join(list_datasets())}")
@@ -735,8 +836,13 @@ def load_dataset(
     if min_freq < 1:
         raise ValueError(f"min_freq must be at least 1, got {min_freq}")
     _subset_sizes(subset)  # validate before any (possibly slow) parsing
-    loader, kind = _REGISTRY[name]
-    raw = loader(data_root)
+    entry = _REGISTRY[name]
+    try:
+        raw: RawData = entry.loader(data_root, **options)
+    except TypeError as e:
+        # A missing or unknown loader keyword: say which data set, not which Python function.
+        raise ValueError(f"data set {name!r}: {e}") from None
+    kind = raw.layout or entry.layout
     if kind == "text":
         splits = _text_splits(
             name, raw, seed=seed, val_fraction=val_fraction, subset=subset, min_freq=min_freq

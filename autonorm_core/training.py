@@ -187,7 +187,9 @@ class TrainConfig:
         reference_batch_size: the batch size at which ``lr`` was tuned.
         budget: ``epochs`` trains ``epochs`` epochs; ``updates`` trains exactly ``max_updates`` updates,
             as many epochs as that takes (the last one possibly partial).
-        max_updates: the update count for ``budget="updates"``.
+        max_updates: the update count for ``budget="updates"``; ``None``: the updates of ``epochs``
+            epochs at ``reference_batch_size`` (``epochs * (num_train // reference_batch_size)``), the
+            same for every batch size.
         eval_batch_size: batch size of evaluation passes (memory only; results do not depend on it
             beyond float rounding).
         tau_final: when set, every AutoNorm's Gumbel temperature anneals linearly per update from its
@@ -248,12 +250,14 @@ class TrainConfig:
         if not (0.0 <= self.label_smoothing < 1.0):
             raise ValueError(f"label_smoothing must lie in [0, 1), got {self.label_smoothing!r}")
         if self.budget == "updates":
-            if (
+            if self.max_updates is not None and (
                 isinstance(self.max_updates, bool)
                 or not isinstance(self.max_updates, int)
                 or self.max_updates < 1
             ):
-                raise ValueError(f"budget='updates' needs max_updates, an int >= 1, got {self.max_updates!r}")
+                raise ValueError(
+                    f"budget='updates' needs max_updates, an int >= 1 (or None), got {self.max_updates!r}"
+                )
         elif self.max_updates is not None:
             raise ValueError("max_updates is only used with budget='updates'; set budget or drop max_updates")
         if self.tau_final is not None and not (math.isfinite(self.tau_final) and self.tau_final > 0):
@@ -299,7 +303,15 @@ class TrainConfig:
     def total_updates(self, num_train: int) -> int:
         """Optimizer updates of the whole fit."""
         if self.budget == "updates":
-            assert self.max_updates is not None  # validated in __post_init__
+            if self.max_updates is None:
+                # The updates of `epochs` epochs at the reference batch size, the same for every B.
+                steps = num_train // self.reference_batch_size
+                if steps < 1:
+                    raise ValueError(
+                        f"the training split has {num_train} examples, fewer than "
+                        f"reference_batch_size={self.reference_batch_size}"
+                    )
+                return self.epochs * steps
             return self.max_updates
         return self.epochs * self.steps_per_epoch(num_train)
 

@@ -169,6 +169,10 @@ def _trial_data_args(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         "val_fraction": float(data.pop("val_fraction", 0.1)),
         "subset": subset,
     }
+    for key in ("path", "target", "test_path"):  # the generic loaders' keywords
+        value = data.pop(key, None)
+        if value is not None:
+            kwargs[key] = value
     if data:
         raise ValueError(f"unknown data keys {sorted(data)}; valid: type, subset, val_fraction, data_root")
     return name, kwargs
@@ -624,11 +628,17 @@ def format_plan(result: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def chance_accuracy(data_type: str) -> float:
-    """1/C for a data set with C classes (NaN for regression)."""
-    from autonorm_core.data import class_count
+def chance_accuracy(data: Any) -> float:
+    """1/C for a data set with C classes (NaN for regression): a data section (a file of one's own
+    counts its classes from the file) or a registered data-set name."""
+    from studies.spec import data_classes
 
-    c = class_count(data_type)
+    if isinstance(data, str):
+        from autonorm_core.data import class_count
+
+        c = class_count(data)
+    else:
+        c = data_classes(data)
     return 1.0 / c if c else math.nan
 
 

@@ -309,16 +309,32 @@ class _EpochReporter:
         self._states.clear()
 
 
+_FILE_OPTIONS = ("path", "target", "test_path")
+"""Keywords of the generic loaders (``arrays``, ``table``) passed through to ``load_dataset``."""
+
+
 @functools.lru_cache(maxsize=2)
 def _load_splits(
-    name: str, seed: int, data_root: str | None, val_fraction: float, subset: Any, device: str
+    name: str,
+    seed: int,
+    data_root: str | None,
+    val_fraction: float,
+    subset: Any,
+    device: str,
+    options: tuple[tuple[str, Any], ...] = (),
 ) -> Any:
     """Memoised per worker process: with ``reuse_actors`` the next trial on the same data skips the
     parse. Splits are read-only inputs to ``fit``, so sharing them between trials is safe."""
     from autonorm_core.data import load_dataset
 
     return load_dataset(
-        name, seed=seed, data_root=data_root, val_fraction=val_fraction, subset=subset, device=device
+        name,
+        seed=seed,
+        data_root=data_root,
+        val_fraction=val_fraction,
+        subset=subset,
+        device=device,
+        **dict(options),
     )
 
 
@@ -348,9 +364,13 @@ def autonorm_trial(config: dict[str, Any], session: TrialSession) -> None:
         float(data.pop("val_fraction", 0.1)),
         subset,
         session.device,
+        tuple((k, data.pop(k)) for k in _FILE_OPTIONS if data.get(k) is not None),
     )
+    data = {k: v for k, v in data.items() if not (k in _FILE_OPTIONS and v is None)}
     if data:
-        raise ValueError(f"unknown data keys {sorted(data)}; valid: type, subset, val_fraction, data_root")
+        raise ValueError(
+            f"unknown data keys {sorted(data)}; valid: type, subset, val_fraction, data_root, {', '.join(_FILE_OPTIONS)}"
+        )
     model_cfg = dict(config["model"])
     model_name = model_cfg.pop("type")
     # create_model initialises from torch's default generator: seed a forked copy so the trial is

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
@@ -366,6 +367,66 @@ class PTBPosSpec(_RootedDataSpec):
     type: Literal["ptb_pos"] = "ptb_pos"
 
 
+def _absolute(path: str) -> str:
+    # Trials run in Ray workers whose working directory is not the driver's: a path is made absolute
+    # where the spec is read (relative to the working directory, like --set and every CLI path).
+    return os.path.abspath(os.path.expanduser(path)) if path else path
+
+
+class _FileDataSpec(_DataSpec):
+    """A data set of one's own read from a file (``autonorm_core.datafiles``), checked at validation:
+    a file that cannot be used is refused before any trial starts."""
+
+    path: Annotated[str, Field(min_length=1)]
+
+    @field_validator("path")
+    @classmethod
+    def _abs_path(cls, v: str) -> str:
+        return _absolute(v)
+
+    def file_info(self) -> Any:
+        """The checked file (``autonorm_core.datafiles.DataFile``, memoised while it is unchanged)."""
+        from autonorm_core.datafiles import inspect_data_file
+
+        return inspect_data_file(
+            self.type,  # type: ignore[attr-defined]
+            self.path,
+            target=getattr(self, "target", None),
+            test_path=getattr(self, "test_path", None),
+        )
+
+    @model_validator(mode="after")
+    def _readable(self) -> _FileDataSpec:
+        from autonorm_core.datafiles import DataFileError
+
+        try:
+            self.file_info()
+        except DataFileError as e:
+            raise ValueError(str(e)) from None
+        return self
+
+
+class ArraysDataSpec(_FileDataSpec):
+    """``.npz`` with ``x_train``, ``y_train`` (optionally ``x_test``, ``y_test``): images (N, C, H, W) or
+    features (N, D); integer targets are classes, float targets a regression."""
+
+    type: Literal["arrays"] = "arrays"
+
+
+class TableDataSpec(_FileDataSpec):
+    """A ``.csv`` / ``.parquet`` table: the ``target`` column is the label, every other column a numeric
+    feature; ``test_path`` an optional test table with the same columns."""
+
+    type: Literal["table"] = "table"
+    target: Annotated[str, Field(min_length=1)]
+    test_path: str | None = None
+
+    @field_validator("test_path")
+    @classmethod
+    def _abs_test_path(cls, v: str | None) -> str | None:
+        return None if v is None else _absolute(v)
+
+
 DataSpec = Annotated[
     FashionMNISTSpec
     | DigitsSpec
@@ -377,7 +438,9 @@ DataSpec = Annotated[
     | CIFAR100Spec
     | SVHNSpec
     | SST2Spec
-    | PTBPosSpec,
+    | PTBPosSpec
+    | ArraysDataSpec
+    | TableDataSpec,
     Field(discriminator="type"),
 ]
 
@@ -390,6 +453,30 @@ _MODEL_DATA = {
     "tabular": {"diabetes", "digits"},
     "mlp": {*_IMAGE_SIDE, "diabetes"},
 }
+# A file of one's own fits by its layout (images or feature rows), known once the file is read.
+_MODEL_LAYOUTS = {
+    "vit_lite": {"image"},
+    "cnn": {"image"},
+    "text_encoder": set(),
+    "tabular": {"tabular"},
+    "mlp": {"image", "tabular"},
+}
+
+
+def data_task(data: Any) -> str | None:
+    """The task of a data section: from the registry's table, or from the file of a generic loader."""
+    if isinstance(data, _FileDataSpec):
+        return str(data.file_info().task)
+    return DATA_TASKS.get(data.type)
+
+
+def data_classes(data: Any) -> int | None:
+    """Number of classes of a data section (0: regression; None: known only once loaded)."""
+    if isinstance(data, _FileDataSpec):
+        return int(data.file_info().num_classes)
+    from autonorm_core.data import class_count
+
+    return class_count(data.type)
 
 
 # ---- metrics: what a trial reports, and which way is better -------------------------------------------
@@ -478,8 +565,13 @@ def metric_issues(
         metric_path, mode_path: field paths for the messages.
         allow_test: accept ``test_*`` metrics (final analysis, never selection).
     """
-    data_types = _searched_choices(space, "data.type") or [data.type]
-    tasks = sorted({DATA_TASKS[d] for d in data_types if d in DATA_TASKS})
+    searched = _searched_choices(space, "data.type")
+    data_types = searched or [data.type]
+    if searched:
+        tasks = sorted({DATA_TASKS[d] for d in data_types if d in DATA_TASKS})
+    else:
+        task = data_task(data)
+        tasks = [] if task is None else [task]
     if not tasks:
         return []
     gated = _always_gated(model, space)
@@ -545,7 +637,7 @@ class TrainingSpec(_Spec):
     lr_scaling: Literal["constant", "linear", "sqrt"] = "constant"  # lr vs batch_size/reference_batch_size
     reference_batch_size: PosInt = 64
     budget: Literal["epochs", "updates"] = "epochs"
-    max_updates: PosInt | None = None  # required when budget == "updates"
+    max_updates: PosInt | None = None  # budget "updates"; None: epochs x (n_train // reference_batch_size)
     eval_batch_size: PosInt = 256
     tau_final: PosFloat | None = None  # anneal AutoNorm's tau to this by the last epoch; None: fixed
     precision: Literal["fp32", "bf16"] = "fp32"
@@ -746,7 +838,22 @@ def _section_issues(model: Any, data: Any, training: TrainingSpec) -> list[SpecI
     """Checks that need more than one section; paths are those of the trial config."""
     issues: list[SpecIssue] = []
     allowed = _MODEL_DATA.get(model.type, set())
-    if data.type not in allowed:
+    side: int | None = _IMAGE_SIDE.get(data.type)
+    if isinstance(data, _FileDataSpec):
+        info = data.file_info()
+        if info.layout not in _MODEL_LAYOUTS.get(model.type, set()):
+            shape = "images (N, C, H, W)" if info.layout == "image" else "feature rows (N, D)"
+            fits = sorted(m for m, layouts in _MODEL_LAYOUTS.items() if info.layout in layouts)
+            issues.append(
+                SpecIssue(
+                    "model.type",
+                    f"{data.path} holds {shape}, which model type {model.type!r} does not take "
+                    f"(valid: {', '.join(fits)})",
+                )
+            )
+        if info.layout == "image" and info.input_shape[1] == info.input_shape[2]:
+            side = info.input_shape[1]
+    elif data.type not in allowed:
         issues.append(
             SpecIssue(
                 "data.type",
@@ -754,7 +861,6 @@ def _section_issues(model: Any, data: Any, training: TrainingSpec) -> list[SpecI
             )
         )
     patch = getattr(model, "patch_size", None)
-    side = _IMAGE_SIDE.get(data.type)
     if patch is not None and side is not None and side % patch:
         issues.append(
             SpecIssue(
@@ -777,8 +883,6 @@ def _section_issues(model: Any, data: Any, training: TrainingSpec) -> list[SpecI
                     "gate freezing needs model.norm.type 'autonorm' (set training.freeze: null otherwise)",
                 )
             )
-    if training.budget == "updates" and training.max_updates is None:
-        issues.append(SpecIssue("training.max_updates", "required when training.budget is 'updates'"))
     if training.budget == "epochs" and training.max_updates is not None:
         issues.append(SpecIssue("training.max_updates", "only used when training.budget is 'updates'"))
     if training.optimizer == "adamw" and training.momentum:

@@ -20,6 +20,7 @@ from autonorm_core.data import DatasetNotFoundError, Splits, load_dataset, split
 
 OFFLINE = ("fashion_mnist", "digits", "diabetes", "ptb_pos_sample", "pang_lee_polarity")
 DATA_ROOT_SETS = ("mnist", "cifar10", "cifar100", "svhn", "sst2", "ptb_pos")
+GENERIC = ("arrays", "table")  # a file of one's own: tests/core/test_datafiles.py
 # Small subsets keep the suite fast; None where the whole set is already small.
 SUBSET: dict[str, int | tuple[int, int] | None] = {
     "fashion_mnist": (600, 200),
@@ -49,7 +50,7 @@ def _rows(x: torch.Tensor) -> set[bytes]:
 
 
 def test_registry_lists_offline_and_data_root_sets() -> None:
-    assert set(data.list_datasets()) == set(OFFLINE) | set(DATA_ROOT_SETS)
+    assert set(data.list_datasets()) == set(OFFLINE) | set(DATA_ROOT_SETS) | set(GENERIC)
     assert set(data.list_datasets(offline_only=True)) == set(OFFLINE)
     assert set(data.DATA_ROOT_LAYOUT) == set(DATA_ROOT_SETS)
 

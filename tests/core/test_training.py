@@ -484,6 +484,15 @@ def test_updates_budget_derives_epochs() -> None:
     assert [row["updates"] for row in result.history] == [5.0, 10.0, 12.0]
 
 
+def test_updates_budget_without_max_updates_is_epochs_at_the_reference_batch_size() -> None:
+    # 160 examples, reference B=32 -> 5 updates per reference epoch; 2 epochs -> 10 updates at every B.
+    for batch_size in (16, 32, 64):
+        cfg = TrainConfig(batch_size=batch_size, reference_batch_size=32, budget="updates", epochs=2)
+        assert cfg.total_updates(160) == 10
+    with pytest.raises(ValueError, match="fewer than reference_batch_size"):
+        TrainConfig(budget="updates", reference_batch_size=512).total_updates(160)
+
+
 def test_epochs_budget_counts_full_batches() -> None:
     cfg = TrainConfig(epochs=2, batch_size=48)
     assert cfg.steps_per_epoch(160) == 3 and cfg.total_updates(160) == 6
@@ -511,7 +520,7 @@ def test_from_dict_builds_nested_freeze_and_round_trips() -> None:
         ({"freeze": {"t_frz": 3}}, "unknown GateFreeze key"),
         ({"optimizer": "adam"}, "'adamw', 'sgd'"),
         ({"freeze": {"rule": "never"}}, "freeze_if_high"),
-        ({"budget": "updates"}, "max_updates"),
+        ({"budget": "updates", "max_updates": 0}, "max_updates"),
         ({"max_updates": 10}, "only used with budget='updates'"),
         ({"lr": -1.0}, "lr must be"),
         ({"lr_scaling": "cubic"}, "'sqrt'"),

@@ -106,8 +106,6 @@ def test_default_spec_follows_the_protocol() -> None:
     [
         ("control=prenorm_l2", "control"),
         ("arms=[linear,conv]", "arms.1"),
-        ("training.lr_scaling=sqrt", "training.lr_scaling"),
-        ("training.budget=updates", "training.budget"),
         ("budgets=[epochs,epochs]", "budgets"),
         ("batch_sizes=[1,8]", "batch_sizes"),
         ("batch_sizes=[8,8]", "batch_sizes"),
@@ -129,11 +127,50 @@ def test_invalid_specs_name_the_field(override: str, path: str) -> None:
     assert any(issue.path == path for issue in err.value.issues), err.value.format()
 
 
-def test_updates_budget_needs_max_updates() -> None:
+def test_updates_budget_without_max_updates_trains_epochs_at_the_reference_batch_size() -> None:
+    spec = smoke_spec("budgets=[epochs,updates]")
+    assert spec.training.max_updates is None
+    training = spec.confirmatory_plan("updates", dict.fromkeys(spec.arms, 0.1)).base_config["training"]
+    # None reaches the trial, which trains `epochs` epochs' worth of updates at the reference batch size.
+    assert (training["budget"], training["max_updates"]) == ("updates", None)
+    assert training["reference_batch_size"] == spec.lr_tuning.reference_batch_size
+    assert smoke_spec("budgets=[epochs,updates]", "training.max_updates=90").training.max_updates == 90
     with pytest.raises(SpecError) as err:
-        smoke_spec("budgets=[epochs,updates]", "training.max_updates=null")
-    assert any(issue.path == "training.max_updates" for issue in err.value.issues), err.value.format()
-    assert smoke_spec("budgets=[epochs,updates]", "training.max_updates=90").budgets == ("epochs", "updates")
+        smoke_spec("training.max_updates=90")  # the smoke preset runs the epochs budget only
+    assert [i.path for i in err.value.issues] == ["training.max_updates"]
+
+
+@pytest.mark.parametrize(
+    ("override", "instead"),
+    [
+        ("training.reference_batch_size=64", "lr_tuning.reference_batch_size"),
+        ("training.lr=0.3", "lr_tuning.low/high"),
+        ("training.batch_size=32", "batch_sizes"),
+        ("training.lr_scaling=sqrt", "lr_policy"),
+        ("training.budget=updates", "budgets"),
+    ],
+)
+def test_fields_the_study_sets_are_refused_naming_what_sets_them(override: str, instead: str) -> None:
+    with pytest.raises(SpecError) as err:
+        smoke_spec(override)
+    (issue,) = err.value.issues
+    assert issue.path == override.split("=")[0] and instead in issue.message
+
+
+def test_minimal_spec_with_kind_and_name_validates(tmp_path: Path) -> None:
+    path = tmp_path / "mini.yaml"
+    path.write_text("kind: batchsize\nname: mini\n", encoding="utf-8")
+    spec = load_spec(path, model=BatchSizeStudySpec)
+    assert (spec.name, spec.model.type, spec.data.type, spec.budgets) == (
+        "mini",
+        "mlp",
+        "fashion_mnist",
+        ("epochs", "updates"),
+    )
+    # What a study writes next to its results loads again (no field the study sets is in it).
+    again = tmp_path / "again.yaml"
+    again.write_text(spec.to_yaml(), encoding="utf-8")
+    assert load_spec(again, model=BatchSizeStudySpec).hash() == spec.hash()
 
 
 def test_lr_policies() -> None:

@@ -69,7 +69,7 @@ def pilot(
     fix_arms = list(spec.fix_arms)
     m = len(fix_arms)
     alternative = "less" if a.higher_is_better else "greater"
-    chance = chance_accuracy(spec.data.type) if a.metric.endswith("accuracy") else math.nan
+    chance = chance_accuracy(spec.data) if a.metric.endswith("accuracy") else math.nan
     budgets = sorted(b for b in df["budget"].unique()) or [""]
     by_budget: dict[str, Any] = {}
     for budget in budgets:

@@ -32,6 +32,7 @@ from studies.spec import (
     DataSpec,
     FIFOSpec,
     GridSpec,
+    MLPSpec,
     ModelSpec,
     NonNegInt,
     PosFloat,
@@ -52,7 +53,13 @@ from studies.spec import (
     metric_issues,
     spec_hash,
 )
-from studies.spec.sections import _FROZEN
+from studies.spec.sections import (
+    _FROZEN,
+    ArraysDataSpec,
+    FashionMNISTSpec,
+    TableDataSpec,
+    data_task,
+)
 from studies.tuning import LRGrid, extension_trials_max
 from workers.dotted import ROOT
 from workers.plan import StudyPlan
@@ -60,6 +67,7 @@ from workers.plan import StudyPlan
 __all__ = [
     "CNN_ARMS",
     "MLP_ARMS",
+    "SET_BY_STUDY",
     "AnalysisSpec",
     "BatchSizeStudySpec",
     "BatchSizeTrainingSpec",
@@ -107,17 +115,28 @@ def cell_key(arm: str, batch_size: int) -> str:
     return f"{arm}@{int(batch_size)}"
 
 
+SET_BY_STUDY: dict[str, str] = {
+    "training.lr": "set per arm by lr_tuning (the best point of its grid); use lr_tuning.low/high",
+    "training.batch_size": "set per trial from batch_sizes; list them there",
+    "training.reference_batch_size": "set by lr_tuning.reference_batch_size; set that instead",
+    "training.lr_scaling": "set by lr_policy; set that instead",
+    "training.budget": "set per phase from budgets (e.g. budgets: [epochs, updates]); set that instead",
+}
+"""Fields of the shared sections that this kind sets itself, with what to set instead: refused when
+given, left out of the spec reference (``scripts/gen_spec_reference.py``)."""
+
+
 class BatchSizeTrainingSpec(TrainingSpec):
     """:class:`TrainingSpec` with the protocol's plain-SGD defaults.
 
     The divergence derivation assumes vanilla gradient descent; momentum, Adam, weight decay,
-    clipping and schedules are ablations a spec can switch on. ``lr_scaling`` is set by the study's
-    ``lr_policy`` and must not be set here.
+    clipping and schedules are ablations a spec can switch on. The fields in :data:`SET_BY_STUDY`
+    are set by the study and refused here.
     """
 
     epochs: PosInt = 10
     lr: Annotated[float, Field(strict=True, gt=0, le=10, allow_inf_nan=False)] = (
-        0.05  # at reference_batch_size
+        0.05  # never trained with: a placeholder for cost estimates before lr_tuning has run
     )
     optimizer: Literal["adamw", "sgd"] = "sgd"
     weight_decay: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] = 0.0
@@ -209,8 +228,8 @@ class BatchSizeStudySpec(BaseModel):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")] = "batchsize_correlation"
     description: str = ""
     hypothesis: str = HYPOTHESIS
-    model: ModelSpec
-    data: DataSpec
+    model: ModelSpec = MLPSpec()
+    data: DataSpec = FashionMNISTSpec()
     training: BatchSizeTrainingSpec = BatchSizeTrainingSpec()
     arms: Annotated[tuple[Arm, ...], Field(min_length=2)] = MLP_ARMS  # type: ignore[assignment]
     control: Arm = "linear"  # the arm each fix arm's interaction is measured against
@@ -283,20 +302,24 @@ class BatchSizeStudySpec(BaseModel):
                     "batch_sizes", "batch size 1 leaves BatchNorm undefined; drop it or the BatchNorm arms"
                 )
             )
-        for field in ("lr_scaling", "budget"):
-            if field in self.training.model_fields_set:
-                issues.append(
-                    SpecIssue(
-                        f"training.{field}",
-                        "set by the study ("
-                        + ("lr_policy" if field == "lr_scaling" else "budgets: [epochs, updates]")
-                        + "); set that instead",
-                    )
-                )
-        if "updates" in self.budgets and self.training.max_updates is None:
+        for path, why in SET_BY_STUDY.items():
+            if path.removeprefix("training.") in self.training.model_fields_set:
+                issues.append(SpecIssue(path, why))
+        if "updates" not in self.budgets and self.training.max_updates is not None:
+            issues.append(
+                SpecIssue("training.max_updates", "only used when budgets include 'updates'; drop it")
+            )
+        task = data_task(self.data)
+        if task == "regression":  # (text sets do not fit the model: refused below, naming data.type)
             issues.append(
                 SpecIssue(
-                    "training.max_updates", "required when budgets include 'updates' (updates per trial)"
+                    "data",
+                    f"the batch-size study analyses accuracy, but {self.data.type!r} is a regression data set"
+                    + (
+                        " (float targets); give integer class labels"
+                        if isinstance(self.data, (ArraysDataSpec, TableDataSpec))
+                        else ""
+                    ),
                 )
             )
         overlap = sorted(set(self.lr_tuning.seeds) & set(self.seeds))
@@ -431,8 +454,8 @@ class BatchSizeStudySpec(BaseModel):
         derives (the layer type from the arms, lr scaling and budget per plan) are left out."""
         doc = self.model_dump(mode="json")
         doc["model"].pop("layer", None)
-        for derived in ("lr_scaling", "budget"):
-            doc["training"].pop(derived, None)
+        for path in SET_BY_STUDY:
+            doc["training"].pop(path.removeprefix("training."), None)
         return doc
 
     def to_yaml(self) -> str:

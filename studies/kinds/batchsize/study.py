@@ -147,9 +147,9 @@ def trials_table(
 
 def _chance(spec: BatchSizeStudySpec) -> tuple[float, float]:
     """Chance accuracy 1/C and chance loss ln C of the study's data (NaN for regression)."""
-    from autonorm_core.data import class_count
+    from studies.spec import data_classes
 
-    c = class_count(spec.data.type)
+    c = data_classes(spec.data)
     if not c:
         return math.nan, math.nan
     return 1.0 / c, math.log(c)

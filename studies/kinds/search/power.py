@@ -46,7 +46,7 @@ def pilot(
         data_kind = data_kind_of(data_type)
     contrasts = [c for c in _CONTRASTS if c[0] != "a" or data_kind == "vision"]
     m = len(contrasts)
-    chance = chance_accuracy(data_type)
+    chance = chance_accuracy(spec.data)
     values = pd.to_numeric(table["test_accuracy"], errors="coerce").to_numpy(dtype=float)
     ok = table["status"].astype(str).str.lower().isin({"completed", "terminated"}).to_numpy() & np.isfinite(
         values

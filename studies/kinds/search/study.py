@@ -388,9 +388,9 @@ def _data_kind(spec: StudySpec) -> str:
 
 
 def _chance(spec: StudySpec) -> float | None:
-    from autonorm_core.data import class_count
+    from studies.spec import data_classes
 
-    c = class_count(spec.data.type)
+    c = data_classes(spec.data)
     return 1.0 / c if c else None
 
 
