@@ -472,7 +472,9 @@ def render_spec(module: str, class_name: str, heading: str, about: str) -> list[
     top: list[Row] = []
     sections: list[tuple[str, FieldInfo, list[Row]]] = []
     unions: dict[str, list[str]] = {}
-    rows_all = list(walk(cls, "", names, unions))
+    # Fields the kind sets itself are refused when given: not something a user can set, so not listed.
+    set_by_study = getattr(importlib.import_module(module), "SET_BY_STUDY", {})
+    rows_all = [r for r in walk(cls, "", names, unions) if r.path not in set_by_study]
     for name, info in cls.model_fields.items():
         rows = rows_all
         own = [r for r in rows if r.path == name]

@@ -225,10 +225,17 @@ def study_main(
         action="store_true",
         help="resume a study although its spec changed since it started (its results then mix two specs)",
     )
+    parser.add_argument(
+        "--allow-exploratory",
+        action="store_true",
+        help="run a design that can never decide anyway; its report is marked exploratory",
+    )
     args = parser.parse_args(argv)
     try:
         if args.dry_run:
-            spec = load_from_args(args)
+            from studies.decidability import check_decidable
+
+            spec = check_decidable(load_from_args(args), allow_exploratory=args.allow_exploratory)
             print(spec.to_yaml(), end="")
             from studies.study_dir import StudyDir
 
@@ -236,7 +243,9 @@ def study_main(
             print(f"# kind {spec.kind}: {total} trials in all, study directory {StudyDir.of(spec).uri}")
             return 0
         spec = load_for_run(lambda extra: load_from_args(args, extra=extra))
-        outcome = run_study_spec(spec, allow_changed_spec=args.allow_changed_spec)
+        outcome = run_study_spec(
+            spec, allow_changed_spec=args.allow_changed_spec, allow_exploratory=args.allow_exploratory
+        )
     except SpecError as e:
         print_spec_error(e)
         return EXIT_SPEC_ERROR

@@ -1,12 +1,16 @@
 """``autonorm-study``: validate, run, resume, submit, inspect and report studies.
 
-    autonorm-study validate SPEC [--preset NAME] [--set KEY=VALUE ...] [--print]
+    autonorm-study validate SPEC [--preset NAME] [--set KEY=VALUE ...] [--print] [--allow-exploratory]
     autonorm-study plan     SPEC [--cpus N] [--gpus M] [--json] [--pilot STUDY_DIR --power 0.8]
     autonorm-study run      SPEC [--preset NAME] [--set KEY=VALUE ...]
     autonorm-study resume   SPEC|STUDY_DIR [...]
     autonorm-study submit   SPEC [--address URL] [--wait] [...]     # a Ray job on a cluster
     autonorm-study status   SPEC|STUDY_DIR | --job ID [--address URL]
     autonorm-study report   SPEC|STUDY_DIR [--out DIR]
+
+SPEC may also be given as ``--spec PATH`` (as in every entry point). ``validate``, ``plan``, ``run``
+and ``submit`` refuse a design that can never decide (:mod:`studies.decidability`) unless it is
+exploratory (``--allow-exploratory`` or ``exploratory: true``).
 
 Exit status: 0 success, 1 a failed job or an unreachable service, 2 an invalid spec (every error
 printed with its field path and YAML line, never a traceback).
@@ -143,9 +147,15 @@ def _describe(spec: Any) -> str:
     return kind_for(spec).describe(spec)
 
 
+def _decidable(spec: Any, args: argparse.Namespace) -> Any:
+    from studies.decidability import check_decidable
+
+    return check_decidable(spec, allow_exploratory=getattr(args, "allow_exploratory", False))
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     """The file as given (with --preset/--set), and every preset it defines: all errors, then exit 2."""
-    spec = _load_target(args.spec, args)
+    spec = _decidable(_load_target(args.spec, args), args)
     if args.print:
         print(spec.to_yaml(), end="")
     print(f"ok: {spec.name} (kind {spec.kind}): {_describe(spec)}")
@@ -154,7 +164,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if path.is_file() and not args.preset:
         for preset in presets_of(path):
             try:
-                other = load_study(path, overrides_from_args(args), preset=preset, kind=args.kind)
+                other = _decidable(
+                    load_study(path, overrides_from_args(args), preset=preset, kind=args.kind), args
+                )
                 print(f"ok: preset {preset}: {other.name}: {_describe(other)}")
             except SpecError as e:
                 errors += [
@@ -166,7 +178,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _run(spec: Any, args: argparse.Namespace) -> int:
-    outcome = run_study_spec(spec, allow_changed_spec=getattr(args, "allow_changed_spec", False))
+    outcome = run_study_spec(
+        spec,
+        allow_changed_spec=getattr(args, "allow_changed_spec", False),
+        allow_exploratory=getattr(args, "allow_exploratory", False),
+    )
     _print_json(outcome.summary)
     print_where(outcome)
     return 0
@@ -347,8 +363,8 @@ def job_entrypoint(
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    # Validate locally first: a bad spec never reaches the cluster.
-    spec = _load_target(args.spec, args)
+    # Validate locally first: a bad spec (or one that cannot decide) never reaches the cluster.
+    spec = _decidable(_load_target(args.spec, args), args)
     script = args.script or kind_for(spec).script
     working_dir = Path(args.working_dir).resolve()
     spec_path = Path(args.spec).resolve()
@@ -370,6 +386,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     if issue is not None:
         raise SpecError([SpecIssue("storage_path", issue, None, args.spec)])
     overrides = overrides_from_args(args)
+    if spec.exploratory and "exploratory" not in spec.model_fields_set:
+        overrides.append("exploratory=true")  # --allow-exploratory, carried into the job
     storage = resolve_storage_path(spec.storage_path)
     if storage != spec.storage_path:
         # A relative storage_path would land in the job's temporary copy of the working dir.
@@ -506,7 +524,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         save_calibration,
     )
 
-    spec = _load_target(args.spec, args)
+    spec = _decidable(_load_target(args.spec, args), args)
     calibration = load_calibration(args.calibration) if args.calibration else None
     try:
         if args.pilot:
@@ -560,6 +578,23 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 _ALLOW_HELP = "resume although the spec changed since the study started (its results then mix two specs)"
+_EXPLORATORY_HELP = (
+    "run (validate, plan) a design that can never decide anyway; its report is marked exploratory "
+    "(same as `exploratory: true` in the spec)"
+)
+
+
+def _spec_argument(p: argparse.ArgumentParser, dest: str, help: str, *, optional: bool = False) -> None:
+    """The spec as a positional argument or as ``--spec PATH`` (every entry point takes ``--spec``)."""
+    p.add_argument(dest, nargs="?", default=None, help=help)
+    p.add_argument(
+        "--spec", dest=f"{dest}_flag", default=None, metavar="PATH", help=f"same as the {dest} argument"
+    )
+    p.set_defaults(_spec_dest=dest, _spec_optional=optional)
+
+
+def _add_exploratory(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-exploratory", action="store_true", help=_EXPLORATORY_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -577,14 +612,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("validate", help="check a spec; print every error with its field path and line")
-    p.add_argument("spec", help="spec YAML (or a study directory)")
+    _spec_argument(p, "spec", "spec YAML (or a study directory)")
     add_layer_options(p)
+    _add_exploratory(p)
     p.add_argument("--print", action="store_true", help="print the resolved spec")
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser("plan", help="what a study will run and cost before launch; seeds needed from a pilot")
-    p.add_argument("spec", help="spec YAML (or a study directory)")
+    _spec_argument(p, "spec", "spec YAML (or a study directory)")
     add_layer_options(p)
+    _add_exploratory(p)
     p.add_argument("--cpus", type=float, default=None, help="cluster CPUs (default: this machine's)")
     p.add_argument("--gpus", type=float, default=None, help="cluster GPUs (default: 0)")
     p.add_argument("--calibration", default=None, help="step times measured on the target machine (JSON)")
@@ -597,20 +634,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("run", help="run a study here (restores it when it was interrupted)")
-    p.add_argument("spec")
+    _spec_argument(p, "spec", "spec YAML")
     add_layer_options(p)
+    _add_exploratory(p)
     p.add_argument("--allow-changed-spec", action="store_true", help=_ALLOW_HELP)
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("resume", help="continue an interrupted study (fails when there is nothing to resume)")
-    p.add_argument("target", help="spec YAML or the study directory (<storage_path>/<name>)")
+    _spec_argument(p, "target", "spec YAML or the study directory (<storage_path>/<name>)")
     add_layer_options(p)
+    _add_exploratory(p)
     p.add_argument("--allow-changed-spec", action="store_true", help=_ALLOW_HELP)
     p.set_defaults(func=_cmd_resume)
 
     p = sub.add_parser("submit", help="run a study as a Ray job on a cluster")
-    p.add_argument("spec")
+    _spec_argument(p, "spec", "spec YAML")
     add_layer_options(p)
+    _add_exploratory(p)
     p.add_argument("--address", default=None, help="Ray dashboard address (default: $RAY_ADDRESS)")
     p.add_argument("--working-dir", default=".", help="directory uploaded as the job's working dir")
     p.add_argument("--exclude", action="append", default=[], help="extra upload exclude pattern (repeatable)")
@@ -637,7 +677,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_submit)
 
     p = sub.add_parser("status", help="a study's progress (from its storage) or a Ray job's state")
-    p.add_argument("target", nargs="?", help="spec YAML or study directory")
+    _spec_argument(p, "target", "spec YAML or study directory", optional=True)
     add_layer_options(p)
     p.add_argument("--job", default=None, help="a submitted job's id")
     p.add_argument("--address", default=None, help="Ray dashboard address (with --job)")
@@ -645,7 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser("report", help="regenerate a study's report from its directory")
-    p.add_argument("target", help="spec YAML or study directory")
+    _spec_argument(p, "target", "spec YAML or study directory")
     add_layer_options(p)
     p.add_argument("--out", default=None, help="output directory (default: <study dir>/report)")
     p.set_defaults(func=_cmd_report)
@@ -653,7 +693,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    dest = getattr(args, "_spec_dest", None)
+    if dest is not None:
+        given, flag = getattr(args, dest), getattr(args, f"{dest}_flag")
+        if given is not None and flag is not None and given != flag:
+            parser.error(f"{args.command}: the spec given twice ({given} and --spec {flag})")
+        setattr(args, dest, given if given is not None else flag)
+        if getattr(args, dest) is None and not args._spec_optional:
+            parser.error(f"{args.command}: a spec is needed: {args.command} SPEC or --spec PATH")
     try:
         code: int = args.func(args)
     except SpecError as e:

@@ -86,3 +86,34 @@ class StudyDir:
             with fs.open_output_stream(f"{self.path}/{file}") as f:
                 f.write(text.encode("utf-8"))
         return f"{self.uri}/{file}"
+
+    def list_files(self) -> list[str]:
+        """Names of every file below the directory (relative, sorted); empty when it does not exist."""
+        fs = self.storage.filesystem
+        if fs is None:
+            from pathlib import Path
+
+            root = Path(self.path)
+            if not root.is_dir():
+                return []
+            return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+        import pyarrow.fs
+
+        if fs.get_file_info(self.path).type != pyarrow.fs.FileType.Directory:
+            return []
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(self.path, recursive=True))
+        prefix = self.path.rstrip("/") + "/"
+        return sorted(i.path.removeprefix(prefix) for i in infos if i.type == pyarrow.fs.FileType.File)
+
+    def delete(self, file: str) -> None:
+        """Remove ``file`` (missing: nothing to do)."""
+        fs = self.storage.filesystem
+        if fs is None:
+            from pathlib import Path
+
+            (Path(self.path) / file).unlink(missing_ok=True)
+            return
+        import contextlib
+
+        with contextlib.suppress(FileNotFoundError, OSError):
+            fs.delete_file(f"{self.path}/{file}")

@@ -86,8 +86,12 @@ def _spec_classes() -> list[type[BaseModel]]:
 
 @pytest.mark.parametrize("cls", _spec_classes(), ids=lambda c: c.__name__)
 def test_every_field_path_is_in_the_reference(cls: type[BaseModel], reference: str) -> None:
+    import importlib
+
     paths = set(_paths(cls))
     assert len(paths) > 20  # the walk reached nested sections and union variants
+    # Fields a kind sets itself are refused when given, so they are not listed for that kind.
+    paths -= set(getattr(importlib.import_module(cls.__module__), "SET_BY_STUDY", {}))
     missing = sorted(p for p in paths if f"`{p}`" not in reference)
     assert not missing, f"not in docs/spec-reference.md (run `{REGENERATE}`): {missing}"
 

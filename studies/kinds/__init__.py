@@ -160,17 +160,23 @@ def _check_unchanged(spec: Any, study_dir: Any, *, allow_changed: bool) -> None:
         )
 
 
-def run_study_spec(spec: Any, *, allow_changed_spec: bool = False, **runner_options: Any) -> StudyOutcome:
+def run_study_spec(
+    spec: Any, *, allow_changed_spec: bool = False, allow_exploratory: bool = False, **runner_options: Any
+) -> StudyOutcome:
     """Run (or resume) a study of any kind and return its outcome.
 
     Writes ``<storage>/<name>/study_spec.yaml`` first (refusing a changed spec for an existing study),
     then hands over to the kind, all under the study's lease (:func:`workers.lease.study_lease`:
     a second driver of the same study gets :class:`workers.errors.LeaseError`). ``runner_options`` go to :class:`workers.study.StudyRunner`
-    (``ray_address``, ``ray_init_kwargs``, ``trainable``, ``progress``).
+    (``ray_address``, ``ray_init_kwargs``, ``trainable``, ``progress``). A design that can never
+    decide is refused before anything is written (:func:`studies.decidability.check_decidable`)
+    unless it is exploratory (``exploratory: true``, or ``allow_exploratory``).
     """
+    from studies.decidability import check_decidable
     from studies.study_dir import StudyDir
     from workers.lease import study_lease
 
+    spec = check_decidable(spec, allow_exploratory=allow_exploratory)
     kind = kind_for(spec)
     study_dir = StudyDir.of(spec)
     # The lease first: a second driver of the same study stops here, before writing anything.
@@ -181,12 +187,21 @@ def run_study_spec(spec: Any, *, allow_changed_spec: bool = False, **runner_opti
         region=study_dir.config.region,
     ):
         _check_unchanged(spec, study_dir, allow_changed=allow_changed_spec)
+        fresh = study_dir.read_text(SPEC_FILE) is None
         study_dir.write_text(SPEC_FILE, spec.to_yaml())
         print(f"[{spec.name}] {kind.name} study; spec -> {study_dir.uri}/{SPEC_FILE}", flush=True)
         planned = _estimate(spec) if runner_options.get("trainable") is None else None
         if planned is not None:
             runner_options["planned"] = planned
-        outcome = kind.run(spec, **runner_options)
+        try:
+            outcome = kind.run(spec, **runner_options)
+        except BaseException:
+            # Refused (or failed) before its first trial left anything: take the spec back, so the
+            # corrected command is a fresh start rather than "a changed spec" (issue: a refused
+            # `--set resources.cpu=64` locked its own fix out).
+            if fresh and study_dir.list_files() == [SPEC_FILE]:
+                study_dir.delete(SPEC_FILE)
+            raise
     return outcome
 
 

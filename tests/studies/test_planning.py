@@ -60,13 +60,15 @@ def test_batchsize_phases_are_tuning_then_confirmatory_per_budget() -> None:
     assert by["confirm-epochs"]["trials"] == spec.expected_trials // 2
     assert by["tune-epochs"]["trials"] == spec.tuning_trials // 2
     assert by["confirm-epochs"]["epochs"] == spec.training.epochs
-    assert by["confirm-updates"]["updates"] == spec.training.max_updates
+    # No max_updates in the shipped spec: `epochs` epochs at the reference batch size, for every B.
+    updates = spec.training.epochs * (54_000 // spec.lr_tuning.reference_batch_size)
+    assert spec.training.max_updates is None and by["confirm-updates"]["updates"] == updates
     # Under the epochs budget the updates fall as 1/B (54,000 training rows of Fashion-MNIST).
     ups = by["confirm-epochs"]["updates_by_batch_size"]
     assert ups["8"] == spec.training.epochs * (54_000 // 8) and ups["512"] == spec.training.epochs * (
         54_000 // 512
     )
-    assert set(by["confirm-updates"]["updates_by_batch_size"].values()) == {spec.training.max_updates}
+    assert set(by["confirm-updates"]["updates_by_batch_size"].values()) == {updates}
 
 
 def _equal_trials_cal() -> dict[str, Any]:

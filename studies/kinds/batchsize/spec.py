@@ -246,6 +246,7 @@ class BatchSizeStudySpec(BaseModel):
     tracking: TrackingSpec = TrackingSpec()
     storage_path: StoragePath = "runs"  # local dir or s3://bucket/prefix
     storage: StorageSpec = StorageSpec()
+    exploratory: StrictBool = False  # run a design that cannot decide (report marked exploratory)
 
     @model_validator(mode="after")
     def _cross(self) -> BatchSizeStudySpec:

@@ -99,7 +99,8 @@ class ConfirmSpec(BaseModel):
     seeds: Annotated[tuple[_Seed, ...], Field(min_length=2)] = tuple(range(100, 110))
     lr_tuning: ConfirmLRSpec | None = ConfirmLRSpec()  # null: every arm uses the searched η
     metric: Literal["test_accuracy", "test_loss"] = "test_accuracy"
-    min_seeds: Annotated[int, Field(strict=True, ge=2)] = 5
+    # 6: the fewest seeds at which a one-sided sign-flip p (1/2^K) times the 3-claim Holm family is < 0.05
+    min_seeds: Annotated[int, Field(strict=True, ge=2)] = 6
     alpha: Annotated[float, Field(strict=True, gt=0, lt=1)] = 0.05
     eps: Annotated[float, Field(strict=True, gt=0)] = 0.1  # claim d: "collapsed" = gate entropy below eps
     data_kind: Literal["auto", "vision", "text", "tabular"] = "auto"  # auto: from data.type
@@ -170,6 +171,7 @@ class StudySpec(_Spec):
     storage_path: StoragePath = "runs"  # local dir (relative: to the cwd), file:///abs or s3://bucket/prefix
     storage: StorageSpec = StorageSpec()
     confirm: ConfirmSpec | None = None  # the AutoNorm claims after the search; None: search only
+    exploratory: StrictBool = False  # run a design that cannot decide (report marked exploratory)
 
     @model_validator(mode="after")
     def _cross(self) -> StudySpec:
