@@ -156,9 +156,11 @@ def _decidable(spec: Any, args: argparse.Namespace) -> Any:
 def _cmd_validate(args: argparse.Namespace) -> int:
     """The file as given (with --preset/--set), and every preset it defines: all errors, then exit 2."""
     spec = _decidable(_load_target(args.spec, args), args)
+    # With --print, stdout is the resolved spec alone (`validate ... --print > my_spec.yaml` loads again).
+    status_to = sys.stderr if args.print else sys.stdout
     if args.print:
         print(spec.to_yaml(), end="")
-    print(f"ok: {spec.name} (kind {spec.kind}): {_describe(spec)}")
+    print(f"ok: {spec.name} (kind {spec.kind}): {_describe(spec)}", file=status_to)
     path = Path(args.spec)
     errors: list[SpecIssue] = []
     if path.is_file() and not args.preset:
@@ -167,7 +169,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 other = _decidable(
                     load_study(path, overrides_from_args(args), preset=preset, kind=args.kind), args
                 )
-                print(f"ok: preset {preset}: {other.name}: {_describe(other)}")
+                print(f"ok: preset {preset}: {other.name}: {_describe(other)}", file=status_to)
             except SpecError as e:
                 errors += [
                     SpecIssue(i.path, f"[preset {preset}] {i.message}", i.line, i.source) for i in e.issues
@@ -615,7 +617,11 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_argument(p, "spec", "spec YAML (or a study directory)")
     add_layer_options(p)
     _add_exploratory(p)
-    p.add_argument("--print", action="store_true", help="print the resolved spec")
+    p.add_argument(
+        "--print",
+        action="store_true",
+        help="print the resolved spec (a loadable YAML; status lines go to stderr)",
+    )
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser("plan", help="what a study will run and cost before launch; seeds needed from a pilot")

@@ -155,3 +155,72 @@ def test_relative_links_point_to_existing_files(path: Path) -> None:
         if file_part and not (path.parent / file_part).exists():
             broken.append(target)
     assert not broken, f"{path.relative_to(ROOT)} links to missing files: {broken}"
+
+
+# ---- the quick start works as written -------------------------------------------------------------------
+
+QUICKSTART = ROOT / "docs" / "quickstart.md"
+_BASH_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
+_EXPECT = re.compile(r"^# expect exit (\d+)\n")
+
+
+def quickstart_blocks() -> list[tuple[str, int]]:
+    """The quick start's ``bash`` blocks in order, each with the exit status it says it has (default 0)."""
+    out = []
+    for block in _BASH_BLOCK.findall(QUICKSTART.read_text(encoding="utf-8")):
+        m = _EXPECT.match(block)
+        out.append((block, int(m.group(1)) if m else 0))
+    return out
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_quickstart_commands_run_as_written(tmp_path: Path) -> None:
+    """Every command of docs/quickstart.md, in order, in a scratch directory that looks like the repo root
+    (``studies`` and ``.venv`` linked): one tiny batch-size study on a generated ``.npz``, ending in a
+    verdict, plus the refusals it shows (a design that cannot decide, a refused start that leaves nothing
+    behind)."""
+    import json
+    import os
+
+    (tmp_path / "studies").symlink_to(ROOT / "studies")
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    env.update(PYTHONPATH=str(ROOT), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    blocks = quickstart_blocks()
+    assert len(blocks) >= 8 and any("autonorm-study run" in b for b, _ in blocks)
+    outputs = []
+    for block, expected in blocks:
+        proc = subprocess.run(
+            ["bash", "-e", "-o", "pipefail", "-c", block],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == expected, (
+            f"{block}\n--- exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
+        assert "Traceback" not in proc.stderr, block
+        outputs.append(proc.stdout + proc.stderr)
+    by_command = dict(zip((b for b, _ in blocks), outputs, strict=True))
+
+    def output_of(fragment: str) -> str:
+        return next(out for block, out in by_command.items() if fragment in block)
+
+    # validate --print wrote a loadable spec of one's own data (status on stderr, not in the file).
+    written = (tmp_path / "my_study" / "spec.yaml").read_text(encoding="utf-8")
+    assert "type: arrays" in written and "ok:" not in written
+    # The undecidable design was refused naming the fix arm, its attainable p, alpha and the seeds needed.
+    refused = output_of("--set exploratory=false\n")
+    assert "corrected" in refused and "alpha 0.05" in refused and "smallest attainable p" in refused
+    # The refused start named the field and left nothing that blocks the corrected command, which ran.
+    assert "resources.cpu" in output_of("resources.cpu=64")
+    verdict = json.loads((tmp_path / "runs" / "my_study" / "verdict.json").read_text(encoding="utf-8"))
+    assert verdict["study_verdict"] == "inconclusive" and "underpowered" in verdict["study_reasons"]
+    assert set(verdict["verdict"]) == {"corrected"} and verdict["exploratory"] is True
+    assert "study verdict: inconclusive" in output_of('json.load(open("runs/my_study/verdict.json"))')
+    # MLflow holds one run per confirmatory trial: 2 arms x 2 batch sizes x 2 seeds.
+    compared = output_of("MlflowClient")
+    assert compared.count("test_accuracy=") == 8 and "B= 16" in compared and "B= 64" in compared
