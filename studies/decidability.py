@@ -27,7 +27,7 @@ import numpy as np
 
 from studies.spec import SpecError, SpecIssue
 
-__all__ = ["Undecidable", "check_decidable", "undecidable"]
+__all__ = ["Undecidable", "check_decidable", "sequential_floor", "undecidable"]
 
 _MAX_SEEDS_SEARCHED = 64
 
@@ -67,6 +67,37 @@ class Undecidable:
         )
 
 
+def sequential_floor(n_seeds: int, *, prior_scale: float, family: int) -> float:
+    """The smallest anytime p (times Holm's family size) the mixture t-test can reach with ``n_seeds``:
+    its e-value is at most ``(1 + n g)^((n - 1) / 2)`` (``t`` → ∞), and p = 1 / max e-value."""
+    if n_seeds < 2:
+        return math.inf
+    log_e_max = 0.5 * (n_seeds - 1) * math.log1p(n_seeds * prior_scale)
+    return family * math.exp(-log_e_max)
+
+
+def _sequential(spec: Any, names: list[str], alpha: float) -> list[Undecidable]:
+    """A sequential design: can its last look reject, and from which look on can it?"""
+    seq = spec.sequential
+    looks = seq.schedule()
+    family = len(names)
+
+    def floor(n: int) -> float:
+        return sequential_floor(n, prior_scale=seq.prior_scale, family=family)
+
+    if floor(looks[-1]) < alpha:
+        return []
+    needed = next((n for n in range(2, 10 * _MAX_SEEDS_SEARCHED) if floor(n) < alpha), None)
+    why = (
+        f"no look of the sequential design can reject (the mixture t-test's e-value is at most "
+        f"(1 + n g)^((n - 1)/2), g = {seq.prior_scale:g}, times the Holm family size {family}); "
+        f"looks at {', '.join(map(str, looks))} seeds"
+    )
+    return [
+        Undecidable(h, "sequential.max_seeds", floor(looks[-1]), alpha, looks[-1], needed, why) for h in names
+    ]
+
+
 # ---- batch-size kind ------------------------------------------------------------------------------
 
 
@@ -85,6 +116,9 @@ def _batchsize(spec: Any) -> list[Undecidable]:
     a = spec.analysis
     family = len(spec.fix_arms)
     k, s = len(spec.batch_sizes), len(spec.seeds)
+    if getattr(spec, "sequential", None) is not None:
+        names = [f"{arm} ({budget})" for budget in spec.budgets for arm in spec.fix_arms]
+        return _sequential(spec, names, a.alpha)
 
     def floor(seeds: int) -> float:
         return _permutation_floor(k, seeds, a.n_perm) * family
@@ -129,6 +163,9 @@ def _search(spec: Any) -> list[Undecidable]:
     k, alpha, arms = len(confirm.seeds), confirm.alpha, set(confirm.arms)
     family = [c for c in _CONTRASTS if kind in _APPLIES[c[0]]]
     out: list[Undecidable] = []
+    if getattr(spec, "sequential", None) is not None:
+        names = [f"claim {c}" for c, a, b, _ in family if {a, b} <= arms]
+        return _sequential(spec, names, alpha)
 
     def add(claim: str, p_of: Any) -> None:
         p = p_of(k)
