@@ -462,49 +462,144 @@ def _section_table(rows: list[Row], all_tags: dict[str, list[str]]) -> list[str]
     return out
 
 
-def render_spec(module: str, class_name: str, heading: str, about: str) -> list[str]:
+@dataclass
+class KindRows:
+    """One kind's spec class walked: its rows per top-level field, its unions, what it sets itself."""
+
+    module: str
+    class_name: str
+    heading: str
+    about: str
+    cls: type[BaseModel]
+    sections: dict[str, tuple[FieldInfo, list[Row]]]  # top-level field -> (its info, its rows)
+    unions: dict[str, list[str]]
+    set_by_study: dict[str, str]
+
+
+def _kind_rows(module: str, class_name: str, heading: str, about: str) -> KindRows:
     cls = getattr(importlib.import_module(module), class_name)
-    names = _union_names()
-    out = [f"## {heading}: `{module}.{class_name}`", "", about]
-    doc = docstring(cls)
-    if doc:
-        out += ["", doc]
-    top: list[Row] = []
-    sections: list[tuple[str, FieldInfo, list[Row]]] = []
     unions: dict[str, list[str]] = {}
     # Fields the kind sets itself are refused when given: not something a user can set, so not listed.
-    set_by_study = getattr(importlib.import_module(module), "SET_BY_STUDY", {})
-    rows_all = [r for r in walk(cls, "", names, unions) if r.path not in set_by_study]
-    for name, info in cls.model_fields.items():
-        rows = rows_all
-        own = [r for r in rows if r.path == name]
-        below = [r for r in rows if r.path.startswith(name + ".")]
-        if below:
-            sections.append((name, info, merge([*own, *below])))
-        else:
-            top += own
-    out += ["", "### Top-level fields", ""]
-    out += _section_table(merge(top), {})
-    for name, info, rows in sections:
-        all_tags = {p: t for p, t in unions.items() if p == name or p.startswith(name + ".")}
-        out += ["", f"### `{name}`", ""]
-        models, _ = _models_in(info.annotation)
-        item = _list_item(info.annotation)
-        if item is not None:
-            models, _ = _models_in(item)
-        if len(models) == 1 and docstring(models[0]):
-            out += [docstring(models[0]), ""]
-        elif len(models) > 1:
-            variants = ", ".join(
-                f"`{_tag(m)}`" + (f" ({docstring(m)})" if docstring(m) else "") for m in models
-            )
-            out += [f"Variants, chosen by `type`: {variants}.", ""]
-        out += _section_table(rows, all_tags)
+    set_by_study = dict(getattr(importlib.import_module(module), "SET_BY_STUDY", {}))
+    rows_all = [r for r in walk(cls, "", _union_names(), unions) if r.path not in set_by_study]
+    sections = {
+        name: (info, merge([r for r in rows_all if r.path == name or r.path.startswith(name + ".")]))
+        for name, info in cls.model_fields.items()
+    }
+    return KindRows(module, class_name, heading, about, cls, sections, unions, set_by_study)
+
+
+def _key(r: Row) -> tuple[str, str, str, str]:
+    return (r.path, r.type, r.default, r.description)
+
+
+def _section_intro(info: FieldInfo) -> list[str]:
+    models, _ = _models_in(info.annotation)
+    item = _list_item(info.annotation)
+    if item is not None:
+        models, _ = _models_in(item)
+    if len(models) == 1 and docstring(models[0]):
+        return [docstring(models[0]), ""]
+    if len(models) > 1:
+        variants = ", ".join(f"`{_tag(m)}`" + (f" ({docstring(m)})" if docstring(m) else "") for m in models)
+        return [f"Variants, chosen by `type`: {variants}.", ""]
+    return []
+
+
+def _tags_below(unions: dict[str, list[str]], name: str) -> dict[str, list[str]]:
+    return {p: t for p, t in unions.items() if p == name or p.startswith(name + ".")}
+
+
+def render_kind(
+    kind: KindRows, shared: set[tuple[str, str, str, str]], shared_sections: set[str]
+) -> list[str]:
+    """A kind's own fields first (top-level, then its own sections), then where it departs from the
+    shared sections (other defaults; fields it sets itself)."""
+    out = [f"## {kind.heading}: `{kind.module}.{kind.class_name}`", "", kind.about]
+    doc = docstring(kind.cls)
+    if doc:
+        out += ["", doc]
+    top = [
+        r
+        for name, (_, rows) in kind.sections.items()
+        if len(rows) == 1
+        for r in rows
+        if _key(r) not in shared
+    ]
+    if top:
+        out += ["", "### Top-level fields", ""]
+        out += _section_table(top, {})
+    own = [n for n, (_, rows) in kind.sections.items() if len(rows) > 1 and n not in shared_sections]
+    for name in own:
+        info, rows = kind.sections[name]
+        out += ["", f"### `{name}`", "", *_section_intro(info)]
+        out += _section_table(rows, _tags_below(kind.unions, name))
+    for name in (n for n in kind.sections if n in shared_sections):
+        _, rows = kind.sections[name]
+        differ = [r for r in rows if _key(r) not in shared]
+        refused = {p: why for p, why in kind.set_by_study.items() if p.split(".")[0] == name}
+        if not differ and not refused:
+            continue
+        out += ["", f"### `{name}` in this kind", ""]
+        out += [f"As the shared [`{name}`](#{_anchor(name)}) section, except:", ""]
+        if differ:
+            out += _section_table(differ, _tags_below(kind.unions, name))
+        if refused:
+            out += ["", "Set by the study itself, so refused when given:", ""]
+            out += [f"- `{p}`: {_clean(why)}" for p, why in refused.items()]
+    return out
+
+
+def render_shared(
+    kinds: Sequence[KindRows],
+    shared: set[tuple[str, str, str, str]],
+    top_names: Sequence[str],
+    section_names: Sequence[str],
+) -> list[str]:
+    out = [
+        "## Shared sections",
+        "",
+        "The sections every kind composes, listed once; a kind's own defaults and the fields it sets itself",
+        "are under its heading above.",
+    ]
+    top: list[Row] = []
+    for name in top_names:
+        for kind in kinds:
+            if name in kind.sections and len(kind.sections[name][1]) == 1:
+                top += [
+                    r
+                    for r in kind.sections[name][1]
+                    if _key(r) in shared and _key(r) not in {_key(t) for t in top}
+                ]
+                break
+    if top:
+        out += ["", "### Shared top-level fields", ""]
+        out += _section_table(top, {})
+    for name in section_names:
+        kind = next(k for k in kinds if name in k.sections and len(k.sections[name][1]) > 1)
+        info, rows = kind.sections[name]
+        out += ["", f"### `{name}`", "", *_section_intro(info)]
+        out += _section_table([r for r in rows if _key(r) in shared], _tags_below(kind.unions, name))
     return out
 
 
 def render() -> str:
     """The whole of ``docs/spec-reference.md``."""
+    kinds = [_kind_rows(*spec) for spec in _specs()]
+    # A row is shared when more than one kind has it and every kind that has its path has this very
+    # row (type, default, text) among its rows for that path (union variants give a path several rows).
+    keys = [{_key(r) for _, rows in k.sections.values() for r in rows} for k in kinds]
+    paths = [{key[0] for key in ks} for ks in keys]
+    shared = {
+        key
+        for key in set().union(*keys)
+        if sum(key in ks for ks in keys) > 1 and all(key in ks for ks, ps in zip(keys, paths) if key[0] in ps)
+    }
+    shared_sections = [
+        name
+        for name in dict.fromkeys(n for k in kinds for n in k.sections)
+        if sum(name in k.sections and len(k.sections[name][1]) > 1 for k in kinds) > 1
+    ]
     out = [
         "# Spec reference",
         "",
@@ -521,11 +616,17 @@ def render() -> str:
         "type says *variant by `type`* is a discriminated union: its `type` key picks the variant,",
         "and rows with an *only when* entry exist for those variants only. *section* is a",
         "nested mapping whose own fields follow; `null` means the field may be left empty.",
+        "Each kind lists its own fields first; the sections kinds share (model, data, training, ...)",
+        "follow once, under [Shared sections](#shared-sections). Only what a user can set is listed.",
         "",
-        "Contents: " + ", ".join(f"[{h}](#{_anchor(f'{h} {m}{c}')})" for m, c, h, _ in _specs()) + ".",
+        "Contents: "
+        + ", ".join(f"[{k.heading}](#{_anchor(f'{k.heading} {k.module}{k.class_name}')})" for k in kinds)
+        + ", [Shared sections](#shared-sections).",
     ]
-    for spec in _specs():
-        out += ["", *render_spec(*spec)]
+    for kind in kinds:
+        out += ["", *render_kind(kind, shared, set(shared_sections))]
+    shared_top = [n for n in dict.fromkeys(n for k in kinds for n in k.sections) if n not in shared_sections]
+    out += ["", *render_shared(kinds, shared, shared_top, shared_sections)]
     return "\n".join(out) + "\n"
 
 

@@ -131,3 +131,12 @@ def test_batchsize_smoke_on_a_csv_ends_with_a_verdict(local_ray: None, tmp_path:
     trials = pd.read_csv(Path(out.study_dir) / "trials.csv")
     assert len(trials) == 8 and set(trials["status"]) == {"completed"}
     assert trials["test_accuracy"].mean() > 0.5  # the features are informative: the trials learned
+
+
+@pytest.mark.parametrize("kind", ["search", "batchsize"])
+def test_a_minimal_spec_of_every_kind_validates(kind: str, tmp_path: Path) -> None:
+    path = tmp_path / "mini.yaml"
+    path.write_text(f"kind: {kind}\nname: mini\n", encoding="utf-8")
+    spec = load_study(path)
+    assert (spec.kind, spec.name, spec.data.type) == (kind, "mini", "fashion_mnist")
+    assert cli.main(["validate", "--spec", str(path)]) == 0

@@ -20,7 +20,9 @@ from studies.spec.plan import build_plan, spec_hash
 from studies.spec.reading import dump_yaml
 from studies.spec.sections import (
     DataSpec,
+    FashionMNISTSpec,
     FIFOSpec,
+    FloatParam,
     ModelSpec,
     NonNegInt,
     ResourcesSpec,
@@ -29,6 +31,7 @@ from studies.spec.sections import (
     StorageSpec,
     TrackingSpec,
     TrainingSpec,
+    ViTLiteSpec,
     _section_issues,
     _Spec,
     _type_first,
@@ -160,10 +163,11 @@ class StudySpec(_Spec):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")  # Tune dir + MLflow experiment
     description: str = ""
     hypothesis: str | None = None
-    model: ModelSpec
-    data: DataSpec
+    model: ModelSpec = ViTLiteSpec()  # the AutoNorm studies' model; `kind` and `name` alone validate
+    data: DataSpec = FashionMNISTSpec()
     training: TrainingSpec = TrainingSpec()
-    search: SearchSpec = SearchSpec()
+    # Without a search section: the learning rate, log-uniform (a space of one's own replaces it).
+    search: SearchSpec = SearchSpec(space=(FloatParam(name="training.lr", low=1e-4, high=1e-2, log=True),))
     resources: ResourcesSpec = ResourcesSpec()
     retries: NonNegInt = 2  # FailureConfig(max_failures)
     seeds: Annotated[tuple[Seed, ...], Field(min_length=1)] = (0,)
