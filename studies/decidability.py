@@ -11,10 +11,11 @@ be needed; :func:`check_decidable` turns them into spec errors (exit 2) unless t
 exploratory (``exploratory: true`` in the spec, or ``--allow-exploratory``), in which case it runs and
 its report says "exploratory" (the analysis marks the same hypotheses ``underpowered``).
 
-The floors mirror the analyses exactly (``studies.analysis.batchsize_trend``,
-``studies.claims.autonorm_claims``); ``tests/studies/test_decidability.py`` checks that a design
-refused here is one the analysis calls underpowered. A sequential design (anytime-valid tests) has
-its own first look that can reject; it is checked where the kind has one.
+Each kind says which of its hypotheses cannot be decided (:meth:`studies.kinds.base.StudyKind.
+undecidable`, in ``studies/kinds/<kind>/decidability.py``), mirroring its own analysis's gates; this
+module has the floors they share and the refusal. ``tests/studies/test_decidability.py`` checks that a
+design refused here is one the analysis calls underpowered. A sequential design (anytime-valid tests)
+is refused when its last look cannot reject (:func:`sequential_floor`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,17 @@ import numpy as np
 
 from studies.spec import SpecError, SpecIssue
 
-__all__ = ["Undecidable", "check_decidable", "sequential_floor", "undecidable"]
+__all__ = [
+    "MAX_SEEDS_SEARCHED",
+    "Undecidable",
+    "check_decidable",
+    "permutation_floor",
+    "sequential_floor",
+    "sequential_undecidable",
+    "undecidable",
+]
 
-_MAX_SEEDS_SEARCHED = 64
+MAX_SEEDS_SEARCHED = 64
 
 
 @dataclass(frozen=True)
@@ -76,8 +85,9 @@ def sequential_floor(n_seeds: int, *, prior_scale: float, family: int) -> float:
     return family * math.exp(-log_e_max)
 
 
-def _sequential(spec: Any, names: list[str], alpha: float) -> list[Undecidable]:
-    """A sequential design: can its last look reject, and from which look on can it?"""
+def sequential_undecidable(spec: Any, names: list[str], alpha: float) -> list[Undecidable]:
+    """The hypotheses ``names`` of a sequential design (``spec.sequential``) when its last look cannot
+    reject: the anytime p floor of :func:`sequential_floor` with Holm's family of ``len(names)``."""
     seq = spec.sequential
     looks = seq.schedule()
     family = len(names)
@@ -87,7 +97,7 @@ def _sequential(spec: Any, names: list[str], alpha: float) -> list[Undecidable]:
 
     if floor(looks[-1]) < alpha:
         return []
-    needed = next((n for n in range(2, 10 * _MAX_SEEDS_SEARCHED) if floor(n) < alpha), None)
+    needed = next((n for n in range(2, 10 * MAX_SEEDS_SEARCHED) if floor(n) < alpha), None)
     why = (
         f"no look of the sequential design can reject (the mixture t-test's e-value is at most "
         f"(1 + n g)^((n - 1)/2), g = {seq.prior_scale:g}, times the Holm family size {family}); "
@@ -98,10 +108,9 @@ def _sequential(spec: Any, names: list[str], alpha: float) -> list[Undecidable]:
     ]
 
 
-# ---- batch-size kind ------------------------------------------------------------------------------
-
-
-def _permutation_floor(n_batch_sizes: int, n_seeds: int, n_perm: int) -> float:
+def permutation_floor(n_batch_sizes: int, n_seeds: int, n_perm: int) -> float:
+    """The smallest within-seed permutation p of ``n_seeds`` seeds with ``n_batch_sizes`` distinct
+    labels each: exact enumeration up to the limit, else Monte-Carlo with the +1 correction."""
     from studies.stats import EXACT_PERMUTATION_LIMIT, log_n_permutations
 
     x = np.arange(n_batch_sizes, dtype=float)
@@ -110,102 +119,12 @@ def _permutation_floor(n_batch_sizes: int, n_seeds: int, n_perm: int) -> float:
     return math.exp(-log_n) if exact else max(math.exp(-log_n), 1.0 / (n_perm + 1))
 
 
-def _batchsize(spec: Any) -> list[Undecidable]:
-    from studies.kinds.batchsize.analysis import _MIN_BATCH_SIZES
-
-    a = spec.analysis
-    family = len(spec.fix_arms)
-    k, s = len(spec.batch_sizes), len(spec.seeds)
-    if getattr(spec, "sequential", None) is not None:
-        names = [f"{arm} ({budget})" for budget in spec.budgets for arm in spec.fix_arms]
-        return _sequential(spec, names, a.alpha)
-
-    def floor(seeds: int) -> float:
-        return _permutation_floor(k, seeds, a.n_perm) * family
-
-    out: list[Undecidable] = []
-    p = floor(s)
-    reasons = []
-    if s < a.min_seeds:
-        reasons.append(f"fewer seeds than analysis.min_seeds ({a.min_seeds})")
-    if k < _MIN_BATCH_SIZES:
-        reasons.append(f"fewer than {_MIN_BATCH_SIZES} batch sizes")
-    if p >= a.alpha:
-        reasons.append(
-            f"the permutation p times the Holm family size ({family} fix arms) cannot get below alpha"
-        )
-    if not reasons:
-        return out
-    needed: int | None = None
-    if k >= _MIN_BATCH_SIZES:
-        needed = next(
-            (n for n in range(max(a.min_seeds, 2), _MAX_SEEDS_SEARCHED + 1) if floor(n) < a.alpha), None
-        )
-    path = "batch_sizes" if k < _MIN_BATCH_SIZES else "seeds"
-    for budget in spec.budgets:
-        for arm in spec.fix_arms:
-            out.append(Undecidable(f"{arm} ({budget})", path, p, a.alpha, s, needed, "; ".join(reasons)))
-    return out
-
-
-# ---- search kind (the AutoNorm claims after a search) ------------------------------------------------
-
-
-def _search(spec: Any) -> list[Undecidable]:
-    from studies.kinds.search.claims import _APPLIES, _CONTRASTS
-    from studies.kinds.search.spec import data_kind_of
-    from studies.stats import min_sign_flip_p as _min_attainable_p
-
-    confirm = spec.confirm
-    if confirm is None or not confirm.run_claims:
-        return []
-    kind = confirm.data_kind if confirm.data_kind != "auto" else data_kind_of(spec.data.type)
-    k, alpha, arms = len(confirm.seeds), confirm.alpha, set(confirm.arms)
-    family = [c for c in _CONTRASTS if kind in _APPLIES[c[0]]]
-    out: list[Undecidable] = []
-    if getattr(spec, "sequential", None) is not None:
-        names = [f"claim {c}" for c, a, b, _ in family if {a, b} <= arms]
-        return _sequential(spec, names, alpha)
-
-    def add(claim: str, p_of: Any) -> None:
-        p = p_of(k)
-        reasons = []
-        if k < confirm.min_seeds:
-            reasons.append(f"fewer seeds than confirm.min_seeds ({confirm.min_seeds})")
-        if p >= alpha:
-            reasons.append(
-                "the sign-flip p"
-                + (f" times the Holm family size ({len(family)})" if claim in {c[0] for c in family} else "")
-                + " cannot get below alpha"
-            )
-        if reasons:
-            needed = next(
-                (n for n in range(max(confirm.min_seeds, 2), _MAX_SEEDS_SEARCHED + 1) if p_of(n) < alpha),
-                None,
-            )
-            out.append(
-                Undecidable(f"claim {claim}", "confirm.seeds", p, alpha, k, needed, "; ".join(reasons))
-            )
-
-    for claim, arm_a, arm_b, alternative in family:
-        if {arm_a, arm_b} <= arms:
-            add(claim, lambda n, alt=alternative: _min_attainable_p(n, alt) * len(family))
-    gated = bool(arms & {"autonorm", "autonorm_s"})
-    if gated and kind in _APPLIES["c"]:
-        add("c", lambda n: _min_attainable_p(n, "greater"))
-    if gated and kind in _APPLIES["d"]:
-        add("d", lambda n: 0.5**n)
-    return out
-
-
 def undecidable(spec: Any) -> list[Undecidable]:
-    """Every hypothesis of ``spec`` (any kind) that its design can never decide; empty when all can."""
-    kind = getattr(spec, "kind", "search")
-    if kind == "batchsize":
-        return _batchsize(spec)
-    if kind == "search":
-        return _search(spec)
-    return []
+    """Every hypothesis of ``spec`` that its design can never decide (the kind's
+    :meth:`studies.kinds.base.StudyKind.undecidable`); empty when all can."""
+    from studies.kinds import kind_for
+
+    return list(kind_for(spec).undecidable(spec))
 
 
 def check_decidable(spec: Any, *, allow_exploratory: bool = False) -> Any:

@@ -24,6 +24,8 @@ When each method is called:
 * :meth:`StudyKind.status` — by ``status``, during a run and after it.
 * :meth:`StudyKind.power` / :meth:`StudyKind.with_seeds` / :meth:`StudyKind.alpha` — by
   ``plan --pilot`` (:func:`studies.planning.pilot_power`).
+* :meth:`StudyKind.undecidable` — by ``validate``, ``plan``, ``run`` and ``submit``
+  (:func:`studies.decidability.check_decidable`): hypotheses the design can never decide.
 
 A kind keeps its heavy imports (Ray, pandas, matplotlib) inside its methods: the registry is imported
 by every command, including ``validate``.
@@ -203,6 +205,12 @@ class StudyKind(ABC):
     def alpha(self, spec: Any) -> float:
         """The spec's significance level (``plan --pilot`` default)."""
         return 0.05
+
+    def undecidable(self, spec: Any) -> list[Any]:
+        """The hypotheses the design can never decide, whatever the data (``studies.decidability.
+        Undecidable`` each): by ``validate``, ``plan``, ``run`` and ``submit``, which refuse such a design
+        (exit 2) unless it is exploratory. Default: none (a kind without hypotheses)."""
+        return []
 
     def with_seeds(self, spec: Any, k: int) -> Any:
         """``spec`` with ``k`` confirmatory seeds, re-validated (``plan --pilot`` prices it)."""

@@ -82,6 +82,11 @@ class BatchSizeKind(StudyKind):
 
         return pilot(spec, study_dir, power=power, min_effect=min_effect, alpha=alpha)
 
+    def undecidable(self, spec: Any) -> list[Any]:
+        from studies.kinds.batchsize.decidability import undecidable
+
+        return undecidable(spec)
+
     def alpha(self, spec: Any) -> float:
         return float(spec.analysis.alpha)
 

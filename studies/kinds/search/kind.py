@@ -199,6 +199,11 @@ class SearchKind(StudyKind):
 
         return pilot(spec, study_dir, power=power, min_effect=min_effect, alpha=alpha)
 
+    def undecidable(self, spec: Any) -> list[Any]:
+        from studies.kinds.search.decidability import undecidable
+
+        return undecidable(spec)
+
     def alpha(self, spec: Any) -> float:
         return float(getattr(spec.confirm, "alpha", 0.05))
 
