@@ -140,3 +140,16 @@ def test_a_minimal_spec_of_every_kind_validates(kind: str, tmp_path: Path) -> No
     spec = load_study(path)
     assert (spec.kind, spec.name, spec.data.type) == (kind, "mini", "fashion_mnist")
     assert cli.main(["validate", "--spec", str(path)]) == 0
+
+
+def test_images_of_ones_own_are_vision_for_the_claims(tmp_path: Path) -> None:
+    from studies.kinds.search.spec import data_kind_of
+    from studies.spec import ArraysDataSpec
+
+    _, y = features(n=40)
+    images = np.random.default_rng(0).normal(size=(40, 1, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "img.npz", x_train=images, y_train=y)
+    np.savez(tmp_path / "rows.npz", x_train=images.reshape(40, -1), y_train=y)
+    assert data_kind_of(ArraysDataSpec(path=str(tmp_path / "img.npz"))) == "vision"
+    assert data_kind_of(ArraysDataSpec(path=str(tmp_path / "rows.npz"))) == "tabular"
+    assert data_kind_of("fashion_mnist") == "vision"

@@ -24,7 +24,7 @@ def undecidable(spec: Any) -> list[Undecidable]:
     confirm = spec.confirm
     if confirm is None or not confirm.run_claims:
         return []
-    kind = confirm.data_kind if confirm.data_kind != "auto" else data_kind_of(spec.data.type)
+    kind = confirm.data_kind if confirm.data_kind != "auto" else data_kind_of(spec.data)
     k, alpha, arms = len(confirm.seeds), confirm.alpha, set(confirm.arms)
     family = [c for c in _CONTRASTS if kind in _APPLIES[c[0]]]
     out: list[Undecidable] = []

@@ -39,11 +39,10 @@ def pilot(
     for col in ("arm", "seed", "status", "test_accuracy"):
         if col not in table.columns:
             raise ValueError(f"{path} lacks column {col!r}; required: arm, seed, status, test_accuracy")
-    data_type = str(spec.data.type)
     confirm = spec.confirm
     data_kind = getattr(confirm, "data_kind", "auto")
     if data_kind == "auto":
-        data_kind = data_kind_of(data_type)
+        data_kind = data_kind_of(spec.data)
     contrasts = [c for c in _CONTRASTS if c[0] != "a" or data_kind == "vision"]
     m = len(contrasts)
     chance = chance_accuracy(spec.data)

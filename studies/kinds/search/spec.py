@@ -56,8 +56,15 @@ _FROZEN = ConfigDict(extra="forbid", frozen=True)
 _Seed = Annotated[int, Field(strict=True, ge=0, lt=2**32)]
 
 
-def data_kind_of(data_type: str) -> str:
-    """``vision`` (stationary image data), ``text`` or ``tabular``: which claims apply."""
+def data_kind_of(data_type: Any) -> str:
+    """``vision`` (stationary image data), ``text`` or ``tabular``: which claims apply. Takes a data
+    set name or a data section (a file of one's own is ``vision`` when it holds images)."""
+    if not isinstance(data_type, str):
+        from studies.spec.sections import _FileDataSpec
+
+        if isinstance(data_type, _FileDataSpec):
+            return "vision" if data_type.file_info().layout == "image" else "tabular"
+        data_type = data_type.type
     if data_type in _VISION:
         return "vision"
     if data_type in _TEXT:

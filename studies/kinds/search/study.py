@@ -384,7 +384,7 @@ def _data_kind(spec: StudySpec) -> str:
     from studies.kinds.search.spec import data_kind_of
 
     assert spec.confirm is not None
-    return spec.confirm.data_kind if spec.confirm.data_kind != "auto" else data_kind_of(spec.data.type)
+    return spec.confirm.data_kind if spec.confirm.data_kind != "auto" else data_kind_of(spec.data)
 
 
 def _chance(spec: StudySpec) -> float | None:
