@@ -11,17 +11,31 @@ that asks for it; each test isolates itself by unique names (experiment, bucket 
   artifacts proxied to ``s3://<bucket>/mlflow-artifacts``; clients need no S3 keys.
 - ``ray_head``: :class:`tests.services.RayNode` (``address``, ``dashboard_url``, ``env`` with
   ``RAY_AUTH_TOKEN``; ``client_env()`` merges it into ``os.environ`` for subprocesses).
+- ``local_ray``: the ONE embedded Ray cluster (``ray.init`` on loopback) of this pytest process, shared
+  by every in-process study test: ``workers.session.ray_session`` joins a cluster that is already
+  initialised, so a study run by a test costs no Ray start. A test that needs a cluster of its own
+  (shutdown, its own resources, environment its workers inherit) is marked ``own_ray``: the shared
+  cluster is stopped before it, and such tests run last so that happens once.
+
+At the end pytest prints the time per test directory and how many Ray clusters the run started
+(``gcs_server`` processes seen that carry this run's marker in their environment: in-process,
+subprocess drivers and ``ray start`` nodes alike), next to ``--durations``.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import secrets
 import shutil
 import tempfile
+import threading
+import time
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +46,8 @@ from tests.services import (
     S3Server,
     ServiceHandle,
     create_database,
+    embedded_ray,
+    ray_env,
     start_mlflow_server,
     start_postgres,
     start_ray_head,
@@ -133,3 +149,138 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith(("AWS_", "RAY_", "MLFLOW_")):
             monkeypatch.delenv(key, raising=False)
+
+
+# ---- one shared embedded Ray cluster -------------------------------------------------------------------
+
+
+class SharedRay:
+    """The embedded Ray cluster every in-process study test of this process shares.
+
+    Started on first use, stopped before an ``own_ray`` test and at the end of the run (by PID, through
+    :func:`tests.services.embedded_ray`). ``starts`` counts how often it had to start.
+    """
+
+    def __init__(self) -> None:
+        self._cluster: contextlib.AbstractContextManager[None] | None = None
+        self.starts = 0
+
+    def ensure(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        cluster = embedded_ray("rt_shared_", ray_env())
+        cluster.__enter__()
+        self._cluster = cluster
+        self.starts += 1
+
+    def stop(self) -> None:
+        cluster, self._cluster = self._cluster, None
+        if cluster is not None:
+            cluster.__exit__(None, None, None)
+
+
+_SHARED_RAY = SharedRay()
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """The shared local Ray cluster (see :class:`SharedRay`); studies run in the test join it."""
+    _SHARED_RAY.ensure()
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _own_ray_isolation(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("own_ray") is not None:
+        _SHARED_RAY.stop()
+        import ray
+
+        assert not ray.is_initialized(), "an own_ray test found a Ray cluster it did not start"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Tests that need their own cluster last (a stable sort keeps every other order): the shared
+    # cluster then stops once instead of once per such test.
+    items.sort(key=lambda item: item.get_closest_marker("own_ray") is not None)
+
+
+# ---- what the run cost: time per test directory, Ray clusters started -------------------------------
+
+_RUN_MARK = "AUTONORM_TEST_RUN"
+_DIR_SECONDS: dict[str, float] = defaultdict(float)
+_DIR_TESTS: dict[str, set[str]] = defaultdict(set)
+
+
+class _RayStartCounter:
+    """Counts Ray clusters this run starts: each has one ``gcs_server``, and every process the run
+    spawns (in-process Ray, subprocess drivers, ``ray start`` nodes that outlive their parent) inherits
+    ``AUTONORM_TEST_RUN`` in its environment. A sample a second; a cluster lives far longer."""
+
+    def __init__(self, mark: str) -> None:
+        self.mark = mark
+        self.seen: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ray-start-counter", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        import psutil
+
+        while not self._stop.wait(1.0):
+            for proc in psutil.process_iter(["name", "pid"]):
+                if proc.info["name"] != "gcs_server" or proc.info["pid"] in self.seen:
+                    continue
+                with contextlib.suppress(psutil.Error):
+                    if proc.environ().get(_RUN_MARK) == self.mark:
+                        self.seen.add(proc.info["pid"])
+
+
+_COUNTER: _RayStartCounter | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _COUNTER
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller counts for everyone
+        return
+    mark = os.environ.setdefault(_RUN_MARK, f"{os.getpid()}-{time.time_ns()}")
+    _COUNTER = _RayStartCounter(mark)
+    _COUNTER.start()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _SHARED_RAY.stop()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # tests/<dir>/...::name -> tests/<dir>; tests/test_x.py -> tests/ (top level)
+    parts = report.nodeid.split("::", 1)[0].split("/")
+    directory = "/".join(parts[:2]) if len(parts) > 2 else parts[0] + "/"
+    _DIR_SECONDS[directory] += report.duration
+    _DIR_TESTS[directory].add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or not _DIR_SECONDS:
+        return
+    tr = terminalreporter
+    tr.write_sep("=", "time per test directory (setup + call + teardown, summed over tests)")
+    total = sum(_DIR_SECONDS.values())
+    for directory, seconds in sorted(_DIR_SECONDS.items(), key=lambda kv: -kv[1]):
+        tr.write_line(
+            f"{seconds:9.1f} s  {seconds / max(total, 1e-9):6.1%}  {len(_DIR_TESTS[directory]):5d} tests  {directory}"
+        )
+    tr.write_line(f"{total:9.1f} s  in all")
+    if _COUNTER is not None:
+        _COUNTER.stop()
+        tr.write_line(
+            f"Ray clusters started by this run: {len(_COUNTER.seen)} "
+            f"(the shared in-process one {_SHARED_RAY.starts} of them)"
+        )

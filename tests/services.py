@@ -1012,6 +1012,16 @@ def wait_for(predicate: Callable[[], bool], *, timeout: float, interval: float =
         time.sleep(interval)
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def ray_env() -> dict[str, str]:
+    """What a local test cluster's workers need: the repo (for ``tests.workers.trials``) on the path."""
+    return {
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    }
+
+
 @contextlib.contextmanager
 def embedded_ray(prefix: str, env_vars: Mapping[str, str], *, num_cpus: int = 2) -> Iterator[None]:
     """A ``ray.init`` cluster of this process on loopback with its own short temp dir, stopped on exit.

@@ -28,7 +28,7 @@ import pytest
 
 from studies.kinds import StudyOutcome, run_study_spec
 from tests.integration.browser import headless_chromium, wait_until
-from tests.services import MlflowServer, embedded_ray, start_mlflow_server
+from tests.services import MlflowServer, start_mlflow_server
 from tests.studies.test_batchsize_study import planted_trial, smoke_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.services, pytest.mark.ray]
@@ -60,7 +60,7 @@ class Study:
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Study]:
+def study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Study]:
     from mlflow import MlflowClient
 
     storage = tmp_path_factory.mktemp("browser_study")
@@ -78,9 +78,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Study]:
             "analysis.n_boot=200",
             "analysis.n_perm=99",
         )
-        path = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        with embedded_ray("rt_br_", {"PYTHONPATH": path}):
-            out = run_study_spec(spec, trainable=planted_trial, progress=False)
+        out = run_study_spec(spec, trainable=planted_trial, progress=False)
         assert out.parent_run_id is not None and out.verdict is not None
         client = MlflowClient(tracking_uri=backend)
         study_run = client.get_run(out.parent_run_id)

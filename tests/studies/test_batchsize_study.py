@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,6 @@ from studies.batchsize_spec import BatchSizeStudySpec, cell_key
 from studies.kinds import StudyOutcome, run_study_spec
 from studies.kinds.batchsize import select_learning_rates, trials_table
 from studies.spec import SpecError, load_spec
-from tests.services import embedded_ray
 from workers.dotted import ROOT, with_values
 from workers.plan import expected_trials
 from workers.runner import TrialRecord
@@ -262,14 +259,6 @@ def test_script_exits_2_on_a_bad_spec_and_dry_run_counts_every_phase(
 
 
 # ---- end to end on a local Ray -------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    """A loopback Ray cluster for this module, its own short temp dir, stopped by this process."""
-    path = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    with embedded_ray("rt_h7_", {"PYTHONPATH": path}):
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -453,36 +453,18 @@ def tiny_trial(config: dict[str, Any], session: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_study(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    import shutil
-    import tempfile
+def tiny_study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from workers.runner import read_trials
 
-    import ray
-
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     storage = tmp_path_factory.mktemp("study")
-    temp_dir = tempfile.mkdtemp(prefix="rt_h4t_", dir="/tmp")
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        _temp_dir=temp_dir,
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
-        log_to_driver=False,
+    spec = load_spec(
+        SHIPPED,
+        [f"storage_path={storage}", "search.num_samples=3", "training.epochs=3", "confirm=null"],
+        preset="smoke",
     )
-    try:
-        spec = load_spec(
-            SHIPPED,
-            [f"storage_path={storage}", "search.num_samples=3", "training.epochs=3", "confirm=null"],
-            preset="smoke",
-        )
-        plan = spec.to_plan(environ={})
-        outcome = run_study_spec(spec, trainable=tiny_trial, progress=False)
-        from workers.runner import read_trials
-
-        yield spec, plan, outcome, read_trials(plan), storage / plan.name
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+    plan = spec.to_plan(environ={})
+    outcome = run_study_spec(spec, trainable=tiny_trial, progress=False)
+    return spec, plan, outcome, read_trials(plan), storage / plan.name
 
 
 @pytest.mark.ray

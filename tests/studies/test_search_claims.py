@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,6 @@ from scipy import stats
 from studies.kinds import load_study, run_study_spec
 from studies.kinds.search import arm_config, total_trials
 from studies.spec import SpecError
-from tests.services import embedded_ray
 from workers.trainable import TrialSession
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,13 +102,6 @@ def planted_trial(config: dict[str, Any], session: TrialSession) -> None:
             row[f"gate_entropy/layer_{layer}"] = 0.6 / epoch**3
             row[f"dyt_weight/layer_{layer}"] = 0.3 / epoch
         session.report(row, status="completed" if epoch == 2 else "running")
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    with embedded_ray("rt_cl_", {"PYTHONPATH": path}):
-        yield
 
 
 @pytest.mark.ray

@@ -1,4 +1,5 @@
-"""Fixtures of the workers tests: a local loopback Ray cluster and a pre-built MLflow database.
+"""Fixtures of the workers tests: a pre-built MLflow database (the shared Ray cluster, ``local_ray``, is
+in tests/conftest.py).
 
 Creating MLflow's sqlite schema runs every migration (seconds on a busy machine); tests copy one
 database built once per session instead. The copy is byte-identical to what
@@ -7,17 +8,15 @@ database built once per session instead. The copy is byte-identical to what
 
 from __future__ import annotations
 
-import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.services import embedded_ray
+from tests.services import REPO_ROOT, ray_env
 from workers.tracking import default_tracking_uri, ensure_sqlite_schema
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+__all__ = ["REPO_ROOT", "mlflow_template", "ray_env", "tracking_dir"]
 
 
 @pytest.fixture(scope="session")
@@ -32,17 +31,3 @@ def tracking_dir(tmp_path: Path, mlflow_template: Path) -> Path:
     """A directory whose ``mlflow.db`` already has MLflow's schema."""
     shutil.copyfile(mlflow_template, tmp_path / "mlflow.db")
     return tmp_path
-
-
-def ray_env() -> dict[str, str]:
-    """What a local test cluster's workers need: the repo (for tests.workers.trials) on the path."""
-    return {
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    }
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    """One local Ray cluster per test module, on loopback, with its own temp dir; stopped by PID."""
-    with embedded_ray("rt_h5_", ray_env()):
-        yield

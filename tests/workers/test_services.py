@@ -17,7 +17,8 @@ from workers.plan import ParamDef, SamplerConfig, StorageConfig, StudyPlan, Trac
 from workers.runner import run_study
 from workers.tracking import TAG_ROLE, TAG_TRIAL_ID
 
-pytestmark = [pytest.mark.services, pytest.mark.ray, pytest.mark.slow]
+# own_ray: the S3 keys reach the trial workers through the environment of the cluster this test starts.
+pytestmark = [pytest.mark.services, pytest.mark.ray, pytest.mark.slow, pytest.mark.own_ray]
 
 
 def test_study_logs_to_mlflow_server_and_stores_state_in_s3(

@@ -59,6 +59,9 @@ def test_local_cluster_resources_are_predicted_only_for_a_cluster_this_session_w
 ) -> None:
     import os
 
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # the premise: no cluster in this process yet
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert session.local_cluster_resources(None, {"num_cpus": 3}) == {"CPU": 3.0}
     assert session.local_cluster_resources(None, None) == {"CPU": float(os.cpu_count() or 1)}
@@ -81,6 +84,7 @@ def test_precheck_refuses_before_any_ray_start_and_leaves_unknown_resources_to_t
     monkeypatch.delenv("AUTONORM_ALLOW_PENDING_RESOURCES", raising=False)
     started: list[Any] = []
     monkeypatch.setattr(ray, "init", lambda **kw: started.append(kw))
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # the premise: no cluster in this process yet
 
     def plan(**resources: float) -> StudyPlan:
         return StudyPlan(name="p", base_config={}, resources=tuple(resources.items()))

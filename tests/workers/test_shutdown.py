@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.ray]
+pytestmark = [pytest.mark.ray, pytest.mark.own_ray]
 
 
 def test_local_shutdown_spares_the_callers_other_children() -> None:
