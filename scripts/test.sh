@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
-# Set up from nothing, then lint, type-check and run the whole test suite. The tests start the real services
+# Set up from nothing, then lint, type-check and run the test suite. The tests start the real services
 # they need themselves (PostgreSQL, SeaweedFS S3, MLflow server, Ray head/worker nodes) on loopback, and stop them.
+#
+#   bash scripts/test.sh [PYTEST ARGS]   everything (what CI runs, as `.ci/run`): every test, in two pytest-xdist
+#                                        workers, then the 25 slowest tests and the time per test directory
+#   bash scripts/test.sh --quick [ARGS]  the inner loop while coding (under 3 minutes): lint, type-check and the
+#                                        tests not marked ray / services / slow, in one process
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+if [ "${1:-}" = "--quick" ]; then
+  quick=1
+  shift
+fi
 bash scripts/setup.sh
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0   # keep every Ray listener on 127.0.0.1
 echo "[test] ruff"
@@ -10,5 +20,11 @@ echo "[test] ruff"
 .venv/bin/ruff format --check .
 echo "[test] mypy"
 .venv/bin/mypy
+if [ "$quick" = 1 ]; then
+  echo "[test] pytest (quick: not ray, services or slow)"
+  exec .venv/bin/python -m pytest -m "not ray and not services and not slow" --durations=10 "$@"
+fi
 echo "[test] pytest"
-.venv/bin/python -m pytest "$@"
+# Two workers, whole files each (a module's shared study fixture runs once); `--durations` and the
+# per-directory times print before pytest's closing summary line, which stays the last line.
+exec .venv/bin/python -m pytest -n "${AUTONORM_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"

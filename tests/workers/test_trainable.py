@@ -79,7 +79,12 @@ class _Recorder:
         self.calls.append((metrics, kept))
 
 
-def test_session_reports_status_node_and_a_resumable_checkpoint(tmp_path: Path) -> None:
+def test_session_reports_status_node_and_a_resumable_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # outside Ray (the suite may share a cluster)
     recorder = _Recorder(tmp_path)
     session = TrialSession(report_fn=recorder)
     assert session.resume_state is None
