@@ -255,3 +255,16 @@ def study_main(
     print(json.dumps(outcome.summary, indent=2, default=str))
     print_where(outcome)
     return 0
+
+
+def entry_script(file: str, spec: str, doc: str | None) -> tuple[Path, Callable[..., int]]:
+    """``(DEFAULT_SPEC, main)`` of an entry script in ``studies/`` that runs ``studies/specs/<spec>``
+    (any kind: the spec's ``kind:`` decides), its ``--help`` headed by the first line of ``doc``."""
+    default = Path(file).resolve().parents[1] / "studies" / "specs" / spec
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        return study_main(
+            argv, prog=Path(file).name, description=(doc or "").splitlines()[0], default_spec=default
+        )
+
+    return default, main

@@ -14,20 +14,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))  # a Ray job's uploaded copy of the repository runs this file directly
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a Ray job's uploaded copy runs this file
+from studies._entry import entry_script
 
-from studies._entry import study_main  # noqa: E402
-
-DEFAULT_SPEC = _ROOT / "studies" / "specs" / "autonorm_search.yaml"
-
-
-def main(argv: list[str] | None = None) -> int:
-    return study_main(
-        argv, prog="autonorm_search.py", description=__doc__.splitlines()[0], default_spec=DEFAULT_SPEC
-    )
-
+DEFAULT_SPEC, main = entry_script(__file__, "autonorm_search.yaml", __doc__)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -47,12 +47,14 @@ from workers.dotted import with_values
 from workers.plan import StudyPlan, expected_trials
 
 __all__ = [
+    "RUNNER_OPTIONS",
     "SHARED_VERDICT_FIELDS",
     "STUDY_VERDICTS",
     "Phase",
     "StudyKind",
     "StudyOutcome",
     "hypothesis_entry",
+    "study_runner",
 ]
 
 STUDY_VERDICTS: tuple[str, ...] = ("supported", "refuted", "inconclusive", "none")
@@ -78,6 +80,29 @@ def hypothesis_entry(
         "p_value": result.get("p_value"),
         "p_value_holm": result.get("p_value_holm"),
     }
+
+
+RUNNER_OPTIONS = ("ray_address", "ray_init_kwargs", "trainable", "progress", "planned")
+"""What :meth:`StudyKind.run` passes on to :class:`workers.study.StudyRunner`."""
+
+
+def study_runner(study: StudyPlan, *, expected_trials: int, **options: Any) -> Any:
+    """The :class:`workers.study.StudyRunner` of a study: name, storage, tracking, tags, params,
+    artifacts and resources from ``study`` (the study-level plan), ``expected_trials`` every trial
+    the phases plan; ``options``: :data:`RUNNER_OPTIONS`."""
+    from workers.study import StudyRunner
+
+    return StudyRunner(
+        name=study.name,
+        storage=study.storage,
+        tracking=study.tracking,
+        expected_trials=expected_trials,
+        tags=dict(study.tags),
+        params=dict(study.params),
+        artifacts=dict(study.artifacts),
+        resources=study.resources,
+        **{k: v for k, v in options.items() if k in RUNNER_OPTIONS},
+    )
 
 
 def _grid_points(plan: StudyPlan) -> list[dict[str, Any]]:
@@ -146,6 +171,13 @@ class StudyKind(ABC):
         script: the entry script users ``ray job submit`` (``None``: ``python -m studies.cli run``).
         title: a heading for the spec reference.
         summary: one sentence for the spec reference.
+        module: the module holding the kind's ``run(spec, **runner_options)``, ``analyse(table, spec,
+            **inputs)``, ``status(spec)``, ``report(spec, out_dir)`` and ``pilot(spec, study_dir, ...)``,
+            which the default methods call (imported on use: it may import Ray).
+        example: the shipped spec file (relative to the repository root) and its preset that the
+            contract suite (``tests/studies/test_kinds_contract.py``) starts from.
+        tiny: ``--set`` overrides over ``example`` for the contract suite's one run: the cheapest
+            fixed design (no optional phase fires) that still runs every phase.
     """
 
     name: ClassVar[str]
@@ -153,6 +185,9 @@ class StudyKind(ABC):
     script: ClassVar[str | None] = None
     title: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    module: ClassVar[str]
+    example: ClassVar[tuple[str, str | None]]
+    tiny: ClassVar[tuple[str, ...]] = ()
 
     def spec_class(self) -> type[BaseModel]:
         """The pydantic spec class (``extra="forbid"``, frozen, a ``kind: Literal[name]`` field)."""
@@ -172,35 +207,45 @@ class StudyKind(ABC):
         """One line for ``validate``."""
         return f"{self.total_trials(spec)} trials in all phases, storage {spec.storage_path}"
 
-    @abstractmethod
+    def impl(self) -> Any:
+        """The kind's :attr:`module`."""
+        return importlib.import_module(self.module)
+
     def run(self, spec: Any, **runner_options: Any) -> StudyOutcome:
         """Run (or resume) every phase, analyse, write ``verdict.json`` and the report, log them.
 
-        ``runner_options`` go to :class:`workers.study.StudyRunner` (``ray_address``,
-        ``ray_init_kwargs``, ``trainable``, ``progress``, ``planned``)."""
+        ``runner_options`` go to :class:`workers.study.StudyRunner` (:data:`RUNNER_OPTIONS`)."""
+        outcome: StudyOutcome = self.impl().run(spec, **runner_options)
+        return outcome
 
-    @abstractmethod
     def analyse(self, table: Any, spec: Any, **inputs: Any) -> dict[str, Any]:
         """The ``verdict.json`` dictionary from the trial table (with :data:`SHARED_VERDICT_FIELDS`);
         ``inputs``: what else the kind's analysis reads (per-epoch logs, tuning records)."""
+        verdict: dict[str, Any] = self.impl().analyse(table, spec, **inputs)
+        return verdict
 
-    @abstractmethod
     def status(self, spec: Any) -> dict[str, Any]:
         """Progress from the study directory: ``study``, ``kind``, ``directory``, ``expected_trials``,
-        ``trials``, ``by_status``, ``phases: {name: {trials, by_status}}``, ``rows``."""
+        ``trials``, ``by_status``, ``phases: {name: {trials, by_status}}``, ``study_verdict``, ``rows``."""
+        status: dict[str, Any] = self.impl().status(spec)
+        return status
 
-    @abstractmethod
     def report(self, spec: Any, out_dir: Path) -> Path:
-        """Re-analyse the study directory and write the report files into ``out_dir``; returns
-        the Markdown report."""
+        """Re-analyse the study directory and write the report files (``verdict.json`` among them)
+        into ``out_dir``; returns the Markdown report."""
+        path: Path = self.impl().report(spec, out_dir)
+        return path
 
-    @abstractmethod
     def power(
         self, spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
     ) -> dict[str, Any]:
         """Seeds each confirmatory test needs, from a finished pilot in ``study_dir``:
         ``{"seeds_needed": {test: K | None}, "per_seed", "effect", "sd", "quantity", "family_size",
         "min_seeds", ...}`` (:func:`studies.planning.pilot_power` adds the cost)."""
+        result: dict[str, Any] = self.impl().pilot(
+            spec, study_dir, power=power, min_effect=min_effect, alpha=alpha
+        )
+        return result
 
     def alpha(self, spec: Any) -> float:
         """The spec's significance level (``plan --pilot`` default)."""

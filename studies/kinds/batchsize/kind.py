@@ -10,10 +10,9 @@ Light on imports: the run, analysis and report modules are imported on use.
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import Phase, StudyKind, StudyOutcome
+from studies.kinds.base import Phase, StudyKind
 from studies.kinds.batchsize.spec import cell_key
 
 __all__ = ["KIND_NAME", "BatchSizeKind", "placeholder_lr"]
@@ -37,6 +36,15 @@ class BatchSizeKind(StudyKind):
     script = "studies/batchsize_correlation.py"
     title = "Batch-size studies"
     summary = "The affine-divergence batch-size protocol, e.g. `studies/specs/batchsize_correlation.yaml`."
+    module = "studies.kinds.batchsize.study"
+    example = ("studies/specs/batchsize_correlation.yaml", "smoke")
+    tiny = (
+        "training.epochs=1",
+        "arms=[linear, corrected]",
+        "batch_sizes=[16, 32]",
+        "lr_tuning={low: 0.1, high: 1.0, points: 3, seeds: [1000, 1001], reference_batch_size: 32, max_extensions: 0}",
+        "analysis.n_boot=50",
+    )
 
     def phases(self, spec: Any) -> list[Phase]:
         """Per budget ``tune-<budget>``, the optional range-extension rounds ``tune-<budget>-ext<k>``
@@ -54,33 +62,6 @@ class BatchSizeKind(StudyKind):
             ]
             out.append(Phase.of(spec.confirmatory_plan(budget, placeholder)))
         return out
-
-    def run(self, spec: Any, **runner_options: Any) -> StudyOutcome:
-        from studies.kinds.batchsize.study import run
-
-        return run(spec, **runner_options)
-
-    def analyse(self, table: Any, spec: Any, **inputs: Any) -> dict[str, Any]:
-        from studies.kinds.batchsize.study import analyse
-
-        return analyse(spec, table)
-
-    def status(self, spec: Any) -> dict[str, Any]:
-        from studies.kinds.batchsize.study import status
-
-        return status(spec)
-
-    def report(self, spec: Any, out_dir: Path) -> Path:
-        from studies.kinds.batchsize.study import report
-
-        return report(spec, out_dir)
-
-    def power(
-        self, spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
-    ) -> dict[str, Any]:
-        from studies.kinds.batchsize.power import pilot
-
-        return pilot(spec, study_dir, power=power, min_effect=min_effect, alpha=alpha)
 
     def undecidable(self, spec: Any) -> list[Any]:
         from studies.kinds.batchsize.decidability import undecidable

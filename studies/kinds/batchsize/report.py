@@ -16,19 +16,15 @@ is drawn in red (red reads as "bad" or "alarm", and neither outcome is).
 
 from __future__ import annotations
 
-import base64
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import matplotlib
 import numpy as np
 import pandas as pd
-import yaml
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
@@ -36,6 +32,19 @@ from matplotlib.transforms import blended_transform_factory
 from scipy import stats
 
 from studies.kinds.batchsize.analysis import normalize_table
+from studies.reporting import (
+    COLORS,
+    Document,
+    Section,
+    fmt,
+    fmt_ci,
+    resources_lines,
+    save_figure,
+    to_yaml,
+    write_json,
+)
+from studies.reporting import render_html as kit_html
+from studies.reporting import render_markdown as kit_markdown
 
 __all__ = [
     "VERDICT_COLORS",
@@ -53,44 +62,8 @@ __all__ = [
 ]
 
 #: Verdict and control-label colours (blue / orange / grey; never red for "supported").
-VERDICT_COLORS = {
-    "supported": "#1f5fa8",
-    "refuted": "#d9822b",
-    "inconclusive": "#8a8f94",
-    "stable": "#2a9d8f",
-    "declines": "#d9822b",
-    "unclear": "#8a8f94",
-}
+VERDICT_COLORS = COLORS
 _GATE_KEY = re.compile(r"^gate_entropy[/._](?:layer[_.]?)?(?P<layer>[A-Za-z0-9_.]+)$")
-
-
-def _fmt(v: Any, digits: int = 3) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "–"
-    if isinstance(v, bool):
-        return str(v)
-    if isinstance(v, float):
-        return f"{v:.{digits}g}"
-    return str(v)
-
-
-def _fmt_ci(ci: Sequence[float] | None, digits: int = 3) -> str:
-    if ci is None:
-        return "–"
-    return f"[{_fmt(float(ci[0]), digits)}, {_fmt(float(ci[1]), digits)}]"
-
-
-def _json_safe(obj: Any) -> Any:
-    """Replace NaN/inf by None and numpy scalars by Python ones, so ``json.dump`` writes valid JSON."""
-    if isinstance(obj, Mapping):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 # --------------------------------------------------------------------------------------------------
@@ -124,15 +97,15 @@ def verdict_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
                 "role": str(r.get("role", "control" if arm == control else "fix")),
                 "verdict": _outcome(r),
                 "reasons": "; ".join(r.get("reasons") or []) or "–",
-                "slope / log2 B": _fmt(r.get("slope")),
-                "slope CI": _fmt_ci(r.get("slope_ci")),
-                "interaction": _fmt(r.get("interaction")),
-                "interaction CI": _fmt_ci(r.get("interaction_ci")),
-                "p": _fmt(r.get("p_value")),
-                "p (Holm)": _fmt(r.get("p_value_holm")),
-                "spearman ρ": _fmt(r.get("spearman_rho")),
-                "n": _fmt(r.get("n")),
-                "failed": _fmt(r.get("n_failed")),
+                "slope / log2 B": fmt(r.get("slope")),
+                "slope CI": fmt_ci(r.get("slope_ci")),
+                "interaction": fmt(r.get("interaction")),
+                "interaction CI": fmt_ci(r.get("interaction_ci")),
+                "p": fmt(r.get("p_value")),
+                "p (Holm)": fmt(r.get("p_value_holm")),
+                "spearman ρ": fmt(r.get("spearman_rho")),
+                "n": fmt(r.get("n")),
+                "failed": fmt(r.get("n_failed")),
             }
         )
     return rows
@@ -149,9 +122,9 @@ def control_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
             {
                 "control": arm,
                 "label": str(label),
-                "slope / log2 B": _fmt(r.get("slope")),
-                "slope CI": _fmt_ci(r.get("slope_ci")),
-                "threshold": f"{_fmt(-sign * delta)} per doubling",
+                "slope / log2 B": fmt(r.get("slope")),
+                "slope CI": fmt_ci(r.get("slope_ci")),
+                "threshold": f"{fmt(-sign * delta)} per doubling",
                 "reasons": "; ".join(r.get("reasons") or []) or "–",
             }
         )
@@ -169,12 +142,12 @@ def sensitivity_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
                 "arm": arm,
                 "verdict (failures dropped)": _outcome(s),
                 "verdict (primary)": _outcome(r),
-                "n": _fmt(s.get("n")),
-                "slope / log2 B": _fmt(s.get("slope")),
-                "slope CI": _fmt_ci(s.get("slope_ci")),
-                "interaction": _fmt(s.get("interaction")),
-                "interaction CI": _fmt_ci(s.get("interaction_ci")),
-                "p (Holm)": _fmt(s.get("p_value_holm")),
+                "n": fmt(s.get("n")),
+                "slope / log2 B": fmt(s.get("slope")),
+                "slope CI": fmt_ci(s.get("slope_ci")),
+                "interaction": fmt(s.get("interaction")),
+                "interaction CI": fmt_ci(s.get("interaction_ci")),
+                "p (Holm)": fmt(s.get("p_value_holm")),
                 "reasons": "; ".join(s.get("reasons") or []) or "–",
             }
         )
@@ -191,7 +164,7 @@ def cell_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
         losses = r.get("median_train_loss_by_cell") or {}
         row = {"arm": arm}
         for cell in fails:
-            row[f"B={cell}"] = f"{fails[cell]}/{ns.get(cell, '?')} · {_fmt(losses.get(cell))}"
+            row[f"B={cell}"] = f"{fails[cell]}/{ns.get(cell, '?')} · {fmt(losses.get(cell))}"
         rows.append(row)
     return rows
 
@@ -383,10 +356,7 @@ def plot_metric_vs_batch_size(
                 ax.set_title(f"paired difference to the control{where}", fontsize=9)
             ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    return out
+    return save_figure(fig, path)
 
 
 def plot_forest(result: Mapping[str, Any], path: str | Path) -> Path:
@@ -428,10 +398,7 @@ def plot_forest(result: Mapping[str, Any], path: str | Path) -> Path:
     fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8, frameon=False)
     fig.suptitle(f"{result.get('confidence', 0.95):.0%} CIs over seeds (dotted: −δ)", fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    return out
+    return save_figure(fig, path)
 
 
 def plot_gate_entropy(
@@ -502,10 +469,7 @@ def plot_gate_entropy(
     for ax in axes[:, 0]:
         ax.set_ylabel("gate entropy H (nats; ln 2 dotted)")
     fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    return out
+    return save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -534,25 +498,15 @@ def _method_lines(result: Mapping[str, Any]) -> list[str]:
         "p: one-sided (predicted direction), the larger of the within-seed permutation p of the batch-size "
         f"labels (exact when ≤ 100,000 permutations, else {result.get('n_perm')} draws) and the t-test p "
         "over seeds; Holm over the fix arms only.",
-        f"failed trials are scored at chance ({_fmt(result.get('chance_metric'))}; train loss "
-        f"{_fmt(result.get('chance_loss'))}); the sensitivity table drops them instead.",
+        f"failed trials are scored at chance ({fmt(result.get('chance_metric'))}; train loss "
+        f"{fmt(result.get('chance_loss'))}); the sensitivity table drops them instead.",
         "gates (→ inconclusive): > 20 % failures in a cell (failures), median final train loss > 0.9 × "
         "chance loss in a cell (optimisation-limited), tuned lr at its range edge (lr-at-range-edge), "
         f"fewer than {result.get('min_seeds')} complete seeds, fewer than 4 batch sizes or a smallest "
         "attainable p × family ≥ α (underpowered).",
-        f"verdict: supported iff Holm p < α = {_fmt(result.get('alpha'))} and the slope and interaction "
+        f"verdict: supported iff Holm p < α = {fmt(result.get('alpha'))} and the slope and interaction "
         "CIs both lie in the predicted direction of 0; refuted iff either lies entirely on the other "
-        f"side; controls: declines / stable / unclear against −δ, δ = {_fmt(result.get('delta'))}.",
-    ]
-
-
-def _resources_lines(
-    wall_time_s: float | None, cpu_hours: float | None, gpu_hours: float | None
-) -> list[str]:
-    return [
-        f"wall time: {_fmt(wall_time_s / 60.0 if wall_time_s is not None else None, 3)} min",
-        f"CPU hours: {_fmt(cpu_hours, 3)}",
-        f"GPU hours: {_fmt(gpu_hours, 3)}",
+        f"side; controls: declines / stable / unclear against −δ, δ = {fmt(result.get('delta'))}.",
     ]
 
 
@@ -602,13 +556,37 @@ def _sections(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     return sections
 
 
-def _md_table(rows: Sequence[Mapping[str, str]]) -> str:
-    if not rows:
-        return "_none_\n"
-    cols = list(rows[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join(str(r.get(c, "")).replace("|", "\\|") for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+def _document(
+    result: Mapping[str, Any],
+    *,
+    title: str,
+    protocol: Mapping[str, Any] | None,
+    wall_time_s: float | None,
+    cpu_hours: float | None,
+    gpu_hours: float | None,
+) -> Document:
+    hib = result.get("higher_is_better", True)
+    labels = ("label", "combined", *(result.get("budgets") or {}))
+    sections = [
+        Section(sec["heading"], list(sec["text"]), [rows for _, rows in sec["tables"]], label_columns=labels)
+        for sec in _sections(result)
+    ]
+    return Document(
+        headline=_headline(result),
+        title=title,
+        verdict=str(result["study_verdict"]),
+        banner=_BANNER if result.get("exploratory") else "",
+        intro=[
+            f"**Hypothesis.** {result.get('hypothesis', '')}",
+            f"Metric `{result['metric']}` (higher is {'better' if hib else 'worse'}); control arm "
+            f'`{result["control"]}`. "Worse as B grows" means a {result.get("direction", "negative")} slope '
+            "vs log2 B.",
+        ],
+        sections=sections,
+        method=_method_lines(result),
+        resources=resources_lines(wall_time_s, cpu_hours, gpu_hours),
+        protocol=to_yaml(dict(protocol)) if protocol else "",
+    )
 
 
 def render_markdown(
@@ -624,76 +602,15 @@ def render_markdown(
     """The Markdown report. Its first line is the study verdict; then the exploratory banner (when
     any arm is underpowered), the hypothesis, per-arm, control, sensitivity and cell tables (per
     budget when there are budgets), method, resources, protocol and plots."""
-    hib = result.get("higher_is_better", True)
-    parts = [f"**{_headline(result)}**\n\n"]
-    if result.get("exploratory"):
-        parts.append(f"> **{_BANNER}**\n\n")
-    parts += [
-        f"# {title}\n\n",
-        f"**Hypothesis.** {result.get('hypothesis', '')}\n\n",
-        f"Metric `{result['metric']}` (higher is {'better' if hib else 'worse'}); control arm "
-        f'`{result["control"]}`. "Worse as B grows" means a {result.get("direction", "negative")} slope '
-        "vs log2 B.\n\n",
-    ]
-    for sec in _sections(result):
-        parts.append(f"## {sec['heading']}\n\n")
-        parts += [f"{t}\n\n" for t in sec["text"]]
-        parts += [_md_table(rows) + "\n" for _, rows in sec["tables"]]
-    parts.append("## Method\n\n" + "".join(f"- {line}\n" for line in _method_lines(result)))
-    parts.append(
-        "\n## Resources\n\n"
-        + "".join(f"- {line}\n" for line in _resources_lines(wall_time_s, cpu_hours, gpu_hours))
+    doc = _document(
+        result,
+        title=title,
+        protocol=protocol,
+        wall_time_s=wall_time_s,
+        cpu_hours=cpu_hours,
+        gpu_hours=gpu_hours,
     )
-    if protocol:
-        parts.append(
-            "\n## Protocol\n\n```yaml\n"
-            + yaml.safe_dump(_json_safe(dict(protocol)), sort_keys=False, allow_unicode=True)
-            + "```\n"
-        )
-    if plots:
-        parts.append("\n## Plots\n\n" + "".join(f"![{Path(p).stem}]({Path(p).name})\n\n" for p in plots))
-    return "".join(parts)
-
-
-_HTML_TEMPLATE = """<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{{ headline }} — {{ title }}</title><style>
-body{font-family:sans-serif;max-width:1250px;margin:2em auto;padding:0 1em}
-table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
-td:first-child,th:first-child{text-align:left}
-.study{font-size:1.3em;font-weight:bold;padding:.5em;border-left:6px solid {{ colors[study] }}}
-.banner{background:#fff4d6;border:1px solid #d9a400;padding:.6em;font-weight:bold}
-{% for name, color in colors.items() %}.v-{{ name }}{color:{{ color }};font-weight:bold}
-{% endfor %}img{max-width:100%}pre{background:#f6f6f6;padding:.6em}
-</style></head><body>
-<p class="study" id="study-verdict">{{ headline }}</p>
-{% if exploratory %}<p class="banner" id="exploratory">{{ banner }}</p>
-{% endif %}<h1>{{ title }}</h1>
-<p><b>Hypothesis.</b> {{ hypothesis }}</p>
-<p>Metric <code>{{ metric }}</code> (higher is {{ "better" if higher_is_better else "worse" }}), control
-<code>{{ control }}</code>; "worse as B grows" is a {{ direction }} slope vs log2 B.</p>
-{% for sec in sections %}<h2>{{ sec.heading }}</h2>
-{% for t in sec.text %}<p>{{ t }}</p>
-{% endfor %}{% for caption, rows in sec.tables %}{% if rows %}<table>
-<tr>{% for col in rows[0] %}<th>{{ col }}</th>{% endfor %}</tr>
-{% for row in rows %}<tr>{% for col, val in row.items() %}{% if col.startswith("verdict") or col in ("label", "combined") or col in budget_names %}<td class="v-{{ val }}">{{ val }}</td>{% else %}<td>{{ val }}</td>{% endif %}{% endfor %}</tr>
-{% endfor %}</table>
-{% endif %}{% endfor %}{% endfor %}<h2>Method</h2><ul>
-{% for line in method %}<li>{{ line }}</li>
-{% endfor %}</ul>
-<h2>Resources</h2><ul>
-{% for line in resources %}<li>{{ line }}</li>
-{% endfor %}</ul>
-{% if protocol %}<h2>Protocol</h2><pre>{{ protocol }}</pre>
-{% endif %}{% if images %}<h2>Plots</h2>
-{% for name, uri in images %}<figure><img src="{{ uri }}" alt="{{ name }}"><figcaption>{{ name }}</figcaption></figure>
-{% endfor %}{% endif %}</body></html>
-"""
-
-_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-
-
-def _data_uri(path: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+    return kit_markdown(doc, plots)
 
 
 def render_html(
@@ -706,30 +623,17 @@ def render_html(
     gpu_hours: float | None = None,
     images: Sequence[str | Path] = (),
 ) -> str:
-    """The HTML report from a Jinja2 template (autoescaped). The study verdict is the first element of
-    the body; ``images`` (PNG files) are embedded as ``data:image/png;base64`` URIs."""
-    proto = (
-        yaml.safe_dump(_json_safe(dict(protocol)), sort_keys=False, allow_unicode=True) if protocol else ""
-    )
-    return _ENV.from_string(_HTML_TEMPLATE).render(
-        headline=_headline(result),
-        study=result["study_verdict"],
-        colors=VERDICT_COLORS,
-        exploratory=bool(result.get("exploratory")),
-        banner=_BANNER,
+    """The HTML report (:func:`studies.reporting.render_html`): the study verdict is the first element
+    of the body; ``images`` (PNG files) are embedded as ``data:image/png;base64`` URIs."""
+    doc = _document(
+        result,
         title=title,
-        hypothesis=result.get("hypothesis", ""),
-        metric=result["metric"],
-        higher_is_better=result.get("higher_is_better", True),
-        control=result["control"],
-        direction=result.get("direction", "negative"),
-        sections=_sections(result),
-        budget_names=list(result.get("budgets") or {}),
-        method=_method_lines(result),
-        resources=_resources_lines(wall_time_s, cpu_hours, gpu_hours),
-        protocol=proto,
-        images=[(Path(p).stem, _data_uri(Path(p))) for p in images],
+        protocol=protocol,
+        wall_time_s=wall_time_s,
+        cpu_hours=cpu_hours,
+        gpu_hours=gpu_hours,
     )
+    return kit_html(doc, images)
 
 
 def write_batchsize_report(
@@ -769,7 +673,7 @@ def write_batchsize_report(
         "plot_metric": out / "metric_vs_batch_size.png",
         "plot_forest": out / "forest.png",
     }
-    paths["verdict"].write_text(json.dumps(_json_safe(verdict), indent=2, allow_nan=False) + "\n")
+    write_json(paths["verdict"], verdict)
     table.to_csv(paths["trials"], index=False)
     plot_metric_vs_batch_size(
         table,

@@ -27,13 +27,23 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import StudyOutcome, hypothesis_entry
+from studies.kinds.base import StudyOutcome, hypothesis_entry, study_runner
 from studies.kinds.batchsize.kind import KIND_NAME, BatchSizeKind, placeholder_lr
+from studies.kinds.batchsize.power import pilot
 from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
 from studies.tuning import RunPoints, tune
 from workers.runner import TrialRecord, read_trials
 
-__all__ = ["analyse", "report", "run", "select_learning_rates", "status", "total_trials", "trials_table"]
+__all__ = [
+    "analyse",
+    "pilot",
+    "report",
+    "run",
+    "select_learning_rates",
+    "status",
+    "total_trials",
+    "trials_table",
+]
 
 SPEC = BatchSizeStudySpec
 _TAG = KIND_NAME
@@ -155,7 +165,7 @@ def _chance(spec: BatchSizeStudySpec) -> tuple[float, float]:
     return 1.0 / c, math.log(c)
 
 
-def analyse(spec: BatchSizeStudySpec, table: Any) -> dict[str, Any]:
+def analyse(table: Any, spec: BatchSizeStudySpec, **inputs: Any) -> dict[str, Any]:
     """:func:`studies.kinds.batchsize.analysis.batchsize_trend` with the spec's analysis settings,
     plus the fields every kind's ``verdict.json`` has: ``kind``, and ``hypotheses`` (one per fix arm:
     its verdict, reasons, the interaction estimate and CI, p and Holm p)."""
@@ -293,8 +303,6 @@ def run(
     """Run every phase, analyse, write and log the outputs; idempotent (a rerun resumes)."""
     import pandas as pd
 
-    from workers.study import StudyRunner
-
     study = spec.study_plan(environ=environ)
     _say(
         f"study {spec.name!r}: {len(spec.arms)} arms x {len(spec.batch_sizes)} batch sizes x "
@@ -303,20 +311,14 @@ def run(
     )
     lr_records: dict[str, Any] = {}
     tables = []
-    with StudyRunner(
-        name=spec.name,
-        storage=study.storage,
-        tracking=study.tracking,
+    with study_runner(
+        study,
         expected_trials=spec.total_trials,
-        tags=dict(study.tags),
-        params=dict(study.params),
-        artifacts=dict(study.artifacts),
         trainable=trainable,
         progress=progress,
         ray_address=ray_address,
         ray_init_kwargs=ray_init_kwargs,
         planned=planned,
-        resources=study.resources,
     ) as runner:
         for budget in spec.budgets:
             plan = spec.tuning_plan(budget, environ=environ)
@@ -346,7 +348,7 @@ def run(
             )
         _say("phase analysis: statistics, verdict, report")
         table = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
-        verdict = analyse(spec, table)
+        verdict = analyse(table, spec)
         cpu_h, gpu_h = runner.resource_hours()
         out_dir = runner.local_dir()
         files = _write_outputs(
@@ -517,7 +519,7 @@ def report(spec: BatchSizeStudySpec, out_dir: Path) -> Path:
             )
         )
     table = pd.concat(tables, ignore_index=True)
-    verdict = analyse(spec, table)
+    verdict = analyse(table, spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     seconds = sum(float(t.metrics.get("time_total_s") or 0.0) for ts in phases.values() for t in ts)
     res = dict(spec.resources.as_plan())

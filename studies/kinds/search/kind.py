@@ -14,10 +14,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import Phase, StudyKind, StudyOutcome
+from studies.kinds.base import Phase, StudyKind
 from studies.kinds.search.spec import CONFIRM_ARMS
 from workers.plan import StudyPlan
 from workers.trainable import CONFIG_RESULT_KEY
@@ -140,6 +139,16 @@ class SearchKind(StudyKind):
     script = "studies/autonorm_search.py"
     title = "Search studies"
     summary = "One Optuna (or grid) search under Ray Tune, e.g. `studies/specs/autonorm_search.yaml`."
+    module = "studies.kinds.search.study"
+    example = ("studies/specs/autonorm_search.yaml", "smoke")
+    tiny = (
+        "training.epochs=2",
+        "search.num_samples=2",
+        "search.space.0.high=2",
+        "confirm.arms=[autonorm, autonorm_s]",
+        "confirm.seeds=[100, 101]",
+        "confirm.lr_tuning={factor: 10.0, points: 1, seeds: [200], max_extensions: 0}",
+    )
 
     def phases(self, spec: Any) -> list[Phase]:
         """``search``, then per confirmatory arm ``confirm-tune-<arm>``, its optional range-extension
@@ -171,33 +180,6 @@ class SearchKind(StudyKind):
             f"{plan.scheduler.type}, {self.total_trials(spec)} trials ({plan.max_concurrent} at a time), metric "
             f"{plan.metric} ({plan.mode}), storage {plan.storage.path}"
         )
-
-    def run(self, spec: Any, **runner_options: Any) -> StudyOutcome:
-        from studies.kinds.search.study import run
-
-        return run(spec, **runner_options)
-
-    def analyse(self, table: Any, spec: Any, **inputs: Any) -> dict[str, Any]:
-        from studies.kinds.search.study import analyse
-
-        return analyse(table, spec, **inputs)
-
-    def status(self, spec: Any) -> dict[str, Any]:
-        from studies.kinds.search.study import status
-
-        return status(spec)
-
-    def report(self, spec: Any, out_dir: Path) -> Path:
-        from studies.kinds.search.study import report
-
-        return report(spec, out_dir)
-
-    def power(
-        self, spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
-    ) -> dict[str, Any]:
-        from studies.kinds.search.power import pilot
-
-        return pilot(spec, study_dir, power=power, min_effect=min_effect, alpha=alpha)
 
     def undecidable(self, spec: Any) -> list[Any]:
         from studies.kinds.search.decidability import undecidable

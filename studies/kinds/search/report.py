@@ -19,21 +19,17 @@ Nothing here logs to MLflow or reads global state: the study entry point publish
 
 from __future__ import annotations
 
-import base64
 import functools
-import json
 import math
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
-import jinja2
 import matplotlib
 import numpy as np
 import pandas as pd
-import yaml
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
@@ -41,6 +37,20 @@ from matplotlib.transforms import blended_transform_factory
 from scipy import stats
 
 from studies.kinds.search.claims import CLAIMS, COMPLETED_STATUSES, CONFIRM_COLUMNS
+from studies.reporting import (
+    COLORS,
+    Document,
+    Section,
+    finite,
+    fmt,
+    fmt_ci,
+    render_html,
+    render_markdown,
+    resources_lines,
+    save_figure,
+    to_yaml,
+    write_json,
+)
 
 __all__ = [
     "CONTRASTS",
@@ -57,7 +67,7 @@ __all__ = [
 ]
 
 #: Verdict colours (blue / orange / grey; never red: neither outcome is an alarm).
-VERDICT_COLORS = {"supported": "#1f5fa8", "refuted": "#d9822b", "inconclusive": "#8a8f94"}
+VERDICT_COLORS = {k: COLORS[k] for k in ("supported", "refuted", "inconclusive")}
 
 #: The paired contrasts drawn in the forest plot: claim id → (arm a, arm b) of ``d = a − b``.
 CONTRASTS: dict[str, tuple[str, str]] = {
@@ -83,47 +93,9 @@ _DEFAULT_EPS = 0.1  # autonorm_claims' default gate-entropy threshold of claim d
 # Small helpers
 
 
-def _json_safe(obj: Any) -> Any:
-    """NaN/inf → None, numpy scalars → Python, tuples → lists, keys → str: valid, strict JSON."""
-    if isinstance(obj, Mapping):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple | set | frozenset):
-        items = sorted(obj, key=str) if isinstance(obj, set | frozenset) else obj
-        return [_json_safe(v) for v in items]
-    if isinstance(obj, np.ndarray):
-        return [_json_safe(v) for v in obj.tolist()]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if obj is None or isinstance(obj, str | int | float | bool):
-        return obj
-    return str(obj)
-
-
-def _finite(value: Any) -> TypeGuard[float]:
-    return isinstance(value, int | float | np.number) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _fmt(v: Any, digits: int = 3) -> str:
-    if v is None or isinstance(v, bool):
-        return "–" if v is None else str(v)
-    if isinstance(v, int | np.integer):
-        return str(int(v))
-    if isinstance(v, float | np.floating):
-        return f"{float(v):.{digits}g}" if math.isfinite(v) else "–"
-    return str(v)
-
-
-def _fmt_ci(ci: Any, digits: int = 3) -> str:
-    if not isinstance(ci, Sequence) or len(ci) != 2 or all(c is None for c in ci):
-        return "–"
-    return f"[{_fmt(ci[0], digits)}, {_fmt(ci[1], digits)}]"
-
-
 def _sort_key(value: Any) -> tuple[int, Any]:
     """Seeds / arms of mixed types in one order: numbers first (by value), then strings."""
-    if _finite(value):
+    if finite(value):
         return (0, float(value))
     return (1, str(value))
 
@@ -171,30 +143,6 @@ def _banner(ids: Sequence[str]) -> str:
     )
 
 
-def _yaml(obj: Any) -> str:
-    return yaml.safe_dump(_json_safe(obj), sort_keys=False, allow_unicode=True)
-
-
-def _md_fence(text: str, lang: str) -> str:
-    """A fenced code block whose fence is longer than any run of backticks inside ``text``."""
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return f"{fence}{lang}\n{text if text.endswith(chr(10)) else text + chr(10)}{fence}\n"
-
-
-def _md_table(rows: Sequence[Mapping[str, str]]) -> str:
-    if not rows:
-        return "_none_\n"
-    cols = list(rows[0])
-
-    def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
 def _t_band(values: np.ndarray, confidence: float = 0.95) -> tuple[float, float, float]:
     """Mean and two-sided t-interval over the finite values (NaN bounds below two values)."""
     v = values[np.isfinite(values)]
@@ -205,12 +153,6 @@ def _t_band(values: np.ndarray, confidence: float = 0.95) -> tuple[float, float,
         return mean, math.nan, math.nan
     half = float(stats.t.ppf(0.5 + confidence / 2.0, v.size - 1)) * float(v.std(ddof=1)) / math.sqrt(v.size)
     return mean, mean - half, mean + half
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
 
 
 # --------------------------------------------------------------------------------------------------
@@ -250,11 +192,11 @@ def claims_table(claims: Mapping[str, Mapping[str, Any]]) -> list[dict[str, str]
                 "id": cid,
                 "claim": str(c.get("claim") or CLAIMS.get(cid, "")),
                 "verdict": _verdict_text(cid, str(c.get("verdict", "inconclusive"))),
-                "estimate": _fmt(c.get("estimate")),
-                "CI": _fmt_ci(c.get("ci")),
-                "p": _fmt(c.get("p_value")),
-                "p (Holm)": _fmt(c.get("p_value_holm")),
-                "n seeds": _fmt(c.get("n_seeds")),
+                "estimate": fmt(c.get("estimate")),
+                "CI": fmt_ci(c.get("ci")),
+                "p": fmt(c.get("p_value")),
+                "p (Holm)": fmt(c.get("p_value_holm")),
+                "n seeds": fmt(c.get("n_seeds")),
                 "reasons": "; ".join(str(r) for r in c.get("reasons") or []) or "–",
             }
         )
@@ -312,9 +254,9 @@ def _tuned_table(tuned_lr: Mapping[Any, Any] | None) -> list[dict[str, str]]:
             rows.append(
                 {
                     "arm": str(arm),
-                    "lr": _fmt(rec.get("lr"), 4),
-                    "at range edge": _fmt(rec.get("at_range_edge")),
-                    "mean score per lr": ", ".join(f"{k}: {_fmt(v, 4)}" for k, v in scores.items()) or "–",
+                    "lr": fmt(rec.get("lr"), 4),
+                    "at range edge": fmt(rec.get("at_range_edge")),
+                    "mean score per lr": ", ".join(f"{k}: {fmt(v, 4)}" for k, v in scores.items()) or "–",
                     "note": str(rec.get("reason") or "–"),
                 }
             )
@@ -322,7 +264,7 @@ def _tuned_table(tuned_lr: Mapping[Any, Any] | None) -> list[dict[str, str]]:
             rows.append(
                 {
                     "arm": str(arm),
-                    "lr": _fmt(rec, 4),
+                    "lr": fmt(rec, 4),
                     "at range edge": "–",
                     "mean score per lr": "–",
                     "note": "–",
@@ -353,13 +295,13 @@ def _gate_series(
                     n_layers = max(n_layers, int(m.group(2)) + 1)
         if n_layers == 0:
             continue
-        epochs = [float(r["epoch"]) if _finite(r.get("epoch")) else float(i + 1) for i, r in enumerate(rows)]
+        epochs = [float(r["epoch"]) if finite(r.get("epoch")) else float(i + 1) for i, r in enumerate(rows)]
         order = sorted(range(len(rows)), key=lambda i: epochs[i])
         grid = np.full((len(rows), n_layers), math.nan)
         for out_i, i in enumerate(order):
             for j in range(n_layers):
                 v = rows[i].get(f"{name}/layer_{j}")
-                if _finite(v):
+                if finite(v):
                     grid[out_i, j] = float(v)
         out[_plain(key[1])] = (np.array([epochs[i] for i in order]), grid)
     return out
@@ -379,7 +321,7 @@ def _claim_note(claims: Mapping[str, Mapping[str, Any]], cid: str) -> str:
     c = claims.get(cid)
     if not c or c.get("estimate") is None:
         return ""
-    return f"\n{cid}: {c.get('verdict')}, slope {_fmt(c.get('estimate'))} {_fmt_ci(c.get('ci'))}"
+    return f"\n{cid}: {c.get('verdict')}, slope {fmt(c.get('estimate'))} {fmt_ci(c.get('ci'))}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -391,7 +333,7 @@ def plot_claims_forest(claims: Mapping[str, Mapping[str, Any]], path: str | Path
     differences (small dots), coloured by verdict, with the zero line. ``None`` (nothing written)
     when none of them has an estimate."""
     ids = [c for c in CONTRASTS if c in claims]
-    if not any(_finite(claims[c].get("estimate")) for c in ids):
+    if not any(finite(claims[c].get("estimate")) for c in ids):
         return None
     fig = Figure(figsize=(8.5, 0.8 * len(ids) + 1.8))
     ax = fig.subplots()
@@ -405,22 +347,22 @@ def plot_claims_forest(claims: Mapping[str, Mapping[str, Any]], path: str | Path
         verdict = str(c.get("verdict", "inconclusive"))
         color = VERDICT_COLORS.get(verdict, "black")
         est, ci = c.get("estimate"), c.get("ci") or [None, None]
-        if not _finite(est):
+        if not finite(est):
             reason = "; ".join(str(r) for r in c.get("reasons") or []) or "no estimate"
             ax.text(0.02, y, f"n/a ({reason})", transform=trans, va="center", fontsize=8, color="gray")
             continue
-        diffs = [float(d) for d in c.get("differences") or [] if _finite(d)]
+        diffs = [float(d) for d in c.get("differences") or [] if finite(d)]
         if diffs:
             jitter = np.linspace(-0.15, 0.15, len(diffs)) if len(diffs) > 1 else np.zeros(1)
             ax.scatter(diffs, y + jitter, s=10, color=color, alpha=0.35, linewidths=0)
-        if _finite(ci[0]) and _finite(ci[1]):
+        if finite(ci[0]) and finite(ci[1]):
             ax.plot([ci[0], ci[1]], [y, y], color=color, lw=2.6)
         ax.plot([est], [y], "o", color=color, ms=7)
         p = c.get("p_value_holm") if c.get("p_value_holm") is not None else c.get("p_value")
         ax.text(
             1.01,
             y,
-            f"{_verdict_text(cid, verdict)}\np(Holm) {_fmt(p)}",
+            f"{_verdict_text(cid, verdict)}\np(Holm) {fmt(p)}",
             transform=trans,
             va="center",
             fontsize=7.5,
@@ -436,7 +378,7 @@ def plot_claims_forest(claims: Mapping[str, Mapping[str, Any]], path: str | Path
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
     ax.set_title("Paired contrasts over seeds (a, b one-sided greater; e two-sided)", fontsize=10)
     fig.tight_layout(rect=(0, 0.07, 0.86, 1))
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path))
 
 
 def plot_gate_entropy_by_sublayer(
@@ -494,7 +436,7 @@ def plot_gate_entropy_by_sublayer(
         ax.set_ylim(-0.02, top * 1.08)
     fig.suptitle(f"Gate entropy per layer: mean over seeds, {confidence:.0%} t-CI band", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path))
 
 
 def plot_dyt_weight_vs_depth(
@@ -548,7 +490,7 @@ def plot_dyt_weight_vs_depth(
     axes[0].set_ylim(-0.03, 1.03)
     fig.suptitle(f"Final DyT weight vs depth: mean over seeds, {confidence:.0%} t-CI band", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path))
 
 
 def _try_plot(name: str, draw: Callable[[], Path | None], errors: list[str]) -> Path | None:
@@ -585,38 +527,7 @@ def _method_lines(data_kind: str) -> list[str]:
     ]
 
 
-def _resources_lines(
-    wall_time_s: float | None, cpu_hours: float | None, gpu_hours: float | None
-) -> list[str]:
-    minutes = wall_time_s / 60.0 if _finite(wall_time_s) else None
-    return [
-        f"wall time: {_fmt(minutes)} min",
-        f"CPU hours: {_fmt(cpu_hours)}",
-        f"GPU hours: {_fmt(gpu_hours)}",
-    ]
-
-
-def _sections(
-    claims: Mapping[str, Mapping[str, Any]], df: pd.DataFrame, tuned_lr: Mapping[Any, Any] | None
-) -> list[dict[str, Any]]:
-    """The tables of the report, shared by Markdown and HTML."""
-    tuned_text = (
-        []
-        if tuned_lr
-        else ["No per-arm tuning: every arm ran at the learning rate of the best searched configuration."]
-    )
-    return [
-        {"heading": "Claims", "text": [], "rows": claims_table(claims)},
-        {
-            "heading": "Per-arm summary",
-            "text": ["Accuracies over completed trials; failed trials are counted by status."],
-            "rows": _arm_table(df),
-        },
-        {"heading": "Tuned learning rates", "text": tuned_text, "rows": _tuned_table(tuned_lr)},
-    ]
-
-
-def _context(
+def _document(
     claims: Mapping[str, Mapping[str, Any]],
     df: pd.DataFrame,
     *,
@@ -629,94 +540,47 @@ def _context(
     cpu_hours: float | None,
     gpu_hours: float | None,
     plot_errors: Sequence[str],
-) -> dict[str, Any]:
+    study_verdict: str,
+) -> Document:
     weak = underpowered_claims(claims)
-    return {
-        "headline": claims_line(claims),
-        "verdicts": [
+    tuned_text = (
+        []
+        if tuned_lr
+        else ["No per-arm tuning: every arm ran at the learning rate of the best searched configuration."]
+    )
+    return Document(
+        headline=claims_line(claims),
+        title=title,
+        verdict=study_verdict,
+        prefix="Claims: ",
+        parts=[
             (
-                cid,
                 str(claims[cid].get("verdict", "inconclusive")),
-                _verdict_text(cid, str(claims[cid].get("verdict"))),
+                f"{cid} {_verdict_text(cid, str(claims[cid].get('verdict')))}",
             )
             for cid in _ordered_ids(claims)
         ],
-        "banner": _banner(weak) if weak else "",
-        "title": title,
-        "data_kind": data_kind,
-        "sections": _sections(claims, df, tuned_lr),
-        "best_config": _yaml(best_config) if best_config else "",
-        "protocol": _yaml(protocol) if protocol else "",
-        "method": _method_lines(data_kind),
-        "resources": _resources_lines(wall_time_s, cpu_hours, gpu_hours),
-        "plot_errors": list(plot_errors),
-    }
-
-
-def _render_markdown(ctx: Mapping[str, Any], plots: Sequence[Path]) -> str:
-    parts = [f"**{ctx['headline']}**\n\n"]
-    if ctx["banner"]:
-        parts.append(f"> **{ctx['banner']}**\n\n")
-    parts += [f"# {ctx['title']}\n\n", f"Data kind: `{ctx['data_kind']}`.\n\n"]
-    for sec in ctx["sections"]:
-        parts.append(f"## {sec['heading']}\n\n")
-        parts += [f"{t}\n\n" for t in sec["text"]]
-        if sec["rows"]:
-            parts.append(_md_table(sec["rows"]) + "\n")
-    parts.append("## Best searched configuration\n\n")
-    parts.append(
-        _md_fence(ctx["best_config"], "yaml") if ctx["best_config"] else "None (no completed search trial).\n"
+        banner=_banner(weak) if weak else "",
+        intro=[f"Data kind: `{data_kind}`."],
+        sections=[
+            Section("Claims", tables=[claims_table(claims)]),
+            Section(
+                "Per-arm summary",
+                ["Accuracies over completed trials; failed trials are counted by status."],
+                [_arm_table(df)],
+            ),
+            Section("Tuned learning rates", tuned_text, [_tuned_table(tuned_lr)]),
+            Section(
+                "Best searched configuration",
+                code=to_yaml(best_config) if best_config else "",
+                empty="None (no completed search trial).",
+            ),
+        ],
+        method=_method_lines(data_kind),
+        resources=resources_lines(wall_time_s, cpu_hours, gpu_hours),
+        protocol=to_yaml(protocol) if protocol else "",
+        plot_errors=list(plot_errors),
     )
-    parts.append("\n## Method\n\n" + "".join(f"- {line}\n" for line in ctx["method"]))
-    parts.append("\n## Resources\n\n" + "".join(f"- {line}\n" for line in ctx["resources"]))
-    if ctx["protocol"]:
-        parts.append("\n## Protocol\n\n" + _md_fence(ctx["protocol"], "yaml"))
-    if plots or ctx["plot_errors"]:
-        parts.append("\n## Plots\n\n")
-        parts += [f"![{p.stem}]({p.name})\n\n" for p in plots]
-        parts += [f"- {e}\n" for e in ctx["plot_errors"]]
-    return "".join(parts)
-
-
-_HTML_TEMPLATE = """<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{{ headline }} — {{ title }}</title><style>
-body{font-family:sans-serif;max-width:1250px;margin:2em auto;padding:0 1em}
-table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}
-.study{font-size:1.3em;font-weight:bold;padding:.5em;border-left:6px solid #8a8f94}
-.banner{background:#fff4d6;border:1px solid #d9a400;padding:.6em;font-weight:bold}
-{% for name, color in colors.items() %}.v-{{ name }}{color:{{ color }};font-weight:bold}
-{% endfor %}img{max-width:100%}pre{background:#f6f6f6;padding:.6em;overflow-x:auto}
-</style></head><body>
-<p class="study" id="study-verdict">Claims: {% for cid, verdict, text in verdicts %}<span class="v-{{ verdict }}">{{ cid }} {{ text }}</span>{{ ", " if not loop.last }}{% else %}none evaluated{% endfor %}</p>
-{% if banner %}<p class="banner" id="exploratory">{{ banner }}</p>
-{% endif %}<h1>{{ title }}</h1>
-<p>Data kind: <code>{{ data_kind }}</code>.</p>
-{% for sec in sections %}<h2>{{ sec.heading }}</h2>
-{% for t in sec.text %}<p>{{ t }}</p>
-{% endfor %}{% if sec.rows %}<table>
-<tr>{% for col in sec.rows[0] %}<th>{{ col }}</th>{% endfor %}</tr>
-{% for row in sec.rows %}<tr>{% for col, val in row.items() %}{% if col == "verdict" %}<td class="v-{{ val.split(" ")[0] }}">{{ val }}</td>{% else %}<td>{{ val }}</td>{% endif %}{% endfor %}</tr>
-{% endfor %}</table>
-{% endif %}{% endfor %}<h2>Best searched configuration</h2>
-{% if best_config %}<pre>{{ best_config }}</pre>{% else %}<p>None (no completed search trial).</p>{% endif %}
-<h2>Method</h2><ul>
-{% for line in method %}<li>{{ line }}</li>
-{% endfor %}</ul>
-<h2>Resources</h2><ul>
-{% for line in resources %}<li>{{ line }}</li>
-{% endfor %}</ul>
-{% if protocol %}<h2>Protocol</h2><pre>{{ protocol }}</pre>
-{% endif %}{% if images or plot_errors %}<h2>Plots</h2>
-{% for name, uri in images %}<figure><img src="{{ uri }}" alt="{{ name }}"><figcaption>{{ name }}</figcaption></figure>
-{% endfor %}{% for e in plot_errors %}<p>{{ e }}</p>
-{% endfor %}{% endif %}</body></html>
-"""
-
-_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-
-
-def _data_uri(path: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -780,7 +644,7 @@ def write_claims_report(
         "html": out / "report.html",
     }
     eps_value = (claims.get("d") or {}).get("eps")
-    eps = float(eps_value) if _finite(eps_value) else _DEFAULT_EPS
+    eps = float(eps_value) if finite(eps_value) else _DEFAULT_EPS
     errors: list[str] = []
     drawers: list[tuple[str, Path, Callable[[Path], Path | None]]] = [
         ("plot_forest", out / "claims_forest.png", lambda p: plot_claims_forest(claims, p)),
@@ -819,11 +683,9 @@ def write_claims_report(
         "best_config": best_config,
         "tuned_lr": tuned_lr,
     }
-    paths["verdict"].write_text(
-        json.dumps(_json_safe(verdict), indent=2, allow_nan=False) + "\n", encoding="utf-8"
-    )
+    write_json(paths["verdict"], verdict)
     df.to_csv(paths["confirm_trials"], index=False)
-    ctx = _context(
+    doc = _document(
         claims,
         df,
         title=title,
@@ -835,10 +697,8 @@ def write_claims_report(
         cpu_hours=cpu_hours,
         gpu_hours=gpu_hours,
         plot_errors=errors,
+        study_verdict=str((shared or {}).get("study_verdict", "none")),
     )
-    paths["markdown"].write_text(_render_markdown(ctx, plots), encoding="utf-8")
-    html = _ENV.from_string(_HTML_TEMPLATE).render(
-        colors=VERDICT_COLORS, images=[(p.stem, _data_uri(p)) for p in plots], **ctx
-    )
-    paths["html"].write_text(html, encoding="utf-8")
+    paths["markdown"].write_text(render_markdown(doc, plots), encoding="utf-8")
+    paths["html"].write_text(render_html(doc, plots), encoding="utf-8")
     return paths

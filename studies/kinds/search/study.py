@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import StudyOutcome, hypothesis_entry
+from studies.kinds.base import StudyOutcome, hypothesis_entry, study_runner
 from studies.kinds.search.claims import CONFIRM_COLUMNS
 from studies.kinds.search.kind import (
     KIND_NAME,
@@ -36,12 +36,13 @@ from studies.kinds.search.kind import (
     search_plan,
     tune_plan,
 )
+from studies.kinds.search.power import pilot
 from studies.kinds.search.spec import StudySpec
 from studies.tuning import RunPoints, tune
 from workers.plan import StudyPlan, expected_trials
 from workers.runner import StudyResult, TrialRecord, best_trial, read_trials
 
-__all__ = ["analyse", "arm_config", "describe_result", "report", "run", "status", "total_trials"]
+__all__ = ["analyse", "arm_config", "describe_result", "pilot", "report", "run", "status", "total_trials"]
 
 SPEC = StudySpec
 
@@ -80,24 +81,16 @@ def run(
     progress: bool = True,
     planned: Mapping[str, float] | None = None,
 ) -> StudyOutcome:
-    from workers.study import StudyRunner
-
     study = spec.to_plan()
     plan = search_plan(spec)
-    with StudyRunner(
-        name=study.name,
-        storage=study.storage,
-        tracking=study.tracking,
+    with study_runner(
+        study,
         expected_trials=total_trials(spec),
-        tags=dict(study.tags),
-        params=dict(study.params),
-        artifacts=dict(study.artifacts),
         trainable=trainable,
         progress=progress,
         ray_address=ray_address,
         ray_init_kwargs=ray_init_kwargs,
         planned=planned,
-        resources=study.resources,
     ) as runner:
         result = runner.run(plan)
         png = _gate_entropy_plot(runner.phase_plan(plan), runner.local_dir())

@@ -1,0 +1,283 @@
+"""The report kit every study kind uses: one Jinja2 template, Markdown and HTML from one document,
+tables, embedded images, number and CI formatting, JSON cleaning, one colour per label.
+
+A kind builds a :class:`Document` (its headline, sections of paragraphs and tables, method lines)
+and calls :func:`write_report`; it never writes HTML itself. The HTML embeds every image as a
+``data:`` URI (MLflow shows HTML artifacts from a blob URL in a sandboxed iframe, where a relative
+``<img src>`` never resolves) and is autoescaped; the Markdown links the images by file name.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeGuard
+
+import jinja2
+import numpy as np
+import yaml
+from markupsafe import Markup
+
+__all__ = [
+    "COLORS",
+    "Document",
+    "Section",
+    "data_uri",
+    "finite",
+    "fmt",
+    "fmt_ci",
+    "json_safe",
+    "md_fence",
+    "md_table",
+    "render_html",
+    "render_markdown",
+    "resources_lines",
+    "save_figure",
+    "to_yaml",
+    "write_json",
+]
+
+COLORS: dict[str, str] = {
+    "supported": "#1f5fa8",
+    "refuted": "#d9822b",
+    "inconclusive": "#8a8f94",
+    "none": "#8a8f94",
+    "stable": "#2a9d8f",
+    "declines": "#d9822b",
+    "unclear": "#8a8f94",
+}
+"""One colour per verdict or label, in every kind's tables, headlines and plots."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Values
+
+
+def finite(value: Any) -> TypeGuard[float]:
+    """A real, finite number (not a bool)."""
+    return isinstance(value, int | float | np.number) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    """A cell: ``–`` for a missing or non-finite number, ``digits`` significant digits for a float."""
+    if v is None or isinstance(v, bool):
+        return "–" if v is None else str(v)
+    if isinstance(v, int | np.integer):
+        return str(int(v))
+    if isinstance(v, float | np.floating):
+        return f"{float(v):.{digits}g}" if math.isfinite(v) else "–"
+    return str(v)
+
+
+def fmt_ci(ci: Any, digits: int = 3) -> str:
+    """``[lo, hi]``; ``–`` when there is no interval (a missing bound shows as ``–`` inside it)."""
+    if not isinstance(ci, Sequence) or isinstance(ci, str) or len(ci) != 2 or all(c is None for c in ci):
+        return "–"
+    return f"[{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]"
+
+
+def json_safe(obj: Any) -> Any:
+    """NaN/inf → None, numpy scalars → Python, tuples → lists, keys → str: valid, strict JSON."""
+    if isinstance(obj, Mapping):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple | set | frozenset):
+        items = sorted(obj, key=str) if isinstance(obj, set | frozenset) else obj
+        return [json_safe(v) for v in items]
+    if isinstance(obj, np.ndarray):
+        return [json_safe(v) for v in obj.tolist()]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if obj is None or isinstance(obj, str | int | float | bool):
+        return obj
+    return str(obj)
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """``data`` as strict JSON (NaN as null), indented."""
+    path.write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+def to_yaml(obj: Any) -> str:
+    return yaml.safe_dump(json_safe(obj), sort_keys=False, allow_unicode=True)
+
+
+def resources_lines(wall_time_s: float | None, cpu_hours: float | None, gpu_hours: float | None) -> list[str]:
+    minutes = wall_time_s / 60.0 if finite(wall_time_s) else None
+    return [f"wall time: {fmt(minutes)} min", f"CPU hours: {fmt(cpu_hours)}", f"GPU hours: {fmt(gpu_hours)}"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Markdown pieces, images
+
+
+def md_fence(text: str, lang: str) -> str:
+    """A fenced code block whose fence is longer than any run of backticks inside ``text``."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{text if text.endswith(chr(10)) else text + chr(10)}{fence}\n"
+
+
+def md_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "_none_\n"
+    cols = list(rows[0])
+
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The document
+
+
+@dataclass
+class Section:
+    """A heading, paragraphs, tables (rows of text) and optionally a code block.
+
+    Attributes:
+        label_columns: columns whose cells are a verdict or label (coloured by their first word),
+            besides every column named ``verdict*``.
+        code: a YAML block shown after the tables; ``empty`` is said instead when it is empty.
+    """
+
+    heading: str
+    text: list[str] = field(default_factory=list)
+    tables: list[list[dict[str, str]]] = field(default_factory=list)
+    label_columns: Sequence[str] = ()
+    code: str | None = None
+    empty: str = ""
+
+    def is_label(self, column: str) -> bool:
+        return column.startswith("verdict") or column in self.label_columns
+
+
+@dataclass
+class Document:
+    """One report, rendered to Markdown and HTML alike.
+
+    Attributes:
+        headline: the first line of both renderings (the study verdict, or the claims line).
+        verdict: the study verdict (colours the headline's bar).
+        parts: the headline split into coloured pieces ``(label, text)`` after ``prefix`` (HTML only).
+        banner: the exploratory / underpowered warning, or ``""``.
+        intro: paragraphs after the title (``**bold**`` and ```code``` are kept in the HTML).
+    """
+
+    headline: str
+    title: str
+    verdict: str = "none"
+    prefix: str = ""
+    parts: Sequence[tuple[str, str]] = ()
+    banner: str = ""
+    intro: Sequence[str] = ()
+    sections: Sequence[Section] = ()
+    method: Sequence[str] = ()
+    resources: Sequence[str] = ()
+    protocol: str = ""
+    plot_errors: Sequence[str] = ()
+
+
+def render_markdown(doc: Document, plots: Sequence[str | Path] = ()) -> str:
+    """The Markdown report: headline, banner, title, intro, sections, method, resources, protocol, plots."""
+    out = [f"**{doc.headline}**\n\n"]
+    if doc.banner:
+        out.append(f"> **{doc.banner}**\n\n")
+    out.append(f"# {doc.title}\n\n")
+    out += [f"{p}\n\n" for p in doc.intro]
+    for sec in doc.sections:
+        out.append(f"## {sec.heading}\n\n")
+        out += [f"{t}\n\n" for t in sec.text]
+        out += [md_table(rows) + "\n" for rows in sec.tables]
+        if sec.code is not None:
+            out.append(md_fence(sec.code, "yaml") if sec.code else f"{sec.empty}\n")
+    if doc.method:
+        out.append("## Method\n\n" + "".join(f"- {line}\n" for line in doc.method))
+    if doc.resources:
+        out.append("\n## Resources\n\n" + "".join(f"- {line}\n" for line in doc.resources))
+    if doc.protocol:
+        out.append("\n## Protocol\n\n" + md_fence(doc.protocol, "yaml"))
+    if plots or doc.plot_errors:
+        out.append("\n## Plots\n\n")
+        out += [f"![{Path(p).stem}]({Path(p).name})\n\n" for p in plots]
+        out += [f"- {e}\n" for e in doc.plot_errors]
+    return "".join(out)
+
+
+_HTML_TEMPLATE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{{ doc.headline }} — {{ doc.title }}</title><style>
+body{font-family:sans-serif;max-width:1250px;margin:2em auto;padding:0 1em}
+table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
+td:first-child,th:first-child{text-align:left}
+.study{font-size:1.3em;font-weight:bold;padding:.5em;border-left:6px solid {{ colors.get(doc.verdict, "#8a8f94") }}}
+.banner{background:#fff4d6;border:1px solid #d9a400;padding:.6em;font-weight:bold}
+{% for name, color in colors.items() %}.v-{{ name }}{color:{{ color }};font-weight:bold}
+{% endfor %}img{max-width:100%}pre{background:#f6f6f6;padding:.6em;overflow-x:auto}
+</style></head><body>
+<p class="study" id="study-verdict">{% if doc.parts %}{{ doc.prefix }}{% for label, text in doc.parts %}<span class="v-{{ label }}">{{ text }}</span>{{ ", " if not loop.last }}{% endfor %}{% else %}{{ doc.headline }}{% endif %}</p>
+{% if doc.banner %}<p class="banner" id="exploratory">{{ doc.banner }}</p>
+{% endif %}<h1>{{ doc.title }}</h1>
+{% for p in doc.intro %}<p>{{ inline(p) }}</p>
+{% endfor %}{% for sec in doc.sections %}<h2>{{ sec.heading }}</h2>
+{% for t in sec.text %}<p>{{ t }}</p>
+{% endfor %}{% for rows in sec.tables %}{% if rows %}<table>
+<tr>{% for col in rows[0] %}<th>{{ col }}</th>{% endfor %}</tr>
+{% for row in rows %}<tr>{% for col, val in row.items() %}{% if sec.is_label(col) %}<td class="v-{{ (val|string).split(" ")[0] }}">{{ val }}</td>{% else %}<td>{{ val }}</td>{% endif %}{% endfor %}</tr>
+{% endfor %}</table>
+{% endif %}{% endfor %}{% if sec.code is not none %}{% if sec.code %}<pre>{{ sec.code }}</pre>{% else %}<p>{{ sec.empty }}</p>{% endif %}
+{% endif %}{% endfor %}{% if doc.method %}<h2>Method</h2><ul>
+{% for line in doc.method %}<li>{{ line }}</li>
+{% endfor %}</ul>
+{% endif %}{% if doc.resources %}<h2>Resources</h2><ul>
+{% for line in doc.resources %}<li>{{ line }}</li>
+{% endfor %}</ul>
+{% endif %}{% if doc.protocol %}<h2>Protocol</h2><pre>{{ doc.protocol }}</pre>
+{% endif %}{% if images or doc.plot_errors %}<h2>Plots</h2>
+{% for name, uri in images %}<figure><img src="{{ uri }}" alt="{{ name }}"><figcaption>{{ name }}</figcaption></figure>
+{% endfor %}{% for e in doc.plot_errors %}<p>{{ e }}</p>
+{% endfor %}{% endif %}</body></html>
+"""
+
+_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+
+
+def _inline(text: str) -> Any:
+    """``**bold**`` and ```code``` of a paragraph as HTML, everything else escaped."""
+    escaped = html.escape(text)
+    escaped = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", escaped)
+    escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
+    return Markup(escaped)
+
+
+def render_html(doc: Document, images: Sequence[str | Path] = ()) -> str:
+    """The HTML report (autoescaped); the headline is the body's first element; ``images`` (PNG
+    files) are embedded as ``data:image/png;base64`` URIs."""
+    return _ENV.from_string(_HTML_TEMPLATE).render(
+        doc=doc,
+        colors=COLORS,
+        inline=_inline,
+        images=[(Path(p).stem, data_uri(Path(p))) for p in images],
+    )

@@ -1,0 +1,250 @@
+"""The contract every study kind in ``studies.kinds.KINDS`` must pass (docs/extending.md).
+
+Parametrized over the registry, the kind's name in each test id (``test_plan_matches_run[batchsize]``):
+a new kind is tested by registering it. Each kind runs ONE tiny study (its ``example`` spec with its
+``tiny`` overrides, real Ray, real trainable, sqlite MLflow) in a module-scoped fixture, with
+``status`` polled while it runs; every assertion about a run reads that one run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from studies.kinds import KINDS, SHARED_VERDICT_FIELDS, StudyKind, StudyOutcome, load_study, presets_of
+from studies.kinds.base import STUDY_VERDICTS
+from studies.planning import plan_study
+from studies.spec import SpecError
+from tests.services import embedded_ray
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = sorted(KINDS)
+#: A flat step time: plan's trial counts, not its clock, are under test (no calibration run).
+CAL: dict[str, Any] = {"step_s": {"*": 0.01}, "eval_s": 0.1, "setup_s": 0.5}
+HYPOTHESIS_FIELDS = {"verdict", "reasons", "estimate", "ci", "p_value", "p_value_holm"}
+
+
+@dataclass
+class Ran:
+    """One kind's tiny study, run once, and what was observed along the way."""
+
+    kind: StudyKind
+    spec: Any
+    outcome: StudyOutcome
+    plan: dict[str, Any]
+    during: list[dict[str, Any]] = field(default_factory=list)
+    after: dict[str, Any] = field(default_factory=dict)
+
+
+def _spec(kind: StudyKind, *extra: str) -> Any:
+    path, preset = kind.example
+    return load_study(ROOT / path, [*kind.tiny, *extra], preset=preset)
+
+
+# ---- without a run ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_presets_validate(name: str) -> None:
+    kind = KINDS[name]
+    path = ROOT / kind.example[0]
+    presets = presets_of(path)
+    assert kind.example[1] is None or kind.example[1] in presets
+    for preset in [None, *presets]:
+        spec = load_study(path, preset=preset)
+        assert spec.kind == name and isinstance(spec, kind.spec_class())
+        assert kind.total_trials(spec) > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_invalid_input_gets_field_errors(name: str) -> None:
+    kind = KINDS[name]
+    cases = {
+        "no_such_field": "no_such_field=1",  # unknown fields are refused
+        "training.epochs": "training.epochs=0",  # a shared section's bound
+        "name": "name=' bad name'",
+    }
+    for path, override in cases.items():
+        with pytest.raises(SpecError) as err:
+            _spec(kind, override)
+        assert path in {i.path for i in err.value.issues}, err.value.format()
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("bad", ["{x: NAME}", "[NAME, NAME]", "NAME_not_a_kind"])
+def test_malformed_kind_exits_2_without_traceback(name: str, bad: str, tmp_path: Path) -> None:
+    text = (ROOT / KINDS[name].example[0]).read_text()
+    lines = [ln for ln in text.splitlines() if not ln.startswith("kind:")]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("\n".join([f"kind: {bad.replace('NAME', name)}", *lines]) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "studies.cli", "validate", str(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "kind:" in proc.stderr and all(k in proc.stderr for k in KINDS), proc.stderr
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_phases_are_named_once(name: str) -> None:
+    kind = KINDS[name]
+    spec = _spec(kind)
+    phases = kind.phases(spec)
+    assert [p.name for p in phases] == [p.plan.name for p in phases]  # the folder is the phase's name
+    assert len({p.name for p in phases}) == len(phases)
+    assert all(p.name != spec.name for p in phases)  # no phase doubles as the study
+    plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=2)
+    assert [p["name"] for p in plan["phases"]] == [p.name for p in phases]
+    assert plan["trials"] == kind.total_trials(spec) == sum(len(p.configs) for p in phases if not p.optional)
+
+
+# ---- one tiny run per kind ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    with embedded_ray("rt_kc_", {"PYTHONPATH": path}):
+        yield
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def ran(request: pytest.FixtureRequest, local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Ran:
+    from studies.kinds import run_study_spec
+
+    kind = KINDS[request.param]
+    root = tmp_path_factory.mktemp(f"contract_{kind.name}")
+    spec = _spec(kind, f"storage_path={root}", f"tracking.uri=sqlite:///{root}/mlflow.db")
+    plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=2)
+    box: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            box["outcome"] = run_study_spec(spec, progress=False)
+        except BaseException as exc:  # re-raised in the test thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=go, daemon=True)
+    during: list[dict[str, Any]] = []
+    worker.start()
+    while worker.is_alive():
+        worker.join(timeout=3.0)
+        if worker.is_alive():
+            with contextlib.suppress(FileNotFoundError):  # the study directory does not exist yet
+                during.append(kind.status(spec))
+    if "error" in box:
+        raise box["error"]
+    return Ran(
+        kind=kind, spec=spec, outcome=box["outcome"], plan=plan, during=during, after=kind.status(spec)
+    )
+
+
+def _mlflow(ran: Ran) -> tuple[Any, list[Any]]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=ran.outcome.tracking_uri)
+    assert ran.outcome.parent_run_id is not None
+    exp = client.get_run(ran.outcome.parent_run_id).info.experiment_id
+    return client, client.search_runs([exp], max_results=5000)
+
+
+def _verdict(ran: Ran) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((Path(ran.outcome.study_dir) / "verdict.json").read_text())
+    return data
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_plan_matches_run(ran: Ran) -> None:
+    _, runs = _mlflow(ran)
+    trials = [r for r in runs if r.data.tags.get("autonorm.role") == "trial"]
+    assert len(trials) == ran.plan["trials"] == ran.kind.total_trials(ran.spec)
+    assert ran.after["trials"] == ran.after["expected_trials"] == ran.plan["trials"]
+    assert sum(ran.after["by_status"].values()) == ran.plan["trials"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_status_during_and_after(ran: Ran) -> None:
+    assert ran.during, "status was never read while the study ran"
+    planned = {p["name"] for p in ran.plan["phases"]}
+    for snap in [*ran.during, ran.after]:
+        assert snap["kind"] == ran.kind.name and snap["study"] == ran.spec.name
+        assert 0 <= snap["trials"] <= snap["expected_trials"] == ran.plan["trials"]
+        assert set(snap["phases"]) <= planned
+    # Progress shows while the study runs (a read between two Tune state snapshots may count a
+    # running phase's trials lower than the read before, so no monotonicity is asserted).
+    assert max(s["trials"] for s in ran.during) > 0
+    assert ran.after["study_verdict"] == _verdict(ran)["study_verdict"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_verdict_has_the_shared_fields(ran: Ran) -> None:
+    verdict = _verdict(ran)
+    assert set(SHARED_VERDICT_FIELDS) <= set(verdict)
+    assert verdict["kind"] == ran.kind.name
+    assert verdict["study_verdict"] in STUDY_VERDICTS
+    assert isinstance(verdict["hypotheses"], dict)
+    for name, h in verdict["hypotheses"].items():
+        assert set(h) == HYPOTHESIS_FIELDS, name
+        assert h["verdict"] in ("supported", "refuted", "inconclusive")
+        assert isinstance(h["reasons"], list)
+    if verdict["hypotheses"]:
+        assert verdict["study_verdict"] != "none"
+    assert (
+        ran.outcome.verdict is not None and ran.outcome.verdict["study_verdict"] == verdict["study_verdict"]
+    )
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_report_regenerates_the_same_verdicts(ran: Ran, tmp_path: Path) -> None:
+    md = ran.kind.report(ran.spec, tmp_path / "report")
+    assert md.is_file() and md.stat().st_size > 0
+    again = json.loads((tmp_path / "report" / "verdict.json").read_text())
+    first = _verdict(ran)
+    assert again["study_verdict"] == first["study_verdict"]
+    assert {k: h["verdict"] for k, h in again["hypotheses"].items()} == {
+        k: h["verdict"] for k, h in first["hypotheses"].items()
+    }
+    assert {k: h["p_value"] for k, h in again["hypotheses"].items()} == {
+        k: h["p_value"] for k, h in first["hypotheses"].items()
+    }
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_phase_names_agree_everywhere(ran: Ran) -> None:
+    study_dir = Path(ran.outcome.study_dir)
+    folders = {p.name for p in study_dir.iterdir() if p.is_dir() and any(p.glob("experiment_state-*.json"))}
+    ran_phases = {p["name"] for p in ran.plan["phases"] if not p["optional"]}
+    assert folders == ran_phases
+    assert set(ran.after["phases"]) == ran_phases
+    client, runs = _mlflow(ran)
+    phase_runs = [r for r in runs if r.data.tags.get("autonorm.role") == "phase"]
+    assert {r.info.run_name for r in phase_runs} == ran_phases
+    assert all(r.data.tags["autonorm.phase"] == r.info.run_name for r in phase_runs)
+    assert {r.data.tags.get("mlflow.parentRunId") for r in phase_runs} == {ran.outcome.parent_run_id}
+    by_id = {r.info.run_id: r.info.run_name for r in phase_runs}
+    for t in (r for r in runs if r.data.tags.get("autonorm.role") == "trial"):
+        assert t.data.tags["autonorm.phase"] == by_id[t.data.tags["mlflow.parentRunId"]]
+    study = client.get_run(ran.outcome.parent_run_id)
+    assert "autonorm.phase" not in study.data.tags
+    assert study.data.tags.get("autonorm.role") == "study"
