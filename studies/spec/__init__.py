@@ -42,6 +42,7 @@ from studies.spec.plan import (
     build_plan,
     compile_search,
     git_commit,
+    plan_settings,
     resolve_storage_path,
     spec_hash,
 )
@@ -176,6 +177,7 @@ __all__ = [
     "load_spec",
     "metric_issues",
     "parse_yaml",
+    "plan_settings",
     "read_spec_text",
     "reported_metrics",
     "resolve_storage_path",

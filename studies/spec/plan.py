@@ -105,6 +105,14 @@ def compile_search(
     return tuple(space), ()
 
 
+def plan_settings(spec: Any) -> dict[str, Any]:
+    """The :func:`build_plan` arguments every study spec carries under the same names (``resources``,
+    ``retries``, ``storage_path``, ``storage``, ``tracking``, ``description``, ``hypothesis``) and
+    its resolved ``document``."""
+    keys = ("resources", "retries", "storage_path", "storage", "tracking", "description", "hypothesis")
+    return {**{k: getattr(spec, k) for k in keys}, "document": spec.to_document()}
+
+
 def build_plan(
     *,
     name: str,

@@ -176,39 +176,23 @@ def _walk_nodes(
     loader), so a bad value (``2001-13-45``, ``!!binary ***``) is reported with its path and line.
     """
     tag = node.tag or ""
+
+    def issue(message: str) -> None:
+        issues.append(SpecIssue(_path_str(path), message, node.start_mark.line + 1))
+
     if tag.startswith("tag:yaml.org,2002:python/") or tag.startswith("!!python"):
-        issues.append(
-            SpecIssue(
-                _path_str(path),
-                f"tag {tag.replace('tag:yaml.org,2002:', '!!')!r} is not allowed (specs are plain data)",
-                node.start_mark.line + 1,
-            )
-        )
+        issue(f"tag {tag.replace('tag:yaml.org,2002:', '!!')!r} is not allowed (specs are plain data)")
         return
     if isinstance(node, yaml.ScalarNode):
         if tag == _INT_TAG and len(node.value) > _MAX_NUMBER_CHARS:
-            issues.append(
-                SpecIssue(
-                    _path_str(path),
-                    f"a {len(node.value)}-digit integer is not a setting (at most {_MAX_NUMBER_CHARS} digits)",
-                    node.start_mark.line + 1,
-                )
-            )
+            issue(f"a {len(node.value)}-digit integer is not a setting (at most {_MAX_NUMBER_CHARS} digits)")
         elif loader is not None and tag not in ("tag:yaml.org,2002:str", "tag:yaml.org,2002:null"):
             try:
                 loader.construct_object(node, deep=True)
             except yaml.MarkedYAMLError as e:
-                issues.append(
-                    SpecIssue(_path_str(path), f"invalid YAML value: {e.problem}", node.start_mark.line + 1)
-                )
+                issue(f"invalid YAML value: {e.problem}")
             except (ValueError, OverflowError, TypeError) as e:
-                issues.append(
-                    SpecIssue(
-                        _path_str(path),
-                        f"invalid {tag.rsplit(':', 1)[-1]} value: {str(e)[:200]}",
-                        node.start_mark.line + 1,
-                    )
-                )
+                issue(f"invalid {tag.rsplit(':', 1)[-1]} value: {str(e)[:200]}")
         return
     if isinstance(node, yaml.MappingNode):
         seen: dict[Any, int] = {}

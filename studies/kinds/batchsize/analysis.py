@@ -522,12 +522,7 @@ def _analyse(
     exploratory = any("underpowered" in r["reasons"] for r in arms.values())
     study, study_reasons = _study_verdict(verdict, labels, arms, exploratory=exploratory)
     return {
-        "arms": arms,
-        "verdict": verdict,
-        "controls": labels,
-        "study_verdict": study,
-        "study_reasons": study_reasons,
-        "exploratory": exploratory,
+        **_verdicts(arms, verdict, labels, (study, study_reasons), exploratory),
         "batch_sizes": [int(b) if float(b).is_integer() else float(b) for b in bs],
         "seeds": seeds,
         "looks": looks,
@@ -599,6 +594,20 @@ def _study_verdict(
 
 # --------------------------------------------------------------------------------------------------
 # Public entry point
+
+
+def _verdicts(
+    arms: Any, verdict: Any, labels: Any, study: tuple[str, list[str]], exploratory: bool
+) -> dict[str, Any]:
+    """The verdict fields of a result, in ``verdict.json`` order."""
+    return {
+        "arms": arms,
+        "verdict": verdict,
+        "controls": labels,
+        "study_verdict": study[0],
+        "study_reasons": study[1],
+        "exploratory": exploratory,
+    }
 
 
 def batchsize_trend(
@@ -826,23 +835,14 @@ def _combine_budgets(
         key = "verdict" if arm in fix_arms else "label"
         values = [r[key] for r in rs.values()]
         reasons = _union([r["reasons"] for r in rs.values()])
+        same = values[0] if len(set(values)) == 1 else None  # every budget agrees
         if arm in fix_arms:
-            if all(v == "supported" for v in values):
-                combined = "supported"
-            elif all(v == "refuted" for v in values):
-                combined = "refuted"
-            else:
-                combined = "inconclusive"
-                if any(v == "supported" for v in values):
-                    reasons = ["budget-dependent", *reasons]
+            combined = same if same in ("supported", "refuted") else "inconclusive"
+            if combined == "inconclusive" and "supported" in values:
+                reasons = ["budget-dependent", *reasons]
             verdict[arm] = combined
         else:
-            if all(v == "stable" for v in values):
-                combined = "stable"
-            elif any(v == "declines" for v in values):
-                combined = "declines"
-            else:
-                combined = "unclear"
+            combined = "stable" if same == "stable" else ("declines" if "declines" in values else "unclear")
             labels[arm] = combined
         arms[arm] = {
             "role": "fix" if arm in fix_arms else "control",
@@ -869,12 +869,7 @@ def _combine_budgets(
         "budget": None,
         "batch_sizes": sorted({b for n in names for b in per[n]["batch_sizes"]}),
         "seeds": _union([per[n]["seeds"] for n in names]),
-        "arms": arms,
-        "verdict": verdict,
-        "controls": labels,
-        "study_verdict": study,
-        "study_reasons": study_reasons,
-        "exploratory": exploratory,
+        **_verdicts(arms, verdict, labels, (study, study_reasons), exploratory),
         "sensitivity": {
             "study_verdict": sens_study,
             "by_budget": {b: per[b]["sensitivity"] for b in names},

@@ -559,11 +559,11 @@ def _sections(result: Mapping[str, Any]) -> list[dict[str, Any]]:
 def _document(
     result: Mapping[str, Any],
     *,
-    title: str,
-    protocol: Mapping[str, Any] | None,
-    wall_time_s: float | None,
-    cpu_hours: float | None,
-    gpu_hours: float | None,
+    title: str = "Batch-size correlation study",
+    protocol: Mapping[str, Any] | None = None,
+    wall_time_s: float | None = None,
+    cpu_hours: float | None = None,
+    gpu_hours: float | None = None,
 ) -> Document:
     hib = result.get("higher_is_better", True)
     labels = ("label", "combined", *(result.get("budgets") or {}))
@@ -589,51 +589,19 @@ def _document(
     )
 
 
-def render_markdown(
-    result: Mapping[str, Any],
-    *,
-    title: str = "Batch-size correlation study",
-    protocol: Mapping[str, Any] | None = None,
-    wall_time_s: float | None = None,
-    cpu_hours: float | None = None,
-    gpu_hours: float | None = None,
-    plots: Sequence[str] = (),
-) -> str:
+def render_markdown(result: Mapping[str, Any], *, plots: Sequence[str] = (), **options: Any) -> str:
     """The Markdown report. Its first line is the study verdict; then the exploratory banner (when
     any arm is underpowered), the hypothesis, per-arm, control, sensitivity and cell tables (per
-    budget when there are budgets), method, resources, protocol and plots."""
-    doc = _document(
-        result,
-        title=title,
-        protocol=protocol,
-        wall_time_s=wall_time_s,
-        cpu_hours=cpu_hours,
-        gpu_hours=gpu_hours,
-    )
-    return kit_markdown(doc, plots)
+    budget when there are budgets), method, resources, protocol and plots. ``options``: ``title``,
+    ``protocol`` (shown as YAML), ``wall_time_s``, ``cpu_hours``, ``gpu_hours``."""
+    return kit_markdown(_document(result, **options), plots)
 
 
-def render_html(
-    result: Mapping[str, Any],
-    *,
-    title: str = "Batch-size correlation study",
-    protocol: Mapping[str, Any] | None = None,
-    wall_time_s: float | None = None,
-    cpu_hours: float | None = None,
-    gpu_hours: float | None = None,
-    images: Sequence[str | Path] = (),
-) -> str:
+def render_html(result: Mapping[str, Any], *, images: Sequence[str | Path] = (), **options: Any) -> str:
     """The HTML report (:func:`studies.reporting.render_html`): the study verdict is the first element
-    of the body; ``images`` (PNG files) are embedded as ``data:image/png;base64`` URIs."""
-    doc = _document(
-        result,
-        title=title,
-        protocol=protocol,
-        wall_time_s=wall_time_s,
-        cpu_hours=cpu_hours,
-        gpu_hours=gpu_hours,
-    )
-    return kit_html(doc, images)
+    of the body; ``images`` (PNG files) are embedded as ``data:image/png;base64`` URIs; ``options``
+    as for :func:`render_markdown`."""
+    return kit_html(_document(result, **options), images)
 
 
 def write_batchsize_report(

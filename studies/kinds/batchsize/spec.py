@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, Field, StrictBool, model_validator
 
@@ -51,6 +51,7 @@ from studies.spec import (
     check_search_space,
     dump_yaml,
     metric_issues,
+    plan_settings,
     spec_hash,
 )
 from studies.spec.sections import (
@@ -75,20 +76,6 @@ __all__ = [
     "cell_key",
 ]
 
-MLP_ARMS: tuple[str, ...] = (
-    "linear",
-    "linear_batchnorm",
-    "linear_layernorm",
-    "prenorm_l2",
-    "prenorm_rms",
-    "corrected",
-)
-"""Hidden-layer types of the MLP variant; ``linear`` is the control."""
-
-CNN_ARMS: tuple[str, ...] = ("conv", "conv_batchnorm", "conv_layernorm", "patchnorm")
-"""Convolution types of the CNN variant; ``conv`` is the control."""
-
-_ARMS_BY_MODEL = {"mlp": MLP_ARMS, "cnn": CNN_ARMS}
 _CONTROLS_BY_MODEL = {
     "mlp": ("linear", "linear_batchnorm", "linear_layernorm"),
     "cnn": ("conv", "conv_batchnorm", "conv_layernorm"),
@@ -108,6 +95,15 @@ Arm = Literal[
     "conv_layernorm",
     "patchnorm",
 ]
+"""Every arm: the MLP's hidden-layer types, then the CNN's convolution types."""
+
+MLP_ARMS: tuple[str, ...] = get_args(Arm)[:6]
+"""Hidden-layer types of the MLP variant; ``linear`` is the control."""
+
+CNN_ARMS: tuple[str, ...] = get_args(Arm)[6:]
+"""Convolution types of the CNN variant; ``conv`` is the control."""
+
+_ARMS_BY_MODEL = {"mlp": MLP_ARMS, "cnn": CNN_ARMS}
 
 
 def cell_key(arm: str, batch_size: int) -> str:
@@ -494,14 +490,7 @@ class BatchSizeStudySpec(BaseModel):
             base_config=base,
             search=search,
             seeds=(seeds[0],),
-            resources=self.resources,
-            retries=self.retries,
-            storage_path=self.storage_path,
-            storage=self.storage,
-            tracking=self.tracking,
-            document=self.to_document(),
-            description=self.description,
-            hypothesis=self.hypothesis,
+            **plan_settings(self),
             extra_tags=(
                 ("autonorm.study", "batchsize"),
                 ("autonorm.phase", name),
@@ -524,15 +513,7 @@ class BatchSizeStudySpec(BaseModel):
         """Phase 1: every arm (x batch size for ``tuned``) x the LR grid x the tuning seeds."""
         sizes = self.batch_sizes if self.lr_policy == "tuned" else (self.lr_tuning.reference_batch_size,)
         cells = [_cell(arm, b, lr) for arm in self.arms for b in sizes for lr in self.lr_tuning.grid()]
-        return self._plan(
-            name=f"tune-{budget}",
-            budget=budget,
-            cells=cells,
-            seeds=self.lr_tuning.seeds,
-            phase="lr_tuning",
-            epochs=self.lr_tuning.epochs,
-            environ=environ,
-        )
+        return self._tuning(f"tune-{budget}", budget, cells, environ)
 
     def extension_plan(
         self,
@@ -547,10 +528,16 @@ class BatchSizeStudySpec(BaseModel):
         for key, lr in sorted(lrs.items()):
             arm, _, b = key.partition("@")
             cells.append(_cell(arm, int(b) if b else self.lr_tuning.reference_batch_size, lr))
+        return self._tuning(f"tune-{budget}-ext{int(round_)}", budget, cells, environ)
+
+    def _tuning(
+        self, name: str, budget: str, cells: Sequence[Mapping[str, Any]], environ: Mapping[str, str] | None
+    ) -> StudyPlan:
+        """A tuning phase's plan: ``cells`` x the tuning seeds, at the tuning budget."""
         return self._plan(
-            name=f"tune-{budget}-ext{int(round_)}",
+            name=name,
             budget=budget,
-            cells=cells,
+            cells=list(cells),
             seeds=self.lr_tuning.seeds,
             phase="lr_tuning",
             epochs=self.lr_tuning.epochs,

@@ -177,17 +177,9 @@ def analyse(table: Any, spec: BatchSizeStudySpec, **inputs: Any) -> dict[str, An
         table,
         control=spec.control,
         controls=list(spec.control_arms),
-        metric=a.metric,
-        higher_is_better=a.higher_is_better,
         chance_metric=chance_metric,
         chance_loss=chance_loss,
-        alpha=a.alpha,
-        delta=a.delta,
-        min_seeds=a.min_seeds,
-        n_boot=a.n_boot,
-        n_perm=a.n_perm,
-        seed=a.seed,
-        confidence=a.confidence,
+        **a.model_dump(),  # metric, direction, alpha, delta, min_seeds, n_boot, n_perm, seed, confidence
     )
     arms = verdict.get("arms") or {}
     hypotheses = {
@@ -235,12 +227,11 @@ def _write_outputs(
     verdict: dict[str, Any],
     table: Any,
     out_dir: Path,
-    *,
     lr_records: Mapping[str, Any],
-    wall_time_s: float,
-    cpu_hours: float,
-    gpu_hours: float,
+    spent: tuple[float, float, float],
 ) -> dict[str, Path]:
+    """Every output file; ``spent``: wall time (s), CPU hours, GPU hours."""
+    wall_time_s, cpu_hours, gpu_hours = spent
     from studies.kinds.batchsize.report import write_batchsize_report
 
     protocol = spec.to_document()
@@ -291,16 +282,10 @@ def _extension_reader(spec: BatchSizeStudySpec, budget: str) -> RunPoints:
 
 
 def run(
-    spec: BatchSizeStudySpec,
-    *,
-    ray_address: str | None = None,
-    ray_init_kwargs: Any = None,
-    trainable: Any = None,
-    progress: bool = True,
-    planned: Mapping[str, float] | None = None,
-    environ: Mapping[str, str] | None = None,
+    spec: BatchSizeStudySpec, *, environ: Mapping[str, str] | None = None, **runner_options: Any
 ) -> StudyOutcome:
-    """Run every phase, analyse, write and log the outputs; idempotent (a rerun resumes)."""
+    """Run every phase, analyse, write and log the outputs; idempotent (a rerun resumes).
+    ``runner_options``: :data:`studies.kinds.base.RUNNER_OPTIONS`."""
     import pandas as pd
 
     study = spec.study_plan(environ=environ)
@@ -311,15 +296,7 @@ def run(
     )
     lr_records: dict[str, Any] = {}
     tables = []
-    with study_runner(
-        study,
-        expected_trials=spec.total_trials,
-        trainable=trainable,
-        progress=progress,
-        ray_address=ray_address,
-        ray_init_kwargs=ray_init_kwargs,
-        planned=planned,
-    ) as runner:
+    with study_runner(study, expected_trials=spec.total_trials, **runner_options) as runner:
         for budget in spec.budgets:
             plan = spec.tuning_plan(budget, environ=environ)
             _say(
@@ -351,16 +328,7 @@ def run(
         verdict = analyse(table, spec)
         cpu_h, gpu_h = runner.resource_hours()
         out_dir = runner.local_dir()
-        files = _write_outputs(
-            spec,
-            verdict,
-            table,
-            out_dir,
-            lr_records=lr_records,
-            wall_time_s=runner.wall_time_s,
-            cpu_hours=cpu_h,
-            gpu_hours=gpu_h,
-        )
+        files = _write_outputs(spec, verdict, table, out_dir, lr_records, (runner.wall_time_s, cpu_h, gpu_h))
         runner.publish(files.values())
         metrics = {
             **_verdict_metrics(verdict),
@@ -523,14 +491,6 @@ def report(spec: BatchSizeStudySpec, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     seconds = sum(float(t.metrics.get("time_total_s") or 0.0) for ts in phases.values() for t in ts)
     res = dict(spec.resources.as_plan())
-    files = _write_outputs(
-        spec,
-        verdict,
-        table,
-        out_dir,
-        lr_records=lr_records,
-        wall_time_s=math.nan,
-        cpu_hours=seconds * res.get("cpu", 0.0) / 3600,
-        gpu_hours=seconds * res.get("gpu", 0.0) / 3600,
-    )
+    spent = (math.nan, seconds * res.get("cpu", 0.0) / 3600, seconds * res.get("gpu", 0.0) / 3600)
+    files = _write_outputs(spec, verdict, table, out_dir, lr_records, spent)
     return files.get("markdown", out_dir / "report.md")

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from studies.spec.errors import SpecError, SpecIssue
-from studies.spec.plan import build_plan, spec_hash
+from studies.spec.plan import build_plan, plan_settings, spec_hash
 from studies.spec.reading import dump_yaml
 from studies.spec.sections import (
     DataSpec,
@@ -248,13 +248,6 @@ class StudySpec(_Spec):
             base_config=self.base_config(),
             search=self.search,
             seeds=self.seeds,
-            resources=self.resources,
-            retries=self.retries,
-            storage_path=self.storage_path,
-            storage=self.storage,
-            tracking=self.tracking,
-            document=self.to_document(),
-            description=self.description,
-            hypothesis=self.hypothesis,
+            **plan_settings(self),
             environ=environ,
         )

@@ -72,26 +72,12 @@ def describe_result(result: StudyResult, plan: StudyPlan) -> dict[str, Any]:
     }
 
 
-def run(
-    spec: StudySpec,
-    *,
-    ray_address: str | None = None,
-    ray_init_kwargs: Any = None,
-    trainable: Any = None,
-    progress: bool = True,
-    planned: Mapping[str, float] | None = None,
-) -> StudyOutcome:
+def run(spec: StudySpec, **runner_options: Any) -> StudyOutcome:
+    """Run the search and, with ``confirm:``, the confirmatory phases and the claims; idempotent (a
+    rerun resumes). ``runner_options``: :data:`studies.kinds.base.RUNNER_OPTIONS`."""
     study = spec.to_plan()
     plan = search_plan(spec)
-    with study_runner(
-        study,
-        expected_trials=total_trials(spec),
-        trainable=trainable,
-        progress=progress,
-        ray_address=ray_address,
-        ray_init_kwargs=ray_init_kwargs,
-        planned=planned,
-    ) as runner:
+    with study_runner(study, expected_trials=total_trials(spec), **runner_options) as runner:
         result = runner.run(plan)
         png = _gate_entropy_plot(runner.phase_plan(plan), runner.local_dir())
         if png is not None:
@@ -231,7 +217,6 @@ def tune_arm_lr(
 def _confirm_and_claims(
     spec: StudySpec, plan: StudyPlan, result: StudyResult, runner: Any
 ) -> tuple[dict[str, Any], dict[str, Path]]:
-    from studies.kinds.search.report import write_claims_report
 
     confirm = spec.confirm
     assert confirm is not None
@@ -275,20 +260,8 @@ def _confirm_and_claims(
     claims = verdict["claims"]
     cpu_h, gpu_h = runner.resource_hours()
     out_dir = runner.local_dir()
-    files = write_claims_report(
-        claims,
-        table,
-        gate_logs,
-        out_dir,
-        title=f"AutoNorm claims: {spec.name}",
-        protocol=spec.to_document(),
-        data_kind=verdict["data_kind"],
-        best_config=best.config if best is not None else None,
-        tuned_lr=tuned,
-        wall_time_s=runner.wall_time_s,
-        cpu_hours=cpu_h,
-        gpu_hours=gpu_h,
-        shared={k: verdict[k] for k in ("kind", "study_verdict", "hypotheses")},
+    files = _write_claims(
+        spec, verdict, table, gate_logs, out_dir, best, tuned, (runner.wall_time_s, cpu_h, gpu_h)
     )
     runner.publish(files.values())
     tags = {f"claim/{cid}": str(c.get("verdict")) for cid, c in claims.items()}
@@ -310,6 +283,37 @@ def _confirm_and_claims(
     print(f"[{spec.name}] study verdict (the paper's main claim): {verdict['study_verdict']}", flush=True)
     verdict["tuned_lr"] = tuned
     return verdict, dict(files)
+
+
+def _write_claims(
+    spec: StudySpec,
+    verdict: Mapping[str, Any],
+    table: Any,
+    gate_logs: Mapping[tuple[str, Any], Any],
+    out_dir: Path,
+    best: TrialRecord | None,
+    tuned: Mapping[str, Any],
+    spent: tuple[float, float, float] = (math.nan, math.nan, math.nan),
+) -> dict[str, Path]:
+    """The claims report files (:func:`studies.kinds.search.report.write_claims_report`); ``spent``:
+    wall time (s), CPU hours, GPU hours."""
+    from studies.kinds.search.report import write_claims_report
+
+    return write_claims_report(
+        verdict["claims"],
+        table,
+        gate_logs,
+        out_dir,
+        title=f"AutoNorm claims: {spec.name}",
+        protocol=spec.to_document(),
+        data_kind=verdict["data_kind"],
+        best_config=best.config if best is not None else None,
+        tuned_lr=tuned,
+        wall_time_s=spent[0],
+        cpu_hours=spent[1],
+        gpu_hours=spent[2],
+        shared={k: verdict[k] for k in ("kind", "study_verdict", "hypotheses")},
+    )
 
 
 def _confirm_table(
@@ -568,7 +572,6 @@ def _claims_report(
     """The claims re-analysed from the confirmatory phases in the study directory; their verdict."""
     import json
 
-    from studies.kinds.search.report import write_claims_report
     from studies.study_dir import StudyDir
 
     confirm = spec.confirm
@@ -597,17 +600,6 @@ def _claims_report(
     best = best_trial(trials, plan.metric, plan.mode)
     verdict = analyse(table, spec, gate_logs=gate_logs, tuned=tuned, searched=best is not None)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = write_claims_report(
-        verdict["claims"],
-        table,
-        gate_logs,
-        out_dir,
-        title=f"AutoNorm claims: {spec.name}",
-        protocol=spec.to_document(),
-        data_kind=verdict["data_kind"],
-        best_config=best.config if best else None,
-        tuned_lr=tuned,
-        shared={k: verdict[k] for k in ("kind", "study_verdict", "hypotheses")},
-    )
+    files = _write_claims(spec, verdict, table, gate_logs, out_dir, best, tuned)
     written: dict[str, Any] = json.loads(files["verdict"].read_text(encoding="utf-8"))
     return written
