@@ -639,19 +639,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_plan)
 
-    p = sub.add_parser("run", help="run a study here (restores it when it was interrupted)")
-    _spec_argument(p, "spec", "spec YAML")
-    add_layer_options(p)
-    _add_exploratory(p)
-    p.add_argument("--allow-changed-spec", action="store_true", help=_ALLOW_HELP)
-    p.set_defaults(func=_cmd_run)
-
-    p = sub.add_parser("resume", help="continue an interrupted study (fails when there is nothing to resume)")
-    _spec_argument(p, "target", "spec YAML or the study directory (<storage_path>/<name>)")
-    add_layer_options(p)
-    _add_exploratory(p)
-    p.add_argument("--allow-changed-spec", action="store_true", help=_ALLOW_HELP)
-    p.set_defaults(func=_cmd_resume)
+    for name, what, dest, target, func in (
+        ("run", "run a study here (restores it when it was interrupted)", "spec", "spec YAML", _cmd_run),
+        (
+            "resume",
+            "continue an interrupted study (fails when there is nothing to resume)",
+            "target",
+            "spec YAML or the study directory (<storage_path>/<name>)",
+            _cmd_resume,
+        ),
+    ):
+        p = sub.add_parser(name, help=what)
+        _spec_argument(p, dest, target)
+        add_layer_options(p)
+        _add_exploratory(p)
+        p.add_argument("--allow-changed-spec", action="store_true", help=_ALLOW_HELP)
+        p.set_defaults(func=func)
 
     p = sub.add_parser("submit", help="run a study as a Ray job on a cluster")
     _spec_argument(p, "spec", "spec YAML")
