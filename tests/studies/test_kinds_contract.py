@@ -2,7 +2,7 @@
 
 Parametrized over the registry, the kind's name in each test id (``test_plan_matches_run[batchsize]``):
 a new kind is tested by registering it. Each kind runs ONE tiny study (its ``example`` spec with its
-``tiny`` overrides, real Ray, real trainable, sqlite MLflow) in a module-scoped fixture, with
+``tiny`` overrides, the shared local Ray cluster, real trainable, sqlite MLflow) in a module-scoped fixture, with
 ``status`` polled while it runs; every assertion about a run reads that one run.
 """
 
@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ from studies.kinds import KINDS, SHARED_VERDICT_FIELDS, StudyKind, StudyOutcome,
 from studies.kinds.base import STUDY_VERDICTS
 from studies.planning import plan_study
 from studies.spec import SpecError
-from tests.services import embedded_ray
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = sorted(KINDS)
@@ -115,13 +113,6 @@ def test_phases_are_named_once(name: str) -> None:
 
 
 # ---- one tiny run per kind ----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    with embedded_ray("rt_kc_", {"PYTHONPATH": path}):
-        yield
 
 
 @pytest.fixture(scope="module", params=NAMES)

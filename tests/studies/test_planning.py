@@ -23,16 +23,11 @@ CAL: dict[str, Any] = {"step_s": {"*": 0.01}, "eval_s": 0.1, "setup_s": 0.5}
 
 
 @pytest.mark.parametrize(
-    ("path", "kind", "preset"),
-    [
-        (BATCHSIZE, "batchsize", None),
-        (BATCHSIZE, "batchsize", "smoke"),
-        (SEARCH, "search", None),
-        (SEARCH, "search", "smoke"),
-    ],
+    ("kind", "preset"),
+    [(name, preset) for name in sorted(KINDS) for preset in (None, KINDS[name].example[1])],
 )
-def test_trials_equal_the_kinds_total_trials(path: Path, kind: str, preset: str | None) -> None:
-    spec = load_study(path, preset=preset)
+def test_trials_equal_the_kinds_total_trials(kind: str, preset: str | None) -> None:
+    spec = load_study(Path(__file__).resolve().parents[2] / KINDS[kind].example[0], preset=preset)
     plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=8)
     assert plan["trials"] == KINDS[kind].total_trials(spec)
     assert sum(p["trials"] for p in plan["phases"] if not p["optional"]) == plan["trials"]
