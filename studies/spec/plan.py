@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from studies.spec.reading import dump_yaml
-from studies.spec.sections import CategoricalParam, ResourcesSpec, SearchSpec, StorageSpec, TrackingSpec
+from studies.spec.sampling import CategoricalParam, SearchSpec
+from studies.spec.sections import ResourcesSpec, StorageSpec, TrackingSpec
 from workers.plan import (
     ParamDef,
     SamplerConfig,

@@ -4,7 +4,6 @@ sections (``model``, ``data``, ``training`` + seed) one trial receives."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -36,7 +35,7 @@ from studies.spec.urls import (
 LN2 = math.log(2.0)
 """Maximum gate entropy for two candidates; ``eps_h`` above it would make every rule trivial."""
 
-_FROZEN = ConfigDict(extra="forbid", frozen=True)
+FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 _INT64_MAX = 2**63 - 1  # larger integers overflow torch, numpy and MLflow's params
 PosInt = Annotated[int, Field(strict=True, ge=1, le=_INT64_MAX)]
@@ -60,8 +59,8 @@ Scalar = Annotated[Any, AfterValidator(_scalar)]
 """A YAML scalar: what Optuna accepts as a categorical choice and ``when`` compares against."""
 
 
-class _Spec(BaseModel):
-    model_config = _FROZEN
+class SpecModel(BaseModel):
+    model_config = FROZEN
 
 
 # ---- norms ---------------------------------------------------------------------------------------
@@ -69,26 +68,26 @@ class _Spec(BaseModel):
 NormName = Literal["dyt", "layernorm", "rmsnorm"]
 
 
-class LayerNormSpec(_Spec):
+class LayerNormSpec(SpecModel):
     """LayerNorm (FrozenLN baseline)."""
 
     type: Literal["layernorm"] = "layernorm"
     eps: PosFloat = 1e-5
 
 
-class RMSNormSpec(_Spec):
+class RMSNormSpec(SpecModel):
     type: Literal["rmsnorm"] = "rmsnorm"
     eps: PosFloat = 1e-6
 
 
-class DyTSpec(_Spec):
+class DyTSpec(SpecModel):
     """Dynamic Tanh; ``alpha_init`` is the one learnable scalar's start (Zhu et al.: 0.5)."""
 
     type: Literal["dyt"] = "dyt"
     alpha_init: PosFloat = 0.5
 
 
-class AdaNormSpec(_Spec):
+class AdaNormSpec(SpecModel):
     """AdaNorm (Xu et al. 2019): ``C (1 - k y) y`` with the factor detached."""
 
     type: Literal["adanorm"] = "adanorm"
@@ -97,7 +96,7 @@ class AdaNormSpec(_Spec):
     eps: PosFloat = 1e-5
 
 
-class FiLMSpec(_Spec):
+class FiLMSpec(SpecModel):
     """Self-conditioned FiLM over a LayerNorm without affine; starts as LN (zero-initialised MLP)."""
 
     type: Literal["film"] = "film"
@@ -111,7 +110,7 @@ def _distinct_candidates(cls: Any, v: tuple[str, ...]) -> tuple[str, ...]:
     return v
 
 
-class AutoNormSpec(_Spec):
+class AutoNormSpec(SpecModel):
     """Gumbel-softmax gate mixing candidate norms per sample (AutoNorm)."""
 
     type: Literal["autonorm"] = "autonorm"
@@ -128,7 +127,7 @@ class AutoNormSpec(_Spec):
     _distinct = field_validator("candidates")(_distinct_candidates)
 
 
-class RandomSelectorSpec(_Spec):
+class RandomSelectorSpec(SpecModel):
     """Control: ``w_DyT ~ U(0, 1)`` per sample per forward, no learning."""
 
     type: Literal["random_selector"] = "random_selector"
@@ -138,7 +137,7 @@ class RandomSelectorSpec(_Spec):
     _distinct = field_validator("candidates")(_distinct_candidates)
 
 
-class IdentitySpec(_Spec):
+class IdentitySpec(SpecModel):
     type: Literal["identity"] = "identity"
 
 
@@ -158,32 +157,32 @@ NormSpec = Annotated[
 # ---- affine layers ---------------------------------------------------------------------------------
 
 
-class PlainLinearSpec(_Spec):
+class PlainLinearSpec(SpecModel):
     type: Literal["linear"] = "linear"
 
 
-class PreNormL2Spec(_Spec):
+class PreNormL2Spec(SpecModel):
     """``W x/‖x‖ + b``: scale invariant, loses the radius."""
 
     type: Literal["prenorm_l2"] = "prenorm_l2"
 
 
-class PreNormRMSSpec(_Spec):
+class PreNormRMSSpec(SpecModel):
     type: Literal["prenorm_rms"] = "prenorm_rms"
 
 
-class CorrectedLinearSpec(_Spec):
+class CorrectedLinearSpec(SpecModel):
     """``(W x + β b) / sqrt(‖x‖² + β²)``: removes the affine divergence for one sample."""
 
     type: Literal["corrected"] = "corrected"
     beta: PosFloat = 1.0
 
 
-class LinearBatchNormSpec(_Spec):
+class LinearBatchNormSpec(SpecModel):
     type: Literal["linear_batchnorm"] = "linear_batchnorm"
 
 
-class LinearLayerNormSpec(_Spec):
+class LinearLayerNormSpec(SpecModel):
     type: Literal["linear_layernorm"] = "linear_layernorm"
 
 
@@ -205,21 +204,21 @@ MLPLayerSpec = Annotated[
 """Hidden layers of the MLP, including the BatchNorm / LayerNorm controls."""
 
 
-class ConvSpec(_Spec):
+class ConvSpec(SpecModel):
     type: Literal["conv"] = "conv"
 
 
-class ConvBatchNormSpec(_Spec):
+class ConvBatchNormSpec(SpecModel):
     type: Literal["conv_batchnorm"] = "conv_batchnorm"
 
 
-class ConvLayerNormSpec(_Spec):
+class ConvLayerNormSpec(SpecModel):
     """Convolution + LayerNorm over each sample's (C, H, W) feature map (GroupNorm with one group)."""
 
     type: Literal["conv_layernorm"] = "conv_layernorm"
 
 
-class PatchNormSpec(_Spec):
+class PatchNormSpec(SpecModel):
     """Per-location divergence correction of a convolution (PatchNormConv2d)."""
 
     type: Literal["patchnorm"] = "patchnorm"
@@ -236,7 +235,7 @@ ConvLayerSpec = Annotated[
 # ---- models ------------------------------------------------------------------------------------------
 
 
-class _TransformerSpec(_Spec):
+class _TransformerSpec(SpecModel):
     """Fields shared by the transformer encoders. ``None`` sizes take the preset's value."""
 
     preset: Literal["paper", "tiny"] = "paper"
@@ -281,7 +280,7 @@ class TabularSpec(_TransformerSpec):
     type: Literal["tabular"] = "tabular"
 
 
-class MLPSpec(_Spec):
+class MLPSpec(SpecModel):
     """Plain MLP for the batch-size hypothesis; ``hidden`` overrides the preset's widths."""
 
     type: Literal["mlp"] = "mlp"
@@ -292,7 +291,7 @@ class MLPSpec(_Spec):
     head_variant: StrictBool | None = None  # the output layer uses `layer` too (not for +BN/+LN)
 
 
-class CNNSpec(_Spec):
+class CNNSpec(SpecModel):
     """Small CNN (the PatchNorm variant of the batch-size hypothesis)."""
 
     type: Literal["cnn"] = "cnn"
@@ -312,7 +311,7 @@ ModelSpec = Annotated[
 # ---- data --------------------------------------------------------------------------------------------
 
 
-class _DataSpec(_Spec):
+class _DataSpec(SpecModel):
     subset: PosInt | None = None  # use the first N training examples (CPU smoke runs)
     val_fraction: Annotated[float, Field(strict=True, gt=0, lt=1)] = 0.1  # held out of train for selection
 
@@ -373,7 +372,7 @@ def _absolute(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path)) if path else path
 
 
-class _FileDataSpec(_DataSpec):
+class FileDataSpec(_DataSpec):
     """A data set of one's own read from a file (``autonorm_core.datafiles``), checked at validation:
     a file that cannot be used is refused before any trial starts."""
 
@@ -396,7 +395,7 @@ class _FileDataSpec(_DataSpec):
         )
 
     @model_validator(mode="after")
-    def _readable(self) -> _FileDataSpec:
+    def _readable(self) -> FileDataSpec:
         from autonorm_core.datafiles import DataFileError
 
         try:
@@ -406,14 +405,14 @@ class _FileDataSpec(_DataSpec):
         return self
 
 
-class ArraysDataSpec(_FileDataSpec):
+class ArraysDataSpec(FileDataSpec):
     """``.npz`` with ``x_train``, ``y_train`` (optionally ``x_test``, ``y_test``): images (N, C, H, W) or
     features (N, D); integer targets are classes, float targets a regression."""
 
     type: Literal["arrays"] = "arrays"
 
 
-class TableDataSpec(_FileDataSpec):
+class TableDataSpec(FileDataSpec):
     """A ``.csv`` / ``.parquet`` table: the ``target`` column is the label, every other column a numeric
     feature; ``test_path`` an optional test table with the same columns."""
 
@@ -465,14 +464,14 @@ _MODEL_LAYOUTS = {
 
 def data_task(data: Any) -> str | None:
     """The task of a data section: from the registry's table, or from the file of a generic loader."""
-    if isinstance(data, _FileDataSpec):
+    if isinstance(data, FileDataSpec):
         return str(data.file_info().task)
     return DATA_TASKS.get(data.type)
 
 
 def data_classes(data: Any) -> int | None:
     """Number of classes of a data section (0: regression; None: known only once loaded)."""
-    if isinstance(data, _FileDataSpec):
+    if isinstance(data, FileDataSpec):
         return int(data.file_info().num_classes)
     from autonorm_core.data import class_count
 
@@ -529,7 +528,7 @@ def reported_metrics(task: str, *, gated: bool = False) -> dict[str, str]:
 def _searched_choices(space: Sequence[Any], name: str) -> list[Any] | None:
     for p in space:
         if p.name == name:
-            return list(p.choices) if isinstance(p, CategoricalParam) else [None]
+            return list(p.choices) if p.type == "categorical" else [None]
     return None
 
 
@@ -607,7 +606,7 @@ def metric_issues(
 # ---- training ------------------------------------------------------------------------------------------
 
 
-class FreezeSpec(_Spec):
+class FreezeSpec(SpecModel):
     """AutoNorm-S: at the end of epoch ``t_freeze`` the rule decides whether to freeze the selector.
 
     ``freeze_if_high`` is the paper's literal wording (freeze if the gate entropy has NOT fallen below
@@ -620,7 +619,7 @@ class FreezeSpec(_Spec):
     sample_after_freeze: StrictBool = False
 
 
-class TrainingSpec(_Spec):
+class TrainingSpec(SpecModel):
     """The training loop's settings (defaults as in ``docs/science.md``)."""
 
     epochs: PosInt = 20
@@ -649,150 +648,11 @@ class TrainingSpec(_Spec):
 
 
 # --------------------------------------------------------------------------------------------------
-# Search space, sampler, scheduler
-# --------------------------------------------------------------------------------------------------
-
-
-class _ParamBase(_Spec):
-    name: str = Field(min_length=1)  # dotted path into the trial config, or "seed"
-    when: dict[str, Scalar] = {}  # sample only when these earlier parameters have these values
-
-
-class _RangeParam(_ParamBase):
-    # `log` and `step` come before the bounds so the bounds' validators can see them.
-    log: StrictBool = False
-
-    @field_validator("low", check_fields=False)
-    @classmethod
-    def _low_positive_for_log(cls, v: float, info: ValidationInfo) -> float:
-        if info.data.get("log") and v <= 0:
-            raise ValueError(f"a log-scaled range needs low > 0, got {v}")
-        if info.data.get("log") and info.data.get("step") is not None:
-            raise ValueError("step cannot be combined with log")
-        return v
-
-    @field_validator("high", check_fields=False)
-    @classmethod
-    def _high_above_low(cls, v: float, info: ValidationInfo) -> float:
-        low = info.data.get("low")
-        if low is not None and v <= low:
-            raise ValueError(f"high ({v}) must be above low ({low})")
-        return v
-
-
-class IntParam(_RangeParam):
-    type: Literal["int"] = "int"
-    step: PosInt | None = None
-    low: Annotated[int, Field(strict=True)]
-    high: Annotated[int, Field(strict=True)]
-
-
-class FloatParam(_RangeParam):
-    """Uniform float; ``log: true`` samples log-uniformly (``low`` must then be > 0)."""
-
-    type: Literal["float"] = "float"
-    step: PosFloat | None = None
-    low: Annotated[float, Field(strict=True, allow_inf_nan=False)]
-    high: Annotated[float, Field(strict=True, allow_inf_nan=False)]
-
-
-class CategoricalParam(_ParamBase):
-    type: Literal["categorical"] = "categorical"
-    choices: Annotated[tuple[Scalar, ...], Field(min_length=1)]
-
-    @field_validator("choices")
-    @classmethod
-    def _distinct(cls, v: tuple[Any, ...]) -> tuple[Any, ...]:
-        keys = [json.dumps(c) for c in v]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"choices must be distinct, got {list(v)}")
-        return v
-
-
-ParamSpec = Annotated[IntParam | FloatParam | CategoricalParam, Field(discriminator="type")]
-
-
-class TPESpec(_Spec):
-    type: Literal["tpe"] = "tpe"
-    seed: Seed = 0
-    n_startup_trials: PosInt = 10
-
-
-class RandomSamplerSpec(_Spec):
-    type: Literal["random"] = "random"
-    seed: Seed = 0
-
-
-class CmaEsSpec(_Spec):
-    type: Literal["cmaes"] = "cmaes"
-    seed: Seed = 0
-    n_startup_trials: PosInt = 1
-
-
-class GridSpec(_Spec):
-    """Exhaustive grid over the categorical parameters' choices (x seeds), ``num_samples`` repeats."""
-
-    type: Literal["grid"] = "grid"
-
-
-SamplerSpec = Annotated[TPESpec | RandomSamplerSpec | CmaEsSpec | GridSpec, Field(discriminator="type")]
-
-
-class FIFOSpec(_Spec):
-    type: Literal["fifo"] = "fifo"
-
-
-class Asha(_Spec):
-    """Asynchronous successive halving over epochs (exploration only: stopped trials are PRUNED)."""
-
-    type: Literal["asha"] = "asha"
-    grace_period: PosInt = 1
-    reduction_factor: Annotated[int, Field(strict=True, ge=2)] = 3
-
-
-class MedianSpec(_Spec):
-    type: Literal["median"] = "median"
-    grace_period: PosInt = 1
-
-
-SchedulerSpec = Annotated[FIFOSpec | Asha | MedianSpec, Field(discriminator="type")]
-
-
-class SearchSpec(_Spec):
-    """What to optimise and how: the space, the sampler, the early-stopping scheduler, the budget."""
-
-    metric: str = Field(default="val_accuracy", min_length=1)
-    mode: Literal["min", "max"] = "max"
-    space: tuple[ParamSpec, ...] = ()
-    sampler: SamplerSpec = TPESpec()
-    scheduler: SchedulerSpec = FIFOSpec()
-    num_samples: PosInt = 8  # trials (Optuna samplers) or repeats of the grid
-    max_concurrent: PosInt = 2  # always passed to Tune: without it Optuna keeps one trial pending
-
-    @field_validator("metric")
-    @classmethod
-    def _not_test_split(cls, v: str) -> str:
-        if v.startswith("test_"):
-            raise ValueError(f"{v!r} selects on the test split; use a validation metric (val_...)")
-        return v
-
-    @field_validator("mode")
-    @classmethod
-    def _mode_matches_metric(cls, v: str, info: ValidationInfo) -> str:
-        metric = info.data.get("metric") or ""
-        if "loss" in metric and v == "max":
-            raise ValueError(f"metric {metric!r} is a loss: mode must be 'min'")
-        if "accuracy" in metric and v == "min":
-            raise ValueError(f"metric {metric!r} is an accuracy: mode must be 'max'")
-        return v
-
-
-# --------------------------------------------------------------------------------------------------
 # Resources, tracking, storage
 # --------------------------------------------------------------------------------------------------
 
 
-class ResourcesSpec(_Spec):
+class ResourcesSpec(SpecModel):
     """Per trial. Fractional GPUs share a device (``0.25`` = four trials per GPU)."""
 
     cpu: NonNegFloat = 1.0
@@ -814,7 +674,7 @@ class ResourcesSpec(_Spec):
         return tuple(res)
 
 
-class TrackingSpec(_Spec):
+class TrackingSpec(SpecModel):
     """MLflow. ``uri`` None: ``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<storage>/mlflow.db``."""
 
     uri: TrackingURI | None = None  # http(s), sqlite:////abs, postgresql, mysql, databricks
@@ -822,7 +682,7 @@ class TrackingSpec(_Spec):
     artifact_location: ArtifactLocation | None = None  # e.g. s3://bucket/prefix for a new experiment
 
 
-class StorageSpec(_Spec):
+class StorageSpec(SpecModel):
     """How to reach ``storage_path`` when it is ``s3://...``; keys come from the environment only."""
 
     endpoint_override: EndpointURL | None = None  # S3-compatible server, e.g. http://127.0.0.1:8333
@@ -834,12 +694,12 @@ class StorageSpec(_Spec):
 # --------------------------------------------------------------------------------------------------
 
 
-def _section_issues(model: Any, data: Any, training: TrainingSpec) -> list[SpecIssue]:
+def section_issues(model: Any, data: Any, training: TrainingSpec) -> list[SpecIssue]:
     """Checks that need more than one section; paths are those of the trial config."""
     issues: list[SpecIssue] = []
     allowed = _MODEL_DATA.get(model.type, set())
     side: int | None = _IMAGE_SIDE.get(data.type)
-    if isinstance(data, _FileDataSpec):
+    if isinstance(data, FileDataSpec):
         info = data.file_info()
         if info.layout not in _MODEL_LAYOUTS.get(model.type, set()):
             shape = "images (N, C, H, W)" if info.layout == "image" else "feature rows (N, D)"
@@ -892,7 +752,7 @@ def _section_issues(model: Any, data: Any, training: TrainingSpec) -> list[SpecI
     return issues
 
 
-class TrialSections(_Spec):
+class TrialSections(SpecModel):
     """What one trial receives: the spec's model, data and training sections plus a seed.
 
     Validating a candidate trial config against this model is how the search space is checked:
@@ -906,7 +766,7 @@ class TrialSections(_Spec):
 
     @model_validator(mode="after")
     def _cross(self) -> TrialSections:
-        issues = _section_issues(self.model, self.data, self.training)
+        issues = section_issues(self.model, self.data, self.training)
         if issues:
             raise SpecError(issues)
         return self
@@ -916,13 +776,13 @@ class TrialSections(_Spec):
         return trial_config(self.model, self.data, self.training, self.seed)
 
 
-def _type_first(obj: Any) -> Any:
+def type_first(obj: Any) -> Any:
     """Put each variant's ``type`` first, so a resolved spec reads like the YAML people write."""
     if isinstance(obj, dict):
         head = {"type": obj["type"]} if "type" in obj else {}
-        return {**head, **{k: _type_first(v) for k, v in obj.items() if k != "type"}}
+        return {**head, **{k: type_first(v) for k, v in obj.items() if k != "type"}}
     if isinstance(obj, list):
-        return [_type_first(v) for v in obj]
+        return [type_first(v) for v in obj]
     return obj
 
 

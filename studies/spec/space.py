@@ -14,7 +14,8 @@ from pydantic import (
 
 from studies.spec.errors import SpecError, SpecIssue
 from studies.spec.loading import _pydantic_issues
-from studies.spec.sections import CategoricalParam, FloatParam, IntParam, TrialSections
+from studies.spec.sampling import CategoricalParam, FloatParam, IntParam
+from studies.spec.sections import TrialSections
 from workers.dotted import PathError, set_path
 
 _TRIAL_ROOTS = ("model", "data", "training")

@@ -55,7 +55,7 @@ from studies.spec import (
     spec_hash,
 )
 from studies.spec.sections import (
-    _FROZEN,
+    FROZEN,
     ArraysDataSpec,
     FashionMNISTSpec,
     TableDataSpec,
@@ -157,7 +157,7 @@ class LRTuningSpec(BaseModel):
     (one η per arm, then held fixed or scaled with B); ``tuned`` tunes every (arm, B) cell.
     """
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     low: PosFloat = 1e-3
     high: PosFloat = 1e2  # wide enough for every arm: corrected layers need ~‖x‖²+1 times plain η
@@ -191,7 +191,7 @@ class LRTuningSpec(BaseModel):
 class AnalysisSpec(BaseModel):
     """Arguments of :func:`studies.kinds.batchsize.analysis.batchsize_trend` (docs/science.md, "The verdict")."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     metric: Annotated[str, Field(min_length=1)] = (
         "test_accuracy"  # final value of this reported metric per trial
@@ -218,7 +218,7 @@ class BatchSizeStudySpec(BaseModel):
     shared with the search studies.
     """
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     kind: Literal["batchsize"] = "batchsize"
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")] = "batchsize_correlation"

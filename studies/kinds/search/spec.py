@@ -18,25 +18,27 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from studies.spec.errors import SpecError, SpecIssue
 from studies.spec.plan import build_plan, plan_settings, spec_hash
 from studies.spec.reading import dump_yaml
+from studies.spec.sampling import (
+    FIFOSpec,
+    FloatParam,
+    SearchSpec,
+)
 from studies.spec.sections import (
     DataSpec,
     FashionMNISTSpec,
-    FIFOSpec,
-    FloatParam,
     ModelSpec,
     NonNegInt,
     ResourcesSpec,
-    SearchSpec,
     Seed,
+    SpecModel,
     StorageSpec,
     TrackingSpec,
     TrainingSpec,
     ViTLiteSpec,
-    _section_issues,
-    _Spec,
-    _type_first,
     metric_issues,
+    section_issues,
     trial_config,
+    type_first,
 )
 from studies.spec.space import check_search_space
 from studies.spec.urls import StoragePath
@@ -52,7 +54,7 @@ CONFIRM_ARMS: tuple[str, ...] = ("frozen_ln", "frozen_dyt", "random_selector", "
 _VISION = frozenset({"fashion_mnist", "digits", "mnist", "cifar10", "cifar100", "svhn"})
 _TEXT = frozenset({"ptb_pos_sample", "pang_lee_polarity", "sst2", "ptb_pos"})
 
-_FROZEN = ConfigDict(extra="forbid", frozen=True)
+FROZEN = ConfigDict(extra="forbid", frozen=True)
 _Seed = Annotated[int, Field(strict=True, ge=0, lt=2**32)]
 
 
@@ -60,9 +62,9 @@ def data_kind_of(data_type: Any) -> str:
     """``vision`` (stationary image data), ``text`` or ``tabular``: which claims apply. Takes a data
     set name or a data section (a file of one's own is ``vision`` when it holds images)."""
     if not isinstance(data_type, str):
-        from studies.spec.sections import _FileDataSpec
+        from studies.spec.sections import FileDataSpec
 
-        if isinstance(data_type, _FileDataSpec):
+        if isinstance(data_type, FileDataSpec):
             return "vision" if data_type.file_info().layout == "image" else "tabular"
         data_type = data_type.type
     if data_type in _VISION:
@@ -78,7 +80,7 @@ class ConfirmLRSpec(BaseModel):
     only AutoNorm-S would have a tuned η. A winner on the grid's edge extends it by one point of its
     ratio, up to ``max_extensions`` times (:mod:`studies.tuning`; a grid of fewer than 3 points never)."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     factor: Annotated[float, Field(strict=True, gt=1)] = 10.0  # grid spans searched η / factor .. η * factor
     points: Annotated[int, Field(strict=True, ge=1, le=32)] = 5
@@ -103,7 +105,7 @@ class ConfirmSpec(BaseModel):
     agree, initialisation), the full training budget, no early stopping.
     """
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     arms: Annotated[tuple[Arm, ...], Field(min_length=2)] = CONFIRM_ARMS  # type: ignore[assignment]
     seeds: Annotated[tuple[_Seed, ...], Field(min_length=2)] = tuple(range(100, 110))
@@ -163,7 +165,7 @@ def _confirm_issues(spec: Any) -> list[SpecIssue]:
     return issues
 
 
-class StudySpec(_Spec):
+class StudySpec(SpecModel):
     """One study: what to train, what to search, where it runs and where results go."""
 
     kind: Literal["search"] = "search"  # the batch-size study says "batchsize"
@@ -186,7 +188,7 @@ class StudySpec(_Spec):
 
     @model_validator(mode="after")
     def _cross(self) -> StudySpec:
-        issues = list(_section_issues(self.model, self.data, self.training))
+        issues = list(section_issues(self.model, self.data, self.training))
         issues += _confirm_issues(self)
         if len(set(self.seeds)) != len(self.seeds):
             issues.append(SpecIssue("seeds", f"seeds must be distinct, got {list(self.seeds)}"))
@@ -227,7 +229,7 @@ class StudySpec(_Spec):
 
     def to_document(self) -> dict[str, Any]:
         """The resolved spec as plain data (what ``spec.yaml`` next to the results holds)."""
-        doc: dict[str, Any] = _type_first(self.model_dump(mode="json"))
+        doc: dict[str, Any] = type_first(self.model_dump(mode="json"))
         return doc
 
     def to_yaml(self) -> str:
