@@ -82,17 +82,24 @@ ParamSpec = Annotated[IntParam | FloatParam | CategoricalParam, Field(discrimina
 
 
 class TPESpec(SpecModel):
+    """Optuna's TPE (seeded): random for the first ``n_startup_trials``, then a density model of the
+    good and the bad trials proposes the next point."""
+
     type: Literal["tpe"] = "tpe"
     seed: Seed = 0
     n_startup_trials: PosInt = 10
 
 
 class RandomSamplerSpec(SpecModel):
+    """Independent uniform draws (seeded): the baseline a model-based sampler must beat."""
+
     type: Literal["random"] = "random"
     seed: Seed = 0
 
 
 class CmaEsSpec(SpecModel):
+    """Optuna's CMA-ES for numeric parameters (categorical ones are sampled at random by Optuna)."""
+
     type: Literal["cmaes"] = "cmaes"
     seed: Seed = 0
     n_startup_trials: PosInt = 1
