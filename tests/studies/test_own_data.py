@@ -4,8 +4,6 @@ verdict (the ``.npz`` one is the quick start, run by tests/test_docs.py)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,6 @@ import pytest
 from studies import cli
 from studies.kinds import load_study, run_study_spec
 from studies.spec import SpecError
-from tests.services import embedded_ray
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCHSIZE = ROOT / "studies" / "specs" / "batchsize_correlation.yaml"
@@ -96,13 +93,6 @@ def test_a_table_spec_resolves_its_paths_and_counts_classes(
     with pytest.raises(SpecError) as err:
         load_study(BATCHSIZE, ["data={type: table, path: data.csv, target: y}"], preset="smoke")
     assert err.value.issues[0].path == "data" and "no target column 'y'" in err.value.issues[0].message
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    with embedded_ray("rt_h4own_", {"PYTHONPATH": path}):
-        yield
 
 
 @pytest.mark.ray
