@@ -206,6 +206,20 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     return _run(spec, args)
 
 
+def _cmd_extend(args: argparse.Namespace) -> int:
+    from studies.sequential import ExtendRefused, extend_study
+
+    spec = _load_target(args.target, args)
+    try:
+        outcome = extend_study(spec, args.seeds)
+    except ExtendRefused as e:
+        print(f"extend refused: {e}", file=sys.stderr)
+        return EXIT_SPEC_ERROR
+    _print_json(outcome.summary)
+    print_where(outcome)
+    return 0
+
+
 # --------------------------------------------------------------------------------------------------
 # submit
 # --------------------------------------------------------------------------------------------------
@@ -655,6 +669,12 @@ def build_parser() -> argparse.ArgumentParser:
         _add_exploratory(p)
         p.add_argument("--allow-changed-spec", action="store_true", help=_ALLOW_HELP)
         p.set_defaults(func=func)
+
+    p = sub.add_parser("extend", help="more seeds for a finished sequential study (its looks stay valid)")
+    p.add_argument("target", help="the study directory (<storage_path>/<name>)")
+    p.add_argument("--seeds", type=int, required=True, help="how many more confirmatory seeds")
+    add_layer_options(p)
+    p.set_defaults(func=_cmd_extend)
 
     p = sub.add_parser("submit", help="run a study as a Ray job on a cluster")
     _spec_argument(p, "spec", "spec YAML")

@@ -492,6 +492,7 @@ def plan_study(
     out_phases: list[dict[str, Any]] = []
     total_cpu_h = total_gpu_h = 0.0
     max_cpu_h = max_gpu_h = 0.0
+    look_cost = {"trials": 0.0, "wall_s": 0.0, "cpu_hours": 0.0, "gpu_hours": 0.0}
     wall = wall_max = consts["study_start_s"]
     for ph in phases:
         res = dict(ph.plan.resources)
@@ -528,6 +529,14 @@ def plan_study(
             total_cpu_h += cpu_h
             total_gpu_h += gpu_h
             wall += phase_wall
+        if getattr(ph, "look", False):
+            for key, value in (
+                ("trials", len(ph.configs)),
+                ("wall_s", phase_wall),
+                ("cpu_hours", cpu_h),
+                ("gpu_hours", gpu_h),
+            ):
+                look_cost[key] += value
         budget = budgets.pop() if len(budgets) == 1 else "mixed"
         entry: dict[str, Any] = {
             "name": ph.name,
@@ -560,7 +569,7 @@ def plan_study(
         measured=measured,
         machine=cal.get("machine") if not measured else f"{platform.machine()} x{os.cpu_count()} CPUs",
     )
-    return {
+    out = {
         "study": getattr(spec, "name", None),
         "kind": kind_for(spec).name,
         "trials": sum(len(ph.configs) for ph in phases if not ph.optional),
@@ -574,6 +583,58 @@ def plan_study(
         "cluster": {"cpus": cpus, "gpus": gpus},
         "phases": out_phases,
         "calibration": cal,
+    }
+    seq = getattr(spec, "sequential", None)
+    if seq is not None:
+        out.update(_expected_cost(spec, seq, out, look_cost))
+    return out
+
+
+def _expected_cost(
+    spec: Any, seq: Any, plan: Mapping[str, Any], look_cost: Mapping[str, float]
+) -> dict[str, Any]:
+    """Expected trials, hours and wall time of a sequential spec, under no effect and under
+    ``min_effect`` (:func:`studies.stats.expected_seeds`; the per-seed values' sd taken as
+    ``min_effect``, i.e. a 1-SD effect, since no pilot says otherwise); ``trials_expected`` etc. are
+    the larger of the two. The looks after the first cost in proportion to the seeds they add."""
+    from studies.stats import expected_seeds
+
+    schedule = seq.schedule()
+    first, top = schedule[0], schedule[-1]
+    analysis = getattr(spec, "analysis", None)
+    alpha = float(getattr(analysis, "alpha", 0.05))
+    family = max(1, len(getattr(spec, "fix_arms", ())) * len(getattr(spec, "budgets", ("",))))
+    futility = 1.0 if seq.min_effect is not None else None
+    scenarios: dict[str, Any] = {}
+    for name, effect in (("no_effect", 0.0), ("min_effect", 1.0)):
+        seeds = expected_seeds(
+            schedule,
+            family=family,
+            alpha=alpha,
+            effect=effect,
+            min_effect=futility,
+            prior_scale=seq.prior_scale,
+        )
+        share = (seeds - first) / (top - first) if top > first else 0.0
+        scenarios[name] = {
+            "seeds": seeds,
+            "trials": plan["trials"] + share * look_cost["trials"],
+            "wall_s": plan["wall_s"] + share * look_cost["wall_s"],
+            "cpu_hours": plan["cpu_hours"] + share * look_cost["cpu_hours"],
+            "gpu_hours": plan["gpu_hours"] + share * look_cost["gpu_hours"],
+        }
+    worst = max(scenarios.values(), key=lambda sc: sc["trials"])
+    return {
+        "trials_expected": round(worst["trials"]),
+        "wall_s_expected": worst["wall_s"],
+        "cpu_hours_expected": worst["cpu_hours"],
+        "gpu_hours_expected": worst["gpu_hours"],
+        "expected": {
+            "looks": list(schedule),
+            "family": family,
+            "assumes": "per-seed sd = min_effect (a 1-SD effect); `plan --pilot` uses the pilot's",
+            **scenarios,
+        },
     }
 
 
@@ -598,7 +659,14 @@ def format_plan(result: Mapping[str, Any]) -> str:
     if result.get("trials_max", result["trials"]) != result["trials"]:
         lines.append(
             f"  at most {result['trials_max']} trials, wall ~{_duration(result['wall_s_max'])} "
-            "(every learning-rate range extension firing)"
+            "(every learning-rate range extension firing, every look to max_seeds)"
+        )
+    if "trials_expected" in result:
+        exp = result["expected"]
+        lines.append(
+            f"  sequential, looks at {exp['looks']} seeds: expected ~{exp['no_effect']['seeds']:.1f} seeds with no "
+            f"effect, ~{exp['min_effect']['seeds']:.1f} at min_effect: ~{result['trials_expected']} trials, "
+            f"wall ~{_duration(result['wall_s_expected'])}"
         )
     for ph in result["phases"]:
         size = (

@@ -16,14 +16,18 @@ each look adds, and builds the ``verdict.json`` fields every sequential kind wri
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "ExtendRefused",
     "SequentialSpec",
+    "extend_study",
     "look_seeds",
+    "plot_intervals",
     "sequential_fields",
 ]
 
@@ -109,7 +113,7 @@ def sequential_fields(
             {
                 "n_seeds": int(look["n_seeds"]),
                 "seeds": list(seeds[: int(look["n_seeds"])]),
-                "hypotheses": {k: dict(v) for k, v in look["hypotheses"].items()},
+                "hypotheses": {k: _json_safe(v) for k, v in look["hypotheses"].items()},
             }
             for look in looks
         ],
@@ -117,3 +121,112 @@ def sequential_fields(
         "max_seeds": int(max_seeds),
         "trials_saved": int(max(0, max_seeds - used) * trials_per_seed),
     }
+
+
+def _json_safe(h: Mapping[str, Any]) -> dict[str, Any]:
+    """A hypothesis at a look with infinite interval bounds (too few seeds) as ``None`` (strict JSON)."""
+    out = dict(h)
+    if "ci" in out and out["ci"] is not None:
+        out["ci"] = [v if isinstance(v, int | float) and math.isfinite(v) else None for v in out["ci"]]
+    return out
+
+
+class ExtendRefused(Exception):
+    """``extend`` cannot add seeds to this study (the message says why); nothing was run."""
+
+
+def extend_study(spec: Any, seeds: int) -> Any:
+    """``autonorm-study extend``: ``seeds`` more confirmatory seeds for a finished sequential study.
+
+    The kind turns the stored spec into the extended one (:meth:`StudyKind.extended_spec`:
+    the longer seed list, the raised ``max_seeds``, the looks made so far kept as looks); it is run
+    like a resumed study, so finished trials are restored (none re-run, no MLflow run duplicated) and
+    only the new seeds' trials run, under the same study run, which then records the extension.
+
+    Raises:
+        ExtendRefused: a fixed-design study (its fixed test has already spent alpha), a kind that
+            cannot extend, an unfinished study, or ``seeds < 1``.
+    """
+    import datetime
+    import json
+
+    from studies.kinds import SPEC_FILE, kind_for, run_study_spec
+    from studies.study_dir import StudyDir
+
+    if seeds < 1:
+        raise ExtendRefused(f"--seeds must be at least 1, got {seeds}")
+    if getattr(spec, "sequential", None) is None:
+        raise ExtendRefused(
+            f"study {spec.name!r} has a fixed design: its fixed-n test has already spent alpha, and more seeds "
+            "would need a new test. Run it with a `sequential:` section to be able to extend it."
+        )
+    kind = kind_for(spec)
+    where = StudyDir.of(spec)
+    text = where.read_text("verdict.json")
+    if where.read_text(SPEC_FILE) is None or text is None:
+        raise ExtendRefused(f"no finished study at {where.uri} (resume it first, then extend)")
+    verdict = json.loads(text)
+    new = kind.extended_spec(spec, seeds, verdict)
+    added = [s for s in new.seeds if s not in set(spec.seeds[: int(verdict.get("seeds_used") or 0)])]
+    print(
+        f"[{spec.name}] extend: {seeds} more seed(s) {added}, max_seeds {new.sequential.max_seeds}",
+        flush=True,
+    )
+    outcome = run_study_spec(new, allow_changed_spec=True)
+    record = {"seeds_added": added, "at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    if outcome.parent_run_id:
+        try:
+            from mlflow import MlflowClient
+
+            client = MlflowClient(tracking_uri=outcome.tracking_uri)
+            done = [k for k in client.get_run(outcome.parent_run_id).data.tags if k.startswith("extend/")]
+            client.set_tag(outcome.parent_run_id, f"extend/{len(done) + 1}", json.dumps(record))
+        except Exception as exc:  # the study itself is done and on disk: say so, do not fail
+            print(f"[{spec.name}] could not record the extension on the study run: {exc}", flush=True)
+    return outcome
+
+
+def plot_intervals(verdict: Mapping[str, Any], path: Any) -> Any:
+    """Each hypothesis's confidence sequence (and estimate) against the seeds, one look per point:
+    how the interval narrowed and where the study stopped. ``None`` when the verdict has no looks."""
+    looks = verdict.get("looks") or []
+    if not looks:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({name for look in looks for name in look["hypotheses"]})
+    fig, ax = plt.subplots(figsize=(7, 0.6 + 1.2 * max(2, len(names))))
+    colours = {
+        "reject": "tab:green",
+        "futile": "tab:red",
+        "continue": "tab:gray",
+        "inconclusive": "tab:orange",
+    }
+    for row, name in enumerate(names):
+        for look in looks:
+            h = look["hypotheses"].get(name)
+            if h is None or h.get("estimate") is None:
+                continue
+            n = look["n_seeds"]
+            lo, hi = (h.get("ci") or [None, None])[:2]
+            y = (
+                row
+                + (n - looks[0]["n_seeds"]) / max(1, looks[-1]["n_seeds"] - looks[0]["n_seeds"] + 1) * 0.6
+                - 0.3
+            )
+            colour = colours.get(str(h.get("decision")), "black")
+            if lo is not None and hi is not None:
+                ax.plot([lo, hi], [y, y], color=colour, lw=2)
+            ax.plot([h["estimate"]], [y], "o", color=colour, ms=4)
+            ax.annotate(f"n={n}", (h["estimate"], y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    ax.axvline(0.0, color="black", lw=0.8)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("per-seed effect: confidence sequence at each look (green reject, red futile)")
+    ax.set_title(f"Sequential looks: {verdict.get('seeds_used')} of {verdict.get('max_seeds')} seeds used")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

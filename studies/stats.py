@@ -34,6 +34,7 @@ __all__ = [
     "EXACT_PERMUTATION_LIMIT",
     "Alternative",
     "confidence_sequence",
+    "expected_seeds",
     "holm",
     "log_n_permutations",
     "min_sign_flip_p",
@@ -786,3 +787,48 @@ def sequential_looks(
         if stop and stop_early:
             break
     return out
+
+
+def expected_seeds(
+    looks: Sequence[int],
+    *,
+    family: int,
+    alpha: float,
+    effect: float,
+    min_effect: float | None,
+    prior_scale: float = 1.0,
+    runs: int = 300,
+    seed: int = 0,
+) -> float:
+    """The mean seed count a sequential study stops at, by simulation (``plan`` for sequential specs).
+
+    ``family`` independent hypotheses, each with normal per-seed values of mean ``effect`` in the
+    predicted direction and sd 1 (``effect`` and ``min_effect`` in sd units), tested with Holm at every
+    look (:func:`sequential_family`, one-sided); a study stops at the first look where every
+    hypothesis is decided, else at ``looks[-1]``. A seeded generator owned by the call.
+    """
+    planned = _check_looks(looks)
+    if family < 1:
+        raise ValueError(f"family must be >= 1, got {family}")
+    rng = np.random.default_rng(seed)
+    names = [f"h{i}" for i in range(family)]
+    alternatives: dict[str, Alternative] = dict.fromkeys(names, "greater")
+    used = []
+    for _ in range(runs):
+        data = rng.normal(effect, 1.0, size=(family, planned[-1]))
+        stop = planned[-1]
+        for n in planned[:-1]:
+            out = sequential_family(
+                {k: data[i, :n] for i, k in enumerate(names)},
+                looks=planned,
+                alpha=alpha,
+                alternatives=alternatives,
+                min_effect=min_effect,
+                prior_scale=prior_scale,
+                n_seeds=n,
+            )
+            if all(h["decision"] in ("reject", "futile") for h in out.values()):
+                stop = n
+                break
+        used.append(stop)
+    return float(np.mean(used))

@@ -128,15 +128,16 @@ class Phase:
     plan: StudyPlan
     configs: tuple[dict[str, Any], ...]
     optional: bool = False  # runs only when needed (a range extension): in ``plan``'s maxima only
+    look: bool = False  # a sequential design's look after the first (optional too): its expected cost
 
     @classmethod
-    def of(cls, plan: StudyPlan, *, optional: bool = False) -> Phase:
+    def of(cls, plan: StudyPlan, *, optional: bool = False, look: bool = False) -> Phase:
         configs = tuple(with_values(plan.base_config, point) for point in _grid_points(plan))
         if len(configs) != expected_trials(plan):  # the plan contract; never expected to fail
             raise AssertionError(
                 f"phase {plan.name}: {len(configs)} configs for {expected_trials(plan)} trials"
             )
-        return cls(name=plan.name, plan=plan, configs=configs, optional=optional)
+        return cls(name=plan.name, plan=plan, configs=configs, optional=optional or look, look=look)
 
 
 @dataclass
@@ -260,3 +261,10 @@ class StudyKind(ABC):
     def with_seeds(self, spec: Any, k: int) -> Any:
         """``spec`` with ``k`` confirmatory seeds, re-validated (``plan --pilot`` prices it)."""
         raise ValueError(f"a {self.name} study has no confirmatory seeds to set")
+
+    def extended_spec(self, spec: Any, seeds: int, verdict: Mapping[str, Any]) -> Any:
+        """``autonorm-study extend``: the spec of a finished sequential study with ``seeds`` more
+        confirmatory seeds (:func:`studies.sequential.extend_study` runs it). The default refuses."""
+        from studies.sequential import ExtendRefused
+
+        raise ExtendRefused(f"the {self.name} kind cannot extend a study")

@@ -412,3 +412,38 @@ def test_gate_entropy_matches_scipy() -> None:
     assert gate_entropy(p) == pytest.approx(stats.entropy(p, axis=1))
     with pytest.raises(ValueError):
         gate_entropy([-0.1, 1.1])
+
+
+def test_sequential_design_tests_each_fix_arm_at_every_look() -> None:
+    # corrected declines with B; prenorm_l2 does not (its interaction is 0): with min_effect the
+    # first is rejected, the second futile -> refuted for "effect below min_effect"
+    slopes = {"linear": 0.0, "linear_batchnorm": 0.0, "corrected": -0.02, "prenorm_l2": 0.0}
+    df = make_table(slopes=slopes, seeds=12, rng_seed=3)
+    order = [str(s) for s in (5, 3, 0, 1, 2, 4, 6, 7, 8, 9, 10, 11)]  # the spec's order, not sorted
+    design = {"looks": [6, 8, 10, 12], "seed_order": order, "min_effect": 0.01, "prior_scale": 1.0}
+    res = batchsize_trend(df, n_perm=999, sequential=design, **ARGS)
+    looks = res["looks"]
+    assert [look["n_seeds"] for look in looks] == [6, 8, 10, 12]  # every look the data reach
+    fixed = batchsize_trend(df, n_perm=999, **ARGS)
+    final = looks[-1]["hypotheses"]
+    corrected, prenorm = res["arms"]["corrected"], res["arms"]["prenorm_l2"]
+    # the sequential p and confidence sequence replace the fixed-design ones (kept aside)
+    assert corrected["p_value"] == final["corrected"]["p_value"] and corrected["sequential"] == "reject"
+    assert corrected["fixed_design"]["p_value"] == fixed["arms"]["corrected"]["p_value"]
+    assert corrected["interaction_ci"] == pytest.approx(final["corrected"]["ci"])
+    # a confidence sequence is wider than the fixed-n t-interval on the same seeds
+    lo, hi = corrected["interaction_ci"]
+    flo, fhi = fixed["arms"]["corrected"]["interaction_ci"]
+    assert hi - lo > fhi - flo
+    assert res["verdict"]["corrected"] == "supported"
+    assert prenorm["sequential"] == "futile" and res["verdict"]["prenorm_l2"] == "refuted"
+    assert prenorm["reasons"] == ["effect below min_effect"]
+    # the looks use the seeds in the given order: the first look is seeds 5, 3, 0, 1, 2, 4
+    per_seed = dict(zip(res["seeds"], corrected["interaction_by_seed"], strict=True))
+    first = [per_seed[s] for s in order[:6]]
+    assert final["corrected"]["n"] == 12 and looks[0]["hypotheses"]["corrected"]["estimate"] == pytest.approx(
+        float(np.mean(first))
+    )
+    holm_first = holm({k: h["p_value"] for k, h in looks[0]["hypotheses"].items()})
+    assert {k: h["p_value_holm"] for k, h in looks[0]["hypotheses"].items()} == pytest.approx(holm_first)
+    json.dumps(res, allow_nan=False)  # strict JSON

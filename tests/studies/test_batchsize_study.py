@@ -60,18 +60,26 @@ def test_every_preset_plans_tuning_then_the_full_confirmatory_grid(preset: str |
         assert {c["model"]["layer"]["type"] for c in configs} == set(spec.arms)
         assert {c["training"]["budget"] for c in configs} == {budget}
         lr = {arm: 0.1 * (i + 1) for i, arm in enumerate(spec.arms)}
-        confirm = spec.confirmatory_plan(budget, lr)
-        configs = _configs(confirm)
-        assert (
-            len(configs)
-            == expected_trials(confirm)
-            == len(spec.arms) * len(spec.batch_sizes) * len(spec.seeds)
-        )
+        # a sequential design runs its seeds in looks, each look its own plan; the fixed design one
+        looks = spec.sequential.schedule() if spec.sequential else (len(spec.seeds),)
+        configs, first = [], 0
+        for j in range(1, len(looks) + 1):
+            confirm = spec.confirmatory_plan(budget, lr, look=j)
+            look_configs = _configs(confirm)
+            assert len(look_configs) == expected_trials(confirm)
+            assert {c["seed"] for c in look_configs} == set(
+                spec.seeds[(looks[j - 2] if j > 1 else 0) : looks[j - 1]]
+            )
+            assert (confirm.sampler.type, confirm.scheduler.type) == ("grid", "fifo")
+            configs += look_configs
+            if j == 1:
+                first = expected_trials(confirm)
+        seeds = spec.seeds[: looks[-1]]
+        assert len(configs) == len(spec.arms) * len(spec.batch_sizes) * len(seeds)
         cells = {(c["model"]["layer"]["type"], c["training"]["batch_size"], c["seed"]) for c in configs}
-        assert cells == {(a, b, s) for a in spec.arms for b in spec.batch_sizes for s in spec.seeds}
+        assert cells == {(a, b, s) for a in spec.arms for b in spec.batch_sizes for s in seeds}
         assert all(c["training"]["lr"] == lr[c["model"]["layer"]["type"]] for c in configs)
-        assert (confirm.sampler.type, confirm.scheduler.type) == ("grid", "fifo")
-        total += expected_trials(tune) + expected_trials(confirm)
+        total += expected_trials(tune) + first  # total_trials: the first look of a sequential design
     assert total == spec.total_trials
 
 
@@ -323,6 +331,27 @@ def test_status_report_and_resume_work_on_the_study_directory(
     exp = client.get_run(out.parent_run_id).info.experiment_id  # type: ignore[arg-type]
     trials = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'trial'")
     assert len(trials) == spec.total_trials  # nothing duplicated
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_extend_refuses_a_fixed_design_study_and_runs_nothing(
+    smoke: tuple[BatchSizeStudySpec, StudyOutcome], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mlflow import MlflowClient
+
+    from studies import cli
+
+    _, out = smoke
+    client = MlflowClient(tracking_uri=out.tracking_uri)
+    exp = client.get_run(out.parent_run_id).info.experiment_id  # type: ignore[arg-type]
+    before = len(client.search_runs([exp], max_results=5000))
+    spec_text = (Path(out.study_dir) / "study_spec.yaml").read_text()
+    assert cli.main(["extend", out.study_dir, "--seeds", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "fixed design" in err and "sequential" in err and "Traceback" not in err
+    assert len(client.search_runs([exp], max_results=5000)) == before  # no run added
+    assert (Path(out.study_dir) / "study_spec.yaml").read_text() == spec_text
 
 
 @pytest.mark.ray

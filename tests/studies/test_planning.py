@@ -262,3 +262,26 @@ def test_pilot_power_search_without_confirmatory_phase_says_so(tmp_path: Path) -
     spec = load_study(SEARCH, preset="smoke")
     with pytest.raises(ValueError, match="no confirmatory phase"):
         pilot_power(spec, tmp_path, calibration=CAL, calibrate=False)
+
+
+def test_a_sequential_spec_plans_its_looks_and_expected_cost() -> None:
+    spec = load_study(BATCHSIZE, preset="local")
+    assert spec.sequential is not None
+    plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=8)
+    looks = spec.sequential.schedule()
+    names = [p["name"] for p in plan["phases"] if p["optional"] and "-look" in p["name"]]
+    assert names == [f"confirm-{b}-look{j}" for b in spec.budgets for j in range(2, len(looks) + 1)]
+    assert plan["trials"] == spec.total_trials  # no extension, the first look only
+    assert plan["trials_max"] == spec.tuning_trials + spec.extension_trials_max + spec.confirmatory_trials_max
+    assert plan["trials"] <= plan["trials_expected"] <= plan["trials_max"]
+    assert plan["wall_s"] <= plan["wall_s_expected"] <= plan["wall_s_max"]
+    for scenario in ("no_effect", "min_effect"):
+        assert looks[0] <= plan["expected"][scenario]["seeds"] <= looks[-1]
+    fixed = plan_study(
+        load_study(BATCHSIZE, preset="local", overrides=["sequential=null"]),
+        calibration=CAL,
+        calibrate=False,
+        cpus=8,
+    )
+    assert "trials_expected" not in fixed
+    assert fixed["trials"] == fixed["trials_max"] - spec.extension_trials_max

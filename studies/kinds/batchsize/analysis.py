@@ -552,7 +552,7 @@ def _sequential_looks(
     have = max((len(v) for v in values.values()), default=0)
     if have < planned[0]:
         return []
-    return sequential_looks(
+    looks = sequential_looks(
         values,
         looks=planned,
         alpha=alpha,
@@ -561,6 +561,10 @@ def _sequential_looks(
         prior_scale=float(sequential.get("prior_scale", 1.0)),
         stop_early=False,
     )
+    for look in looks:  # strict JSON: an unbounded interval (too few seeds) has None bounds
+        for h in look["hypotheses"].values():
+            h["ci"] = [_none_if_nan(v) for v in h["ci"]]
+    return looks
 
 
 def _study_verdict(

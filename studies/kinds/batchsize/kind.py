@@ -10,6 +10,7 @@ Light on imports: the run, analysis and report modules are imported on use.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from typing import Any
 
 from studies.kinds.base import Phase, StudyKind
@@ -49,7 +50,9 @@ class BatchSizeKind(StudyKind):
     def phases(self, spec: Any) -> list[Phase]:
         """Per budget ``tune-<budget>``, the optional range-extension rounds ``tune-<budget>-ext<k>``
         (run only while a tuned η sits on the grid's edge), then ``confirm-<budget>`` (with the spec's
-        η standing in for the tuned one: the trial count and the update counts do not depend on it)."""
+        η standing in for the tuned one: the trial count and the update counts do not depend on it);
+        a sequential design's first look is ``confirm-<budget>``, its later looks the optional
+        ``confirm-<budget>-look<j>``."""
         placeholder = placeholder_lr(spec)
         tuning = spec.lr_tuning
         rounds = tuning.max_extensions if tuning.lr_grid().extendable else 0
@@ -61,7 +64,17 @@ class BatchSizeKind(StudyKind):
                 Phase.of(spec.extension_plan(budget, k, edge), optional=True) for k in range(1, rounds + 1)
             ]
             out.append(Phase.of(spec.confirmatory_plan(budget, placeholder)))
+            if spec.sequential is not None:  # the looks after the first: run until decided
+                looks = range(2, len(spec.sequential.schedule()) + 1)
+                out += [
+                    Phase.of(spec.confirmatory_plan(budget, placeholder, look=j), look=True) for j in looks
+                ]
         return out
+
+    def extended_spec(self, spec: Any, seeds: int, verdict: Mapping[str, Any]) -> Any:
+        from studies.kinds.batchsize.study import extended_spec
+
+        return extended_spec(spec, seeds, verdict)
 
     def undecidable(self, spec: Any) -> list[Any]:
         from studies.kinds.batchsize.decidability import undecidable

@@ -377,7 +377,7 @@ def plot_forest(result: Mapping[str, Any], path: str | Path) -> Path:
         for y, (_name, r) in zip(ypos, entries):
             color = VERDICT_COLORS.get(_outcome(r), "black")
             est, ci = r.get(key), r.get(f"{key}_ci")
-            if ci is not None:
+            if ci is not None and None not in ci:
                 ax.plot(ci, [y, y], color=color, lw=2.2)
             if est is not None:
                 ax.plot([est], [y], "o", color=color, ms=6)
@@ -629,7 +629,8 @@ def write_batchsize_report(
 
     Returns:
         Output name -> path: ``verdict``, ``trials``, ``markdown``, ``html``, ``plot_metric``,
-        ``plot_forest``.
+        ``plot_forest`` and, for a sequential design, ``plot_looks`` (``intervals_vs_seeds.png``:
+        each hypothesis's confidence sequence against the seeds).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -653,6 +654,11 @@ def write_batchsize_report(
     )
     plot_forest(verdict, paths["plot_forest"])
     plots = [paths["plot_metric"], paths["plot_forest"]]
+    if verdict.get("looks"):
+        from studies.sequential import plot_intervals
+
+        paths["plot_looks"] = out / "intervals_vs_seeds.png"
+        plots.append(plot_intervals(verdict, paths["plot_looks"]))
     common: dict[str, Any] = {
         "title": title,
         "protocol": protocol,

@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, Field, StrictBool, model_validator
 
 from studies.kinds.batchsize.analysis import HYPOTHESIS
+from studies.sequential import SequentialSpec, look_seeds
 from studies.spec import (
     CategoricalParam,
     DataSpec,
@@ -235,6 +236,7 @@ class BatchSizeStudySpec(BaseModel):
     budgets: Annotated[tuple[Budget, ...], Field(min_length=1)] = ("epochs", "updates")
     lr_policy: Literal["constant", "linear", "sqrt", "tuned"] = "constant"
     lr_tuning: LRTuningSpec = LRTuningSpec()
+    sequential: SequentialSpec | None = None  # seeds in looks (studies.sequential); None: fixed design
     analysis: AnalysisSpec = AnalysisSpec()
     resources: ResourcesSpec = ResourcesSpec()
     max_concurrent: PosInt = 2  # trials at once (Tune's max_concurrent_trials)
@@ -317,6 +319,14 @@ class BatchSizeStudySpec(BaseModel):
                         if isinstance(self.data, (ArraysDataSpec, TableDataSpec))
                         else ""
                     ),
+                )
+            )
+        if self.sequential is not None and len(self.seeds) < self.sequential.max_seeds:
+            issues.append(
+                SpecIssue(
+                    "sequential.max_seeds",
+                    f"{self.sequential.max_seeds} seeds planned but `seeds` lists {len(self.seeds)}; "
+                    "list at least max_seeds confirmatory seeds (they are taken in order)",
                 )
             )
         overlap = sorted(set(self.lr_tuning.seeds) & set(self.seeds))
@@ -414,9 +424,23 @@ class BatchSizeStudySpec(BaseModel):
     # ---- sizes ----------------------------------------------------------------------------------
 
     @property
+    def trials_per_seed(self) -> int:
+        """Confirmatory trials one seed adds: arms x batch sizes x budgets."""
+        return len(self.arms) * len(self.batch_sizes) * len(self.budgets)
+
+    @property
     def expected_trials(self) -> int:
-        """Confirmatory trials: arms x batch sizes x seeds x budgets."""
-        return len(self.arms) * len(self.batch_sizes) * len(self.seeds) * len(self.budgets)
+        """Confirmatory trials: arms x batch sizes x seeds x budgets (a sequential design: through its
+        first look, the least it runs)."""
+        seeds = len(self.seeds) if self.sequential is None else self.sequential.schedule()[0]
+        return self.trials_per_seed * seeds
+
+    @property
+    def confirmatory_trials_max(self) -> int:
+        """Confirmatory trials when every look runs (``max_seeds``), or the fixed design's."""
+        return self.trials_per_seed * (
+            len(self.seeds) if self.sequential is None else self.sequential.max_seeds
+        )
 
     @property
     def tuning_trials(self) -> int:
@@ -544,14 +568,25 @@ class BatchSizeStudySpec(BaseModel):
             environ=environ,
         )
 
+    def look_plan_name(self, budget: str, look: int) -> str:
+        """The folder of a confirmatory look: ``confirm-<budget>`` (the first, or the fixed design's
+        only one), ``confirm-<budget>-look<j>`` after it."""
+        return f"confirm-{budget}" if look <= 1 else f"confirm-{budget}-look{int(look)}"
+
     def confirmatory_plan(
-        self, budget: str, lr: Mapping[str, float], *, environ: Mapping[str, str] | None = None
+        self,
+        budget: str,
+        lr: Mapping[str, float],
+        *,
+        look: int = 1,
+        environ: Mapping[str, str] | None = None,
     ) -> StudyPlan:
         """Phase 2: every arm x batch size x seed with the tuned learning rates (FIFO, full budget).
 
         Args:
             lr: ``cell_key(arm, B) -> lr`` for ``tuned``; else ``arm -> lr`` (the η at the reference
                 batch size, scaled with B by the trial for ``linear`` / ``sqrt``).
+            look: a sequential design's look (1-based): the plan runs the seeds that look adds.
         """
         cells = []
         for arm in self.arms:
@@ -560,11 +595,14 @@ class BatchSizeStudySpec(BaseModel):
                 if key not in lr:
                     raise ValueError(f"no tuned learning rate for {key!r}")
                 cells.append(_cell(arm, b, float(lr[key])))
+        seeds: Sequence[int] = self.seeds
+        if self.sequential is not None:
+            seeds = dict(look_seeds(self.seeds, self.sequential.schedule()))[look]
         return self._plan(
-            name=f"confirm-{budget}",
+            name=self.look_plan_name(budget, look),
             budget=budget,
             cells=cells,
-            seeds=self.seeds,
+            seeds=seeds,
             phase="confirmatory",
             environ=environ,
         )

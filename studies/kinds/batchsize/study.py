@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from studies.kinds.base import StudyOutcome, hypothesis_entry, study_runner
-from studies.kinds.batchsize.kind import KIND_NAME, BatchSizeKind, placeholder_lr
+from studies.kinds.batchsize.kind import KIND_NAME, BatchSizeKind
 from studies.kinds.batchsize.power import pilot
 from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
 from studies.tuning import RunPoints, tune
@@ -180,7 +180,10 @@ def analyse(table: Any, spec: BatchSizeStudySpec, **inputs: Any) -> dict[str, An
         chance_metric=chance_metric,
         chance_loss=chance_loss,
         **a.model_dump(),  # metric, direction, alpha, delta, min_seeds, n_boot, n_perm, seed, confidence
+        sequential=_sequential_design(spec),
     )
+    if spec.sequential is not None:
+        verdict.update(_sequential_summary(spec, verdict))
     arms = verdict.get("arms") or {}
     hypotheses = {
         arm: {
@@ -195,6 +198,62 @@ def analyse(table: Any, spec: BatchSizeStudySpec, **inputs: Any) -> dict[str, An
         "hypotheses": hypotheses,
         **verdict,
     }
+
+
+def _sequential_design(spec: BatchSizeStudySpec) -> dict[str, Any] | None:
+    seq = spec.sequential
+    if seq is None:
+        return None
+    return {
+        "looks": list(seq.schedule()),
+        "seed_order": [str(s) for s in spec.seeds],
+        "min_effect": seq.min_effect,
+        "prior_scale": seq.prior_scale,
+    }
+
+
+def _sequential_summary(spec: BatchSizeStudySpec, verdict: Mapping[str, Any]) -> dict[str, Any]:
+    """``looks`` over every budget (hypothesis ``<arm>``, or ``<budget>/<arm>`` with several budgets;
+    Holm runs per budget, the fixed design's family), ``seeds_used``, ``max_seeds``, ``trials_saved``."""
+    from studies.sequential import sequential_fields
+
+    assert spec.sequential is not None
+    budgets = verdict.get("budgets") or {"": verdict}
+    merged: list[dict[str, Any]] = []
+    for budget, result in budgets.items():
+        for j, look in enumerate(result.get("looks") or []):
+            if j == len(merged):
+                merged.append({"n_seeds": look["n_seeds"], "hypotheses": {}})
+            prefix = f"{budget}/" if len(budgets) > 1 else ""
+            merged[j]["hypotheses"].update({f"{prefix}{arm}": h for arm, h in look["hypotheses"].items()})
+    return sequential_fields(
+        merged, spec.seeds, max_seeds=spec.sequential.max_seeds, trials_per_seed=spec.trials_per_seed
+    )
+
+
+def extended_spec(spec: BatchSizeStudySpec, seeds: int, verdict: Mapping[str, Any]) -> BatchSizeStudySpec:
+    """The spec of ``extend``: the seeds used so far, then ``seeds`` new ones (the next integers above
+    every seed any phase used, tuning seeds included), the looks made so far kept as looks."""
+    assert spec.sequential is not None
+    used = int(verdict.get("seeds_used") or 0)
+    done = [int(look["n_seeds"]) for look in verdict.get("looks") or []]
+    if not used or not done:
+        from studies.sequential import ExtendRefused
+
+        raise ExtendRefused("the study's verdict.json records no looks: resume it first, then extend")
+    top = max([*spec.seeds[:used], *spec.lr_tuning.seeds]) + 1
+    doc = spec.to_document()
+    doc["seeds"] = [*spec.seeds[:used], *range(top, top + seeds)]
+    doc["sequential"] = spec.sequential.extended(done, seeds).model_dump(mode="json")
+    return BatchSizeStudySpec.model_validate(doc)
+
+
+def decided(verdict: Mapping[str, Any]) -> bool:
+    """Every sequential hypothesis of the last look is decided (rejected or futile)."""
+    looks = verdict.get("looks") or []
+    if not looks:
+        return False
+    return all(h["decision"] in ("reject", "futile") for h in looks[-1]["hypotheses"].values())
 
 
 def _verdict_tags(verdict: Mapping[str, Any]) -> dict[str, str]:
@@ -269,6 +328,76 @@ def _extension_runner(
     return run_points
 
 
+def _confirm(
+    spec: BatchSizeStudySpec,
+    runner: Any,
+    budget: str,
+    lr: Mapping[str, float],
+    record: Mapping[str, Any],
+    *,
+    look: int,
+    environ: Mapping[str, str] | None,
+) -> Any:
+    """One confirmatory phase (a look of a sequential design) as a trials table."""
+    plan = spec.confirmatory_plan(budget, lr, look=look, environ=environ)
+    _say(f"phase confirmatory ({budget} budget): {plan.name} (grid, FIFO, full budget)")
+    confirmed = runner.run(plan)
+    return trials_table(
+        confirmed.trials,
+        metric=spec.analysis.metric,
+        budget=budget,
+        lr_record=record,
+        lr_policy=spec.lr_policy,
+    )
+
+
+def _run_looks(
+    spec: BatchSizeStudySpec,
+    runner: Any,
+    tuned_lr: Mapping[str, Mapping[str, float]],
+    lr_records: Mapping[str, Any],
+    *,
+    environ: Mapping[str, str] | None,
+) -> list[Any]:
+    """The confirmatory seeds in looks: after each, the anytime-valid test of every fix arm (Holm per
+    budget); no more seeds once every hypothesis is decided. A look already in the study directory
+    (a resumed study) and every look of an explicit ``sequential.looks`` schedule (``extend``) run
+    whatever the decisions, so a rerun repeats the study and an extension adds exactly its seeds."""
+    import pandas as pd
+
+    from studies.sequential import look_seeds
+    from studies.study_dir import StudyDir
+
+    assert spec.sequential is not None
+    schedule = spec.sequential.schedule()
+    where = StudyDir.of(spec)
+    tables: list[Any] = []
+    for j in range(1, len(schedule) + 1):
+        for budget in spec.budgets:
+            tables.append(
+                _confirm(spec, runner, budget, tuned_lr[budget], lr_records[budget], look=j, environ=environ)
+            )
+        if j == len(schedule):
+            break
+        verdict = analyse(spec, pd.concat(tables, ignore_index=True))
+        state = {
+            k: h["decision"] for k, h in (verdict.get("looks") or [{}])[-1].get("hypotheses", {}).items()
+        }
+        _say(f"look {j} ({schedule[j - 1]} seeds): " + ", ".join(f"{k} {v}" for k, v in state.items()))
+        ran_before = bool(
+            read_trials(where.phase_plan(spec.look_plan_name(spec.budgets[0], j + 1)), history=False)
+        )
+        if decided(verdict) and not ran_before and spec.sequential.looks is None:
+            _say(
+                f"every hypothesis decided after {schedule[j - 1]} of {spec.sequential.max_seeds} seeds: stop"
+            )
+            break
+        runner.set_expected_trials(
+            runner.expected_trials + len(dict(look_seeds(spec.seeds, schedule))[j + 1]) * spec.trials_per_seed
+        )
+    return tables
+
+
 def _extension_reader(spec: BatchSizeStudySpec, budget: str) -> RunPoints:
     """Reads range-extension round ``k`` back from the study directory (report, status)."""
     from studies.study_dir import StudyDir
@@ -295,6 +424,7 @@ def run(
         f"+ {spec.tuning_trials} lr-tuning trials ({spec.total_trials} total), lr_policy={spec.lr_policy}"
     )
     lr_records: dict[str, Any] = {}
+    tuned_lr: dict[str, dict[str, float]] = {}
     tables = []
     with study_runner(study, expected_trials=spec.total_trials, **runner_options) as runner:
         for budget in spec.budgets:
@@ -311,18 +441,11 @@ def run(
                 edge = " (on the edge of the range!)" if rec["at_range_edge"] else ""
                 grown = f" after {rec['extensions']} range extension(s)" if rec["extensions"] else ""
                 _say(f"  {key}: lr={rec['lr']:.4g}{grown}{edge}")
-            plan = spec.confirmatory_plan(budget, lr, environ=environ)
-            _say(f"phase confirmatory ({budget} budget): {plan.name} (grid, FIFO, full budget)")
-            confirmed = runner.run(plan)
-            tables.append(
-                trials_table(
-                    confirmed.trials,
-                    metric=spec.analysis.metric,
-                    budget=budget,
-                    lr_record=record,
-                    lr_policy=spec.lr_policy,
-                )
-            )
+            tuned_lr[budget] = lr
+            if spec.sequential is None:
+                tables.append(_confirm(spec, runner, budget, lr, record, look=1, environ=environ))
+        if spec.sequential is not None:
+            tables = _run_looks(spec, runner, tuned_lr, lr_records, environ=environ)
         _say("phase analysis: statistics, verdict, report")
         table = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
         verdict = analyse(table, spec)
@@ -438,8 +561,9 @@ def status(spec: BatchSizeStudySpec) -> dict[str, Any]:
         "kind": KIND_NAME,
         "directory": StudyDir.of(spec).uri,
         # Extension rounds that ran add their trials (an extension changes the count).
+        # Extension rounds and looks that ran add their trials (each changes the count).
         "expected_trials": spec.total_trials
-        + sum(len(ts) for name, ts in phases.items() if name.startswith("tune-") and "-ext" in name),
+        + sum(len(ts) for name, ts in phases.items() if "-ext" in name or "-look" in name),
         "trials": len(all_trials),
         "by_status": dict(Counter(t.status for t in all_trials)),
         "phases": {
@@ -479,7 +603,12 @@ def report(spec: BatchSizeStudySpec, out_dir: Path) -> Path:
         lr_records[budget] = record
         tables.append(
             trials_table(
-                phases[spec.confirmatory_plan(budget, placeholder_lr(spec)).name],
+                [
+                    t
+                    for name, ts in phases.items()
+                    if name == f"confirm-{budget}" or name.startswith(f"confirm-{budget}-look")
+                    for t in ts
+                ],
                 metric=spec.analysis.metric,
                 budget=budget,
                 lr_record=record,

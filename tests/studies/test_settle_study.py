@@ -1,0 +1,174 @@
+"""Settling a verdict on a real local Ray (issue 24): one batch-size smoke whose learning-rate range is
+deliberately too low (the range extension must find the optimum) and whose seeds run sequentially,
+then ``extend STUDY_DIR --seeds 2`` on it. One study for the whole module."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from studies.batchsize_correlation import DEFAULT_SPEC
+from studies.kinds import StudyOutcome, run_study_spec
+from studies.kinds.batchsize.spec import BatchSizeStudySpec
+from studies.spec import load_spec
+from tests.services import embedded_ray
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# The issue's smoke commands: a range two decades too low for the corrected arm, 3 seeds in looks of 1.
+SETTLE = (
+    "lr_tuning.low=0.001",
+    "lr_tuning.high=0.01",
+    "lr_tuning.points=3",
+    "lr_tuning.max_extensions=6",
+    "sequential.min_seeds=2",
+    "sequential.max_seeds=3",
+    "sequential.look_every=1",
+    "seeds=[0,1,2]",
+    "analysis.min_seeds=2",
+)
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def _trial_runs(out: StudyOutcome) -> list[Any]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=out.tracking_uri)
+    exp = client.get_run(out.parent_run_id).info.experiment_id  # type: ignore[arg-type]
+    return client.search_runs([exp], filter_string="tags.`autonorm.role` = 'trial'", max_results=5000)
+
+
+@pytest.fixture(scope="module")
+def settled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The study, its verdict and trial runs before and after ``extend --seeds 2``."""
+    from studies import cli
+
+    path = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    storage = tmp_path_factory.mktemp("settle")
+    spec: BatchSizeStudySpec = load_spec(
+        DEFAULT_SPEC, [f"storage_path={storage}", *SETTLE], preset="smoke", model=BatchSizeStudySpec
+    )
+    with embedded_ray("rt_settle_", {"PYTHONPATH": path}):
+        out = run_study_spec(spec, progress=False)
+        study_dir = Path(out.study_dir)
+        before = {
+            "verdict": json.loads((study_dir / "verdict.json").read_text()),
+            "lr": json.loads((study_dir / "lr_tuning.json").read_text()),
+            "runs": _trial_runs(out),
+            "spec": yaml.safe_load((study_dir / "study_spec.yaml").read_text()),
+        }
+        code = cli.main(["extend", str(study_dir), "--seeds", "2"])
+        after = {
+            "code": code,
+            "verdict": json.loads((study_dir / "verdict.json").read_text()),
+            "runs": _trial_runs(out),
+            "spec": yaml.safe_load((study_dir / "study_spec.yaml").read_text()),
+        }
+    yield {"spec": spec, "out": out, "dir": study_dir, "before": before, "after": after}
+
+
+def test_range_extension_finds_every_arms_optimum(settled: dict[str, Any]) -> None:
+    spec, before = settled["spec"], settled["before"]
+    tuned = before["lr"]["epochs"]
+    assert set(tuned) == set(spec.arms)
+    for arm, rec in tuned.items():
+        assert not rec["at_range_edge"], (arm, rec)
+        assert rec["lr"] > 0.01, (arm, rec)  # above the whole planned range
+        assert rec["extensions"] >= 1 and rec["grid"][0] == 0.001
+    verdict = before["verdict"]
+    assert not any("lr-at-range-edge" in r for res in verdict["arms"].values() for r in res["reasons"])
+    # extension trials are ordinary tuning trials: MLflow runs under their own phase runs
+    runs = before["runs"]
+    ext_tags = {r.data.tags["autonorm.phase"] for r in runs if "-ext" in r.data.tags["autonorm.phase"]}
+    rounds = max(rec["extensions"] for rec in tuned.values())
+    assert ext_tags == {f"tune-epochs-ext{k}" for k in range(1, rounds + 1)}
+    n_ext = sum(rec["trials"] for rec in tuned.values()) - spec.tuning_trials
+    assert n_ext == sum(len(spec.lr_tuning.seeds) * rec["extensions"] for rec in tuned.values())
+
+
+def test_sequential_looks_and_seeds_used_in_the_verdict(settled: dict[str, Any]) -> None:
+    spec, before = settled["spec"], settled["before"]
+    verdict = before["verdict"]
+    # 2 then 3 seeds: nothing can be decided with so few (the confidence sequence is unbounded)
+    assert [look["n_seeds"] for look in verdict["looks"]] == [2, 3]
+    assert [look["seeds"] for look in verdict["looks"]] == [[0, 1], [0, 1, 2]]
+    assert verdict["seeds_used"] == 3 and verdict["max_seeds"] == 3 and verdict["trials_saved"] == 0
+    for look in verdict["looks"]:
+        assert set(look["hypotheses"]) == set(spec.fix_arms)
+        for h in look["hypotheses"].values():
+            assert h["decision"] in ("continue", "inconclusive") and h["ci"] == [None, None]
+    assert verdict["looks"][-1]["hypotheses"]["corrected"]["decision"] == "inconclusive"
+    assert (settled["dir"] / "intervals_vs_seeds.png").read_bytes()[:4] == b"\x89PNG"
+    # every trial run is accounted for: tuning (with extensions) + 3 seeds of the confirmatory grid
+    n_tuning = sum(rec["trials"] for rec in before["lr"]["epochs"].values())
+    assert len(before["runs"]) == n_tuning + 3 * spec.trials_per_seed
+    phases = {r.data.tags["autonorm.phase"] for r in before["runs"]}
+    assert {"confirm-epochs", "confirm-epochs-look2"} <= phases
+    study = _study_run(settled)
+    assert int(study.data.tags["expected_trials"]) == len(before["runs"])  # updated by extensions and looks
+
+
+def _study_run(settled: dict[str, Any]) -> Any:
+    from mlflow import MlflowClient
+
+    out = settled["out"]
+    return MlflowClient(tracking_uri=out.tracking_uri).get_run(out.parent_run_id)
+
+
+def test_extend_adds_exactly_the_new_seeds_trials(settled: dict[str, Any]) -> None:
+    spec, before, after = settled["spec"], settled["before"], settled["after"]
+    assert after["code"] == 0
+    verdict = after["verdict"]
+    assert verdict["seeds_used"] == before["verdict"]["seeds_used"] + 2 == 5
+    # the next integers above every seed any phase used (the tuning seeds 1000, 1001 included)
+    new_seeds = [1002, 1003]
+    assert after["spec"]["seeds"] == [0, 1, 2, *new_seeds]
+    assert after["spec"]["sequential"]["max_seeds"] == 5 and after["spec"]["sequential"]["looks"] == [
+        2,
+        3,
+        4,
+        5,
+    ]
+    # the earlier looks stay looks (same seeds, same evidence; the former last look is no longer last)
+    assert [look["n_seeds"] for look in verdict["looks"]] == [2, 3, 4, 5]
+    for old_look, new_look in zip(before["verdict"]["looks"], verdict["looks"], strict=False):
+        assert new_look["seeds"] == old_look["seeds"]
+        for name, h in old_look["hypotheses"].items():
+            assert new_look["hypotheses"][name]["p_value"] == pytest.approx(h["p_value"])
+    assert verdict["looks"][-1]["hypotheses"]["corrected"]["decision"] in ("reject", "futile", "inconclusive")
+    # the new seeds' trials and nothing else: no run duplicated, none re-run
+    old = {r.info.run_id for r in before["runs"]}
+    new = [r for r in after["runs"] if r.info.run_id not in old]
+    assert len(new) == 2 * spec.trials_per_seed
+    assert {int(r.data.params["seed"]) for r in new} == set(new_seeds)
+    keys = [(r.data.tags["autonorm.phase"], r.info.run_name) for r in after["runs"]]
+    assert len(keys) == len(set(keys))
+    assert {r.info.run_id for r in after["runs"]} >= old
+    # the study run records the extension and its count follows
+    study = _study_run(settled)
+    record = json.loads(study.data.tags["extend/1"])
+    assert record["seeds_added"] == new_seeds and record["at"]
+    assert int(study.data.tags["expected_trials"]) == len(after["runs"])
+
+
+def test_status_and_report_see_the_extended_study(
+    settled: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from studies import cli
+
+    study_dir = settled["dir"]
+    assert cli.main(["status", str(study_dir), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["trials"] == status["expected_trials"] == len(settled["after"]["runs"])
+    assert "confirm-epochs-look4" in status["phases"] and "tune-epochs-ext1" in status["phases"]
+    assert cli.main(["report", str(study_dir)]) == 0
+    report = json.loads((study_dir / "report" / "verdict.json").read_text())
+    assert report["looks"] == settled["after"]["verdict"]["looks"]
+    assert report["verdict"] == settled["after"]["verdict"]["verdict"]
