@@ -603,7 +603,7 @@ def _expected_cost(
     first, top = schedule[0], schedule[-1]
     analysis = getattr(spec, "analysis", None)
     alpha = float(getattr(analysis, "alpha", 0.05))
-    family = max(1, len(getattr(spec, "fix_arms", ())) * len(getattr(spec, "budgets", ("",))))
+    family = int(getattr(spec, "sequential_family", 1))
     futility = 1.0 if seq.min_effect is not None else None
     scenarios: dict[str, Any] = {}
     for name, effect in (("no_effect", 0.0), ("min_effect", 1.0)):

@@ -361,3 +361,37 @@ def test_missing_gate_logs_leave_gate_claims_inconclusive() -> None:
     res = autonorm_claims(_table(12, 0.03), {}, data_kind="vision")
     assert res["d"]["verdict"] == "inconclusive" and "underpowered" in res["d"]["reasons"]
     assert res["a"]["verdict"] == "supported"  # the contrasts do not need gate logs
+
+
+def test_sequential_design_decides_each_claim_at_every_look() -> None:
+    design = {"looks": [6, 8, 10, 12], "seed_order": list(range(100, 112)), "min_effect": 0.01}
+    # vision: a and b have a clear effect, e (autonorm_s vs frozen_ln: effect 0.03 too) as well
+    res = autonorm_claims(_table(12, 0.03), _gate_logs(12), data_kind="vision", sequential=design)
+    looks = res.pop("_looks")
+    _assert_shape(res)
+    assert [look["n_seeds"] for look in looks] == [6, 8, 10, 12]
+    assert set(looks[0]["hypotheses"]) == {"a", "b", "e"}  # the Holm family on images
+    for claim in ("a", "b"):
+        h = looks[-1]["hypotheses"][claim]
+        assert res[claim]["sequential"] == h["decision"] == "reject"
+        assert (
+            res[claim]["p_value_holm"] == h["p_value_holm"] <= 0.05 and res[claim]["verdict"] == "supported"
+        )
+        assert res[claim]["ci"] == pytest.approx(h["ci"]) and res[claim]["ci"][0] > 0
+        assert res[claim]["fixed_design"]["p_value"] is not None  # the sign-flip p is kept aside
+    assert res["d"]["verdict"] == "supported"  # not a per-seed mean: computed as before
+    # no effect on text: b and e are futile -> refuted (effect below min_effect); claim c is tested too
+    text = autonorm_claims(
+        _table(12, 0.0, noise=0.002), _gate_logs(12, collapse_at=None), data_kind="text", sequential=design
+    )
+    looks = text.pop("_looks")
+    assert set(looks[-1]["hypotheses"]) == {"b", "e", "c_attn", "c_mlp"}
+    for claim in ("b", "e"):
+        assert text[claim]["sequential"] == "futile", text[claim]
+        assert text[claim]["verdict"] == "refuted" and "effect below min_effect" in text[claim]["reasons"]
+    # c's two sub-layer types are each tested at alpha on their own (not in Holm's family)
+    assert (
+        text["c_attn"]["p_value_holm"] is None
+        and looks[-1]["hypotheses"]["c_attn"]["p_value_holm"] is not None
+    )
+    json.dumps(text, allow_nan=False)

@@ -722,6 +722,9 @@ def test_plan_json_counts_what_run_will_run(capsys: pytest.CaptureFixture[str]) 
     assert plan["trials"] == kind_for(spec).total_trials(spec) == 42
     assert plan["wall_s"] > 0 and plan["cpu_hours"] > 0 and plan["gpu_hours"] == 0
     assert sum(p["trials"] for p in plan["phases"] if not p["optional"]) == plan["trials"]
+    # every range extension firing: 3 rounds x 3 arms x 2 tuning seeds
+    assert plan["trials_max"] == plan["trials"] + spec.extension_trials_max == 42 + 18
+    assert plan["wall_s_max"] > plan["wall_s"] and "trials_expected" not in plan  # a fixed design
 
 
 def test_plan_pilot_gives_seeds_needed_from_the_pilots_per_seed_slopes(

@@ -424,6 +424,11 @@ class BatchSizeStudySpec(BaseModel):
     # ---- sizes ----------------------------------------------------------------------------------
 
     @property
+    def sequential_family(self) -> int:
+        """Hypotheses a sequential design must decide: the fix arms under every budget."""
+        return len(self.fix_arms) * len(self.budgets)
+
+    @property
     def trials_per_seed(self) -> int:
         """Confirmatory trials one seed adds: arms x batch sizes x budgets."""
         return len(self.arms) * len(self.batch_sizes) * len(self.budgets)
@@ -475,6 +480,8 @@ class BatchSizeStudySpec(BaseModel):
         derives (the layer type from the arms, lr scaling and budget per plan) are left out."""
         doc = self.model_dump(mode="json")
         doc["model"].pop("layer", None)
+        if doc.get("sequential") is None:  # a fixed design's document stays what it was
+            doc.pop("sequential", None)
         for path in SET_BY_STUDY:
             doc["training"].pop(path.removeprefix("training."), None)
         return doc

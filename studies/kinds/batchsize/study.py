@@ -560,7 +560,6 @@ def status(spec: BatchSizeStudySpec) -> dict[str, Any]:
         "study": spec.name,
         "kind": KIND_NAME,
         "directory": StudyDir.of(spec).uri,
-        # Extension rounds that ran add their trials (an extension changes the count).
         # Extension rounds and looks that ran add their trials (each changes the count).
         "expected_trials": spec.total_trials
         + sum(len(ts) for name, ts in phases.items() if "-ext" in name or "-look" in name),

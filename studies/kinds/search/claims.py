@@ -653,6 +653,7 @@ def autonorm_claims(
     early_epoch: int | None = None,
     n_mc: int = 99_999,
     seed: int = 0,
+    sequential: Mapping[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Verdicts on the AutoNorm claims a–e from the confirmatory phase; the ``verdict.json`` content.
 
@@ -682,6 +683,13 @@ def autonorm_claims(
             logged epochs.
         n_mc: Monte-Carlo sign patterns above 2^20 (more than 20 seeds).
         seed: seeds the Monte-Carlo draws.
+        sequential: a sequential design (``{"looks", "seed_order", "min_effect", "prior_scale"}``,
+            the protocol's §4): the contrasts' per-seed differences (Holm over a, b, e as above) and
+            claim c's per-seed depth slopes (each sub-layer type at ``alpha`` on its own, as above)
+            are tested anytime-validly at every look the data reach, in ``seed_order``; their
+            sequential p and confidence sequence replace the fixed-design ones (kept in
+            ``fixed_design``), a futile claim is ``refuted`` (``effect below min_effect``), and the
+            looks are returned under the key ``"_looks"`` (the caller pops it).
 
     Returns:
         ``{claim_id: {"claim", "verdict", "estimate", "ci", "p_value", "p_value_holm", "n_seeds",
@@ -772,4 +780,95 @@ def autonorm_claims(
         )
     else:
         results["d"] = _result("d", reasons=[not_applicable])
-    return {claim: results[claim] for claim in ("a", "b", "c", "c_attn", "c_mlp", "d", "e")}
+    out = {claim: results[claim] for claim in ("a", "b", "c", "c_attn", "c_mlp", "d", "e")}
+    if sequential is not None:
+        out["_looks"] = _sequential_claims(  # type: ignore[assignment]
+            out, family=[c[0] for c in family], sequential=sequential, alpha=alpha, min_seeds=min_seeds
+        )
+    return out
+
+
+#: Reasons a fixed-design verdict adds on its own; a sequential verdict replaces them with its own.
+_VERDICT_REASONS = ("p = ", "CI includes 0", "CI lies entirely", "no interval", "underpowered")
+
+
+def _sequential_claims(
+    results: dict[str, dict[str, Any]],
+    *,
+    family: Sequence[str],
+    sequential: Mapping[str, Any],
+    alpha: float,
+    min_seeds: int,
+) -> list[dict[str, Any]]:
+    """The sequential layer over the fixed-design results (in place); returns the looks."""
+    from studies.stats import sequential_looks
+
+    order = [_seed_key(s) for s in sequential["seed_order"]]
+    alternatives = {c[0]: c[3] for c in _CONTRASTS}
+    alternatives.update(c_attn="greater", c_mlp="greater")
+
+    def per_seed(claim: str) -> list[float] | None:
+        res = results[claim]
+        if res.get("slopes"):
+            by_seed = {_seed_key(k): float(v) for k, v in res["slopes"].items()}
+        elif res.get("differences") is not None:
+            by_seed = {_seed_key(k): float(v) for k, v in zip(res["seeds"], res["differences"])}
+        else:
+            return None
+        return [by_seed[s] for s in order if s in by_seed]
+
+    common: dict[str, Any] = {
+        "looks": list(sequential["looks"]),
+        "alpha": alpha,
+        "min_effect": sequential.get("min_effect"),
+        "prior_scale": float(sequential.get("prior_scale", 1.0)),
+        "stop_early": False,
+    }
+    # Holm over the contrasts (the fixed design's family); each sub-layer type of c at alpha alone.
+    groups = [list(family)] + [[c] for c in ("c_attn", "c_mlp") if results[c].get("slopes")]
+    merged: list[dict[str, Any]] = []
+    for group in groups:
+        values = {c: per_seed(c) for c in group}
+        if not any(values.values()):
+            continue
+        looks = sequential_looks(values, alternatives={c: alternatives[c] for c in group}, **common)
+        for j, look in enumerate(looks):
+            if j == len(merged):
+                merged.append({"n_seeds": look["n_seeds"], "hypotheses": {}})
+            merged[j]["hypotheses"].update(look["hypotheses"])
+    if not merged:
+        return []
+    for claim, h in merged[-1]["hypotheses"].items():
+        res = results[claim]
+        res["fixed_design"] = {k: res.get(k) for k in ("p_value", "p_value_holm", "ci")}
+        ci = [v if isinstance(v, float) and math.isfinite(v) else None for v in h["ci"]]
+        p = h["p_value_holm"] if claim in family else h["p_value"]
+        reasons = [r for r in res.get("reasons") or [] if not str(r).startswith(_VERDICT_REASONS)]
+        res.update(p_value=h["p_value"], p_value_holm=h["p_value_holm"] if claim in family else None, ci=ci)
+        res["sequential"] = h["decision"]
+        if h["n"] < min_seeds:
+            verdict = "inconclusive"
+            reasons.append("underpowered")
+        elif h["decision"] == "futile":
+            verdict = "refuted"
+            reasons.append("effect below min_effect")
+        else:
+            verdict = _direction_verdict(p, ci, alternatives[claim], alpha, reasons)
+        if any(str(r).startswith("failures") for r in reasons) and verdict != "inconclusive":
+            verdict = "inconclusive"
+        res["verdict"], res["reasons"] = verdict, reasons
+    if "c_attn" in merged[-1]["hypotheses"] or "c_mlp" in merged[-1]["hypotheses"]:
+        subs = [results["c_attn"]["verdict"], results["c_mlp"]["verdict"]]
+        c = results["c"]
+        if all(v == "supported" for v in subs):
+            c["verdict"] = "supported"
+        elif "refuted" in subs and "supported" not in subs:
+            c["verdict"] = "refuted"
+        else:
+            c["verdict"] = "inconclusive"
+        ps = [results[x]["p_value"] for x in ("c_attn", "c_mlp")]
+        c["p_value"] = max(ps) if all(v is not None for v in ps) else None
+    for look in merged:  # strict JSON: an unbounded interval (too few seeds) has None bounds
+        for h in look["hypotheses"].values():
+            h["ci"] = [v if isinstance(v, float) and math.isfinite(v) else None for v in h["ci"]]
+    return merged

@@ -117,14 +117,28 @@ def extension_plan(
     )
 
 
-def confirm_plan(spec: Any, plan: StudyPlan, base: Mapping[str, Any], arm: str) -> StudyPlan:
-    """Phase ``confirm-<arm>``: the arm (``base``, its η set) on every confirmatory seed."""
+def look_plan_name(arm: str, look: int) -> str:
+    """The folder of an arm's confirmatory look: ``confirm-<arm>`` (the first, or the fixed design's
+    only one), ``confirm-<arm>-look<j>`` after it."""
+    return f"confirm-{arm}" if look <= 1 else f"confirm-{arm}-look{int(look)}"
+
+
+def confirm_plan(
+    spec: Any, plan: StudyPlan, base: Mapping[str, Any], arm: str, *, look: int = 1
+) -> StudyPlan:
+    """Phase ``confirm-<arm>``: the arm (``base``, its η set) on every confirmatory seed; with
+    ``sequential:``, look ``look`` (``confirm-<arm>-look<j>`` after the first) on the seeds it adds."""
+    from studies.sequential import look_seeds
+
     confirm = spec.confirm
+    seeds = tuple(confirm.seeds)
+    if spec.sequential is not None:
+        seeds = dict(look_seeds(confirm.seeds, spec.sequential.schedule()))[look]
     return _grid_plan(
         plan,
-        name=f"confirm-{arm}",
+        name=look_plan_name(arm, look),
         base=base,
-        grid=(("seed", tuple(confirm.seeds)),),
+        grid=(("seed", seeds),),
         arm=arm,
         run_name=f"{arm}-s{{seed}}",
         slots=confirm.max_concurrent or plan.max_concurrent,
@@ -152,7 +166,8 @@ class SearchKind(StudyKind):
 
     def phases(self, spec: Any) -> list[Phase]:
         """``search``, then per confirmatory arm ``confirm-tune-<arm>``, its optional range-extension
-        rounds ``confirm-tune-<arm>-ext<k>``, and ``confirm-<arm>``. The
+        rounds ``confirm-tune-<arm>-ext<k>``, and ``confirm-<arm>`` (a sequential design's first look;
+        its later looks are the optional ``confirm-<arm>-look<j>``). The
         best searched configuration is not known before the search: the spec's base config stands in
         for it (same model, data and budget; only sampled values differ)."""
         plan = search_plan(spec)
@@ -171,7 +186,15 @@ class SearchKind(StudyKind):
                     for k in range(1, rounds + 1)
                 ]
             out.append(Phase.of(confirm_plan(spec, plan, base, arm)))
+            if spec.sequential is not None:  # the looks after the first: run until decided
+                looks = range(2, len(spec.sequential.schedule()) + 1)
+                out += [Phase.of(confirm_plan(spec, plan, base, arm, look=j), look=True) for j in looks]
         return out
+
+    def extended_spec(self, spec: Any, seeds: int, verdict: Mapping[str, Any]) -> Any:
+        from studies.kinds.search.study import extended_spec
+
+        return extended_spec(spec, seeds, verdict)
 
     def describe(self, spec: Any) -> str:
         plan = spec.to_plan()

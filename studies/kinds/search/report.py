@@ -602,6 +602,7 @@ def write_claims_report(
     cpu_hours: float = math.nan,
     gpu_hours: float = math.nan,
     shared: Mapping[str, Any] | None = None,
+    sequential: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write the claims study's report into ``out_dir`` (created when missing).
 
@@ -627,6 +628,9 @@ def write_claims_report(
         wall_time_s / cpu_hours / gpu_hours: resources spent (NaN: unknown, shown as "–").
         shared: the fields every kind's ``verdict.json`` has (``kind``, ``study_verdict``,
             ``hypotheses``), written first.
+        sequential: a sequential design's ``looks``, ``seeds_used``, ``max_seeds``, ``trials_saved``
+            (:func:`studies.sequential.sequential_fields`): added to ``verdict.json``, and each
+            claim's interval against the seeds drawn as ``intervals_vs_seeds.png``.
 
     Returns:
         name → path for ``verdict``, ``confirm_trials``, ``markdown``, ``html`` and, when there was
@@ -659,6 +663,12 @@ def write_claims_report(
             lambda p: plot_dyt_weight_vs_depth(gate_logs, p, claims=claims),
         ),
     ]
+    if sequential and sequential.get("looks"):
+        from studies.sequential import plot_intervals
+
+        drawers.append(
+            ("plot_looks", out / "intervals_vs_seeds.png", lambda p: plot_intervals(sequential, p))
+        )
     plots: list[Path] = []
     for key, target, draw in drawers:
         target.unlink(missing_ok=True)
@@ -682,6 +692,7 @@ def write_claims_report(
         ),
         "best_config": best_config,
         "tuned_lr": tuned_lr,
+        **dict(sequential or {}),
     }
     write_json(paths["verdict"], verdict)
     df.to_csv(paths["confirm_trials"], index=False)

@@ -45,6 +45,7 @@ from studies.spec.urls import StoragePath
 from workers.plan import StudyPlan
 
 __all__ = ["CONFIRM_ARMS", "ConfirmLRSpec", "ConfirmSpec", "StudySpec", "data_kind_of"]
+from studies.sequential import SequentialSpec
 from studies.tuning import LRGrid
 
 Arm = Literal["frozen_ln", "frozen_dyt", "random_selector", "autonorm", "autonorm_s"]
@@ -185,11 +186,25 @@ class StudySpec(SpecModel):
     storage: StorageSpec = StorageSpec()
     confirm: ConfirmSpec | None = None  # the AutoNorm claims after the search; None: search only
     exploratory: StrictBool = False  # run a design that cannot decide (report marked exploratory)
+    sequential: SequentialSpec | None = None  # confirm.seeds in looks (studies.sequential); None: fixed
 
     @model_validator(mode="after")
     def _cross(self) -> StudySpec:
         issues = list(section_issues(self.model, self.data, self.training))
         issues += _confirm_issues(self)
+        if self.sequential is not None:
+            if self.confirm is None:
+                issues.append(
+                    SpecIssue("sequential", "a sequential design needs a `confirm:` phase to run in looks")
+                )
+            elif len(self.confirm.seeds) < self.sequential.max_seeds:
+                issues.append(
+                    SpecIssue(
+                        "sequential.max_seeds",
+                        f"{self.sequential.max_seeds} seeds planned but `confirm.seeds` lists "
+                        f"{len(self.confirm.seeds)}; list at least max_seeds (they are taken in order)",
+                    )
+                )
         if len(set(self.seeds)) != len(self.seeds):
             issues.append(SpecIssue("seeds", f"seeds must be distinct, got {list(self.seeds)}"))
         if len(self.seeds) > 1 and self.search.sampler.type != "grid":
@@ -223,6 +238,15 @@ class StudySpec(SpecModel):
             raise SpecError(issues)
         return self
 
+    @property
+    def sequential_family(self) -> int:
+        """Claims a sequential design must decide: a, b, e on images; b, e and claim c's two
+        sub-layer types on text."""
+        if self.confirm is None:
+            return 1
+        kind = self.confirm.data_kind if self.confirm.data_kind != "auto" else data_kind_of(self.data.type)
+        return 3 if kind == "vision" else 4
+
     def base_config(self) -> dict[str, Any]:
         """The trial config every trial starts from (first seed)."""
         return trial_config(self.model, self.data, self.training, self.seeds[0])
@@ -230,6 +254,8 @@ class StudySpec(SpecModel):
     def to_document(self) -> dict[str, Any]:
         """The resolved spec as plain data (what ``spec.yaml`` next to the results holds)."""
         doc: dict[str, Any] = type_first(self.model_dump(mode="json"))
+        if doc.get("sequential") is None:  # a fixed design's document stays what it was
+            doc.pop("sequential", None)
         return doc
 
     def to_yaml(self) -> str:

@@ -33,6 +33,7 @@ from studies.kinds.search.kind import (
     arm_config,
     confirm_plan,
     extension_plan,
+    look_plan_name,
     search_plan,
     tune_plan,
 )
@@ -169,7 +170,9 @@ def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
         eps=confirm.eps,
         metric=confirm.metric,
         chance=_chance(spec),
+        sequential=_sequential_design(spec),
     )
+    sequential = _sequential_fields(spec, claims.pop("_looks", None))
     gate_lr_edges(claims, inputs.get("tuned") or {})
     if not inputs.get("searched", True):
         for claim in claims.values():
@@ -181,7 +184,38 @@ def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
         "hypotheses": {cid: hypothesis_entry(c) for cid, c in claims.items()},
         "claims": claims,
         "data_kind": _data_kind(spec),
+        **(sequential or {}),
     }
+
+
+def _sequential_design(spec: StudySpec) -> dict[str, Any] | None:
+    if spec.sequential is None or spec.confirm is None:
+        return None
+    return {
+        "looks": list(spec.sequential.schedule()),
+        "seed_order": list(spec.confirm.seeds),
+        "min_effect": spec.sequential.min_effect,
+        "prior_scale": spec.sequential.prior_scale,
+    }
+
+
+def _sequential_fields(spec: StudySpec, looks: Any) -> dict[str, Any] | None:
+    """``looks``, ``seeds_used``, ``max_seeds``, ``trials_saved`` of a sequential claims study."""
+    if spec.sequential is None or spec.confirm is None:
+        return None
+    from studies.sequential import sequential_fields
+
+    return sequential_fields(
+        looks or [],
+        spec.confirm.seeds,
+        max_seeds=spec.sequential.max_seeds,
+        trials_per_seed=len(spec.confirm.arms),
+    )
+
+
+def _sequential_of(verdict: Mapping[str, Any]) -> dict[str, Any] | None:
+    keys = ("looks", "seeds_used", "max_seeds", "trials_saved")
+    return {k: verdict[k] for k in keys} if "looks" in verdict else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -214,6 +248,64 @@ def tune_arm_lr(
     return records[arm]
 
 
+def _run_looks(
+    spec: StudySpec,
+    plan: StudyPlan,
+    runner: Any,
+    bases: Mapping[str, Mapping[str, Any]],
+    run_ids: dict[str, str],
+    tuned: Mapping[str, Any],
+) -> None:
+    """The confirmatory seeds in looks (every arm per look), the claims tested anytime-validly after
+    each; no more seeds once every sequential claim is decided. A look already in the study
+    directory and every look of an explicit ``sequential.looks`` schedule (``extend``) run whatever
+    the decisions."""
+    from studies.sequential import look_seeds
+    from studies.study_dir import StudyDir
+
+    assert spec.confirm is not None and spec.sequential is not None
+    schedule = spec.sequential.schedule()
+    where = StudyDir.of(spec)
+    plans = look_seeds(spec.confirm.seeds, schedule)
+    arms = [arm for arm in spec.confirm.arms if arm in bases]
+    for j, _ in plans:
+        for arm in arms:
+            confirmed = runner.run(confirm_plan(spec, plan, bases[arm], arm, look=j))
+            run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
+        if j == len(schedule):
+            break
+        table, gate_logs = _confirm_table(spec, run_ids)
+        verdict = analyse(table, spec, gate_logs=gate_logs, tuned=tuned)
+        looks = verdict.get("looks") or []
+        state = {k: h["decision"] for k, h in (looks[-1]["hypotheses"] if looks else {}).items()}
+        print(f"[{spec.name}] look {j} ({schedule[j - 1]} seeds): {state}", flush=True)
+        ran_before = bool(read_trials(where.phase_plan(look_plan_name(arms[0], j + 1)), history=False))
+        decided = bool(state) and all(v in ("reject", "futile") for v in state.values())
+        if decided and not ran_before and spec.sequential.looks is None:
+            print(f"[{spec.name}] every claim decided after {schedule[j - 1]} seeds: stop", flush=True)
+            break
+        runner.set_expected_trials(runner.expected_trials + len(plans[j][1]) * len(arms))
+
+
+def extended_spec(spec: StudySpec, seeds: int, verdict: Mapping[str, Any]) -> StudySpec:
+    """The spec of ``extend``: the confirmatory seeds used so far, then ``seeds`` new ones (the next
+    integers above every seed any phase used: search, tuning and confirmatory), the looks made so
+    far kept as looks."""
+    from studies.sequential import ExtendRefused
+
+    assert spec.confirm is not None and spec.sequential is not None
+    used = int(verdict.get("seeds_used") or 0)
+    done = [int(look["n_seeds"]) for look in verdict.get("looks") or []]
+    if not used or not done:
+        raise ExtendRefused("the study's verdict.json records no looks: resume it first, then extend")
+    tuning = spec.confirm.lr_tuning.seeds if spec.confirm.lr_tuning else ()
+    top = max([*spec.confirm.seeds[:used], *tuning, *spec.seeds]) + 1
+    doc = spec.to_document()
+    doc["confirm"]["seeds"] = [*spec.confirm.seeds[:used], *range(top, top + seeds)]
+    doc["sequential"] = spec.sequential.extended(done, seeds).model_dump(mode="json")
+    return StudySpec.model_validate(doc)
+
+
 def _confirm_and_claims(
     spec: StudySpec, plan: StudyPlan, result: StudyResult, runner: Any
 ) -> tuple[dict[str, Any], dict[str, Path]]:
@@ -223,6 +315,7 @@ def _confirm_and_claims(
     best = result.best(plan.metric, plan.mode)
     tuned: dict[str, Any] = {}
     run_ids: dict[str, str] = {}
+    bases: dict[str, dict[str, Any]] = {}
     if best is None:
         print(f"[{spec.name}] no completed search trial: the confirmatory phase cannot run", flush=True)
     else:
@@ -253,8 +346,12 @@ def _confirm_and_claims(
                 tuned[arm] = record
                 lr = searched_lr if record["no_learning_rate_trained"] else float(record["lr"])
             base["training"]["lr"] = lr
-            confirmed = runner.run(confirm_plan(spec, plan, base, arm))
-            run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
+            bases[arm] = base
+            if spec.sequential is None:
+                confirmed = runner.run(confirm_plan(spec, plan, base, arm))
+                run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
+        if spec.sequential is not None:
+            _run_looks(spec, plan, runner, bases, run_ids, tuned)
     table, gate_logs = _confirm_table(spec, run_ids)
     verdict = analyse(table, spec, gate_logs=gate_logs, tuned=tuned, searched=best is not None)
     claims = verdict["claims"]
@@ -313,6 +410,7 @@ def _write_claims(
         cpu_hours=spent[1],
         gpu_hours=spent[2],
         shared={k: verdict[k] for k in ("kind", "study_verdict", "hypotheses")},
+        sequential=_sequential_of(verdict),
     )
 
 
@@ -330,7 +428,13 @@ def _confirm_table(
     rows: list[dict[str, Any]] = []
     gate_logs: dict[tuple[str, Any], list[dict[str, Any]]] = {}
     for arm in spec.confirm.arms:
-        for t in read_trials(where.phase_plan(f"confirm-{arm}"), history=True):
+        n_looks = len(spec.sequential.schedule()) if spec.sequential is not None else 1
+        trials = [
+            t
+            for j in range(1, n_looks + 1)
+            for t in read_trials(where.phase_plan(look_plan_name(arm, j)), history=True)
+        ]
+        for t in trials:
             seed = int(t.config.get("seed", 0))
             rows.append(
                 {
@@ -454,17 +558,19 @@ def status(spec: StudySpec) -> dict[str, Any]:
     best = best_trial(trials, plan.metric, plan.mode)
     phases: dict[str, Any] = {}
     counts: Counter[str] = Counter()
+    optional_run = 0  # trials of range extensions and later looks that ran: each raised the count
     for phase in SearchKind().phases(spec):
         ts = (
             trials if phase.name == SEARCH_PHASE else read_trials(where.phase_plan(phase.name), history=False)
         )
         phases[phase.name] = {"trials": len(ts), "by_status": dict(Counter(t.status for t in ts))}
         counts.update(t.status for t in ts)
+        optional_run += len(ts) if phase.optional else 0
     out: dict[str, Any] = {
         "study": spec.name,
         "kind": KIND_NAME,
         "directory": where.uri,
-        "expected_trials": total_trials(spec),
+        "expected_trials": total_trials(spec) + optional_run,
         "trials": sum(counts.values()),
         "by_status": dict(counts),
         "phases": phases,
