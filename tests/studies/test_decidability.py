@@ -22,7 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SEARCH = ROOT / "studies" / "specs" / "autonorm_search.yaml"
 BATCHSIZE = ROOT / "studies" / "specs" / "batchsize_correlation.yaml"
 FIVE_SEEDS = "confirm.seeds=[100,101,102,103,104]"
-FIXED = ("--set", "sequential=null")  # the vision/text presets are sequential (6-12 seeds): a fixed design here
+FIXED = (
+    "--set",
+    "sequential=null",
+)  # the vision/text presets are sequential (6-12 seeds): a fixed design here
 
 
 def test_the_readme_example_with_five_seeds_is_refused_naming_claims_and_seeds(
