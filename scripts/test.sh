@@ -5,7 +5,7 @@
 #   bash scripts/test.sh [PYTEST ARGS]   everything (what CI runs, as `.ci/run`): every test, in two pytest-xdist
 #                                        workers, then the 25 slowest tests and the time per test directory
 #   bash scripts/test.sh --quick [ARGS]  the inner loop while coding (under 3 minutes): lint, type-check and the
-#                                        tests not marked ray / services / slow, in one process
+#                                        tests not marked ray / services / slow, in two workers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -22,7 +22,7 @@ echo "[test] mypy"
 .venv/bin/mypy
 if [ "$quick" = 1 ]; then
   echo "[test] pytest (quick: not ray, services or slow)"
-  exec .venv/bin/python -m pytest -m "not ray and not services and not slow" --durations=10 "$@"
+  exec .venv/bin/python -m pytest -n "${AUTONORM_TEST_WORKERS:-2}" -m "not ray and not services and not slow" --durations=10 "$@"
 fi
 echo "[test] pytest"
 # Two workers, whole files each (a module's shared study fixture runs once); `--durations` and the

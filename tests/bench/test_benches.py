@@ -44,6 +44,7 @@ def _assert_ratios(data: dict[str, Any], keys: list[str]) -> None:
         assert math.isfinite(value) and value > 0, (key, value)
 
 
+@pytest.mark.slow  # a benchmark subprocess
 def test_norms_quick_writes_the_goal_ratios(tmp_path: Path) -> None:
     out = tmp_path / "norms.json"
     _run([sys.executable, str(BENCH / "norms.py"), "--quick", "--out", str(out)])
@@ -61,6 +62,7 @@ def test_norms_quick_writes_the_goal_ratios(tmp_path: Path) -> None:
     assert all(isinstance(v, float) for v in data.values())  # floats only, per the script's contract
 
 
+@pytest.mark.slow  # a benchmark subprocess
 def test_step_quick_writes_the_step_ratio(tmp_path: Path) -> None:
     out = tmp_path / "step.json"
     _run([sys.executable, str(BENCH / "step.py"), "--quick", "--out", str(out)])

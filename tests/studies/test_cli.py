@@ -45,6 +45,7 @@ def _run(
     )
 
 
+@pytest.mark.slow  # one CLI subprocess per case: CI runs them, the quick loop does not
 @pytest.mark.parametrize("case_id", SUBPROCESS_SAMPLE)
 def test_validate_broken_spec_exits_2_without_traceback(case_id: str) -> None:
     case = CASES[case_id]
@@ -90,6 +91,7 @@ def test_every_subcommand_reports_spec_errors_with_exit_2(
     assert "bad.yaml:4: retries: Input should be greater than or equal to 0 (got -2)" in err
 
 
+@pytest.mark.slow  # a subprocess of the entry script
 def test_entry_script_runs_from_another_cwd_and_fails_cleanly(tmp_path: Path) -> None:
     script = ROOT / "studies" / "autonorm_search.py"
     env = {"PYTHONPATH": ""}  # the script must find the repo itself (a Ray job's working dir)

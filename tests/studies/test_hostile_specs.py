@@ -314,6 +314,7 @@ def _cli_sample() -> list[Hostile]:
     return named + generated[:: max(1, len(generated) // 8)][:8]
 
 
+@pytest.mark.slow  # one CLI subprocess per case: CI runs them, the quick loop does not
 @pytest.mark.parametrize("case", _cli_sample(), ids=[c.id for c in _cli_sample()])
 def test_cli_agrees_with_the_loader_and_never_shows_a_traceback(case: Hostile, tmp_path: Path) -> None:
     refused = _outcome(case, tmp_path) is not None
