@@ -41,6 +41,7 @@ __all__ = [
     "overrides_from_args",
     "print_spec_error",
     "print_where",
+    "run_interruptible",
     "study_main",
 ]
 
@@ -201,6 +202,35 @@ def print_where(outcome: Any, *, file: Any = None) -> None:
     out.flush()
 
 
+def run_interruptible(spec: Any, *, run: Callable[..., Any] | None = None, **options: Any) -> tuple[Any, int]:
+    """Run a study as a command-line driver: SIGINT/SIGTERM stop it cleanly (:mod:`workers.interrupts`).
+
+    ``options`` go to :func:`studies.kinds.run_study_spec` (``allow_changed_spec``, ...).
+
+    Returns:
+        ``(outcome, 0)``, or ``(None, 128 + signal)`` after a stop, with how to resume printed.
+    """
+    from studies.kinds import run_study_spec
+    from studies.study_dir import StudyDir
+    from workers import interrupts
+
+    interrupts.install()
+    try:
+        outcome = (run or run_study_spec)(spec, **options)
+        interrupts.raise_if_interrupted()  # a signal some handler swallowed still stops the study
+    except (interrupts.StudyInterrupted, KeyboardInterrupt) as exc:
+        code = exc.exit_code if isinstance(exc, interrupts.StudyInterrupted) else 130
+        name = "SIGTERM" if code == 143 else "SIGINT"
+        print(
+            f"[{spec.name}] stopped by {name}: finished trials and the last checkpoint of every unfinished "
+            f"trial are kept. Resume with the same command, or: autonorm-study resume {StudyDir.of(spec).uri}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None, code
+    return outcome, 0
+
+
 def study_main(
     argv: Sequence[str] | None = None,
     *,
@@ -213,7 +243,7 @@ def study_main(
     Returns:
         0 on success, 2 for spec errors (printed, no traceback).
     """
-    from studies.kinds import kind_for, run_study_spec
+    from studies.kinds import kind_for
 
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_study_options(parser, default_spec=default_spec)
@@ -243,9 +273,11 @@ def study_main(
             print(f"# kind {spec.kind}: {total} trials in all, study directory {StudyDir.of(spec).uri}")
             return 0
         spec = load_for_run(lambda extra: load_from_args(args, extra=extra))
-        outcome = run_study_spec(
+        outcome, code = run_interruptible(
             spec, allow_changed_spec=args.allow_changed_spec, allow_exploratory=args.allow_exploratory
         )
+        if outcome is None:
+            return code
     except SpecError as e:
         print_spec_error(e)
         return EXIT_SPEC_ERROR

@@ -180,11 +180,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _run(spec: Any, args: argparse.Namespace) -> int:
-    outcome = run_study_spec(
+    from studies._entry import run_interruptible
+
+    outcome, code = run_interruptible(
         spec,
         allow_changed_spec=getattr(args, "allow_changed_spec", False),
         allow_exploratory=getattr(args, "allow_exploratory", False),
+        run=run_study_spec,
     )
+    if outcome is None:
+        return code
     _print_json(outcome.summary)
     print_where(outcome)
     return 0

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from workers import interrupts
 from workers.errors import ResourceError
 from workers.plan import StudyPlan, expected_trials
 from workers.progress import ProgressCallback, quiet_checkpoint_logs
@@ -371,6 +372,9 @@ def run_study(
             ProgressCallback(name=plan.name, total=total) if progress else None,
             namer,
         )
+    # Stopped by a signal: Tune saved its state and the runs are closed as KILLED; the study stops
+    # here (no further phase, no analysis), after Ray was shut down above.
+    interrupts.raise_if_interrupted()
     run_ids = tracker.child_run_ids()
     return StudyResult(
         experiment_path=experiment_uri,
@@ -463,7 +467,8 @@ def _fit(
                     verbose=0,
                 ),
             )
-        tuner.fit()
+        with interrupts.fitting():
+            tuner.fit()
         used_searcher = _searcher_of(tuner) if searcher is not None else None
         if used_searcher is not None:
             _save_optuna_study(plan, storage, experiment_path, used_searcher, tracker)
@@ -472,8 +477,8 @@ def _fit(
         trials = list(analysis.trials)
         # Tune returns normally after a Ctrl-C too, with unfinished trials: the study was cut short.
         finished = all(t.status in ("TERMINATED", "ERROR") for t in trials)
-        parent_status = "FINISHED" if finished else "KILLED"
-    except KeyboardInterrupt:
+        parent_status = "FINISHED" if finished and interrupts.received() is None else "KILLED"
+    except (KeyboardInterrupt, interrupts.StudyInterrupted):
         parent_status = "KILLED"
         raise
     finally:

@@ -16,6 +16,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from workers import interrupts
+
 __all__ = ["local_cluster_resources", "ray_session"]
 
 logger = logging.getLogger(__name__)
@@ -105,6 +107,7 @@ def ray_session(
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, **dict(init_kwargs or {}))
+        interrupts.reinstall()  # ray.init replaced the driver's SIGTERM handler
         try:
             yield False
         finally:
@@ -118,6 +121,7 @@ def ray_session(
     kwargs.update(init_kwargs or {})
     preexisting = _child_pids()
     _init_local(kwargs, preexisting)
+    interrupts.reinstall()  # ray.init replaced the driver's SIGTERM handler
     try:
         yield True
     finally:

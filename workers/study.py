@@ -136,7 +136,10 @@ class StudyRunner:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        status = "FINISHED" if exc_type is None else "KILLED" if exc_type is KeyboardInterrupt else "FAILED"
+        from workers.interrupts import StudyInterrupted
+
+        stopped = exc_type is not None and issubclass(exc_type, KeyboardInterrupt | StudyInterrupted)
+        status = "FINISHED" if exc_type is None else "KILLED" if stopped else "FAILED"
         if exc_type is None:
             self._log_actual()
         try:
@@ -203,6 +206,9 @@ class StudyRunner:
                 *is* the study (its experiment directory is the study directory, its run the study
                 run); only for a study whose only plan is this one.
         """
+        from workers.interrupts import raise_if_interrupted
+
+        raise_if_interrupted()  # a signal between phases: no new phase
         phase = plan.name if phase is None else phase
         tags = dict(plan.tags)
         tags["autonorm.phase"] = phase

@@ -217,10 +217,7 @@ class TrialSession:
         if not self._resume_loaded:
             self._resume_loaded = True
             if self._checkpoint is not None:
-                from autonorm_core.training import load_state
-
-                with self._checkpoint.as_directory() as directory:
-                    self._resume_state = load_state(os.path.join(directory, CHECKPOINT_FILE))
+                self._resume_state = _resume_from(self._checkpoint, self.trial_id)
         return self._resume_state
 
     def report(
@@ -264,6 +261,64 @@ class TrialSession:
         self.reports += 1
         if state is not None:
             self._last_state = state
+
+
+def _read_state(checkpoint: Any) -> dict[str, Any]:
+    from autonorm_core.training import load_state
+
+    with checkpoint.as_directory() as directory:
+        return load_state(os.path.join(directory, CHECKPOINT_FILE))
+
+
+def _older_checkpoints(checkpoint: Any) -> list[Any]:
+    """The trial's checkpoints older than ``checkpoint`` (Tune keeps a few), newest first."""
+    import pyarrow.fs
+    from ray import tune
+
+    fs, path = checkpoint.filesystem, str(checkpoint.path).rstrip("/")
+    parent, _, name = path.rpartition("/")
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(parent))
+    older = sorted(
+        i.base_name
+        for i in infos
+        if i.type == pyarrow.fs.FileType.Directory
+        and i.base_name.startswith("checkpoint_")
+        and i.base_name < name
+    )
+    return [tune.Checkpoint(f"{parent}/{n}", filesystem=fs) for n in reversed(older)]
+
+
+def _resume_from(checkpoint: Any, trial_id: str) -> dict[str, Any] | None:
+    """The training state to resume from: the newest readable checkpoint, ``None`` (from scratch)
+    when none is. A node that died while writing leaves a truncated (or empty) newest checkpoint;
+    that must cost the epochs since the previous one, not the trial, and it is said in one line."""
+    try:
+        return _read_state(checkpoint)
+    except Exception as exc:
+        problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+    try:
+        candidates = _older_checkpoints(checkpoint)
+    except Exception:
+        candidates = []
+    for older in candidates:
+        try:
+            state = _read_state(older)
+        except Exception:
+            continue
+        _say(
+            f"trial {trial_id}: checkpoint {checkpoint.path} is unreadable ({problem}); resuming from {older.path}"
+        )
+        return state
+    _say(
+        f"trial {trial_id}: checkpoint {checkpoint.path} is unreadable ({problem}); no older one, restarting it from scratch"
+    )
+    return None
+
+
+def _say(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr, flush=True)
 
 
 TrialFunction = Callable[[dict[str, Any], TrialSession], None]
