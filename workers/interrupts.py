@@ -60,8 +60,7 @@ class StudyInterrupted(StudyError):
         self.exit_code = 128 + self.signum
         name = signal.Signals(self.signum).name
         super().__init__(
-            message
-            or f"study stopped by {name}: its state is saved; run the same command again to resume it"
+            message or f"study stopped by {name}: its state is saved; run the same command again to resume it"
         )
 
 

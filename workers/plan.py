@@ -76,11 +76,15 @@ class TrackingConfig:
             (absolute), resolved by the driver and passed to every worker explicitly.
         experiment: MLflow experiment name (the spec's ``name`` by default).
         artifact_location: artifact root for a newly created experiment (``s3://...`` or a path).
+        final_flush_s: at the end of a phase, how long the driver keeps delivering results MLflow
+            has not taken yet (an outage) before it gives up, keeps them in the study directory and
+            ends the study with a non-zero status (the same command then delivers them).
     """
 
     uri: str | None = None
     experiment: str = "default"
     artifact_location: str | None = None
+    final_flush_s: float = 120.0
 
 
 @dataclass(frozen=True)

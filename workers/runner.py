@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from workers import interrupts
-from workers.errors import ResourceError
+from workers.errors import ResourceError, TrackingIncomplete
 from workers.plan import StudyPlan, expected_trials
 from workers.progress import ProgressCallback, quiet_checkpoint_logs
 from workers.search import FINAL_STATUSES, create_scheduler, create_searcher, grid_param_space
@@ -28,8 +28,10 @@ from workers.tracking import (
     ROLE_PHASE,
     ROLE_STUDY,
     MlflowTrackingCallback,
+    RetryPolicy,
     TrialNamer,
     default_tracking_uri,
+    redact_uri,
     study_key,
     trial_tag_templates,
 )
@@ -339,6 +341,7 @@ def run_study(
         parent_params=dict(plan.params),
         artifacts=dict(plan.artifacts),
         expected_trials=total,
+        retry=RetryPolicy(final_flush_s=plan.tracking.final_flush_s),
         study_name=plan.name,
         role=ROLE_PHASE if nest_under else ROLE_STUDY,
         nest_under=nest_under,
@@ -375,6 +378,15 @@ def run_study(
     # Stopped by a signal: Tune saved its state and the runs are closed as KILLED; the study stops
     # here (no further phase, no analysis), after Ray was shut down above.
     interrupts.raise_if_interrupted()
+    undelivered = list(tracker.undelivered_trials())
+    if undelivered:
+        raise TrackingIncomplete(
+            f"MLflow at {redact_uri(tracking_uri)} did not take the results of {len(undelivered)} trial(s) of "
+            f"{plan.name!r} within tracking.final_flush_s ({plan.tracking.final_flush_s:g} s): "
+            f"{', '.join(undelivered)}. They are kept in {experiment_uri} (each trial's result.json); "
+            "run the same command again once MLflow answers: it delivers them without training anything.",
+            undelivered,
+        )
     run_ids = tracker.child_run_ids()
     return StudyResult(
         experiment_path=experiment_uri,
@@ -475,6 +487,7 @@ def _fit(
         # The public way to the Trial objects (status, config, last result) of the whole experiment.
         analysis = tune.ExperimentAnalysis(experiment_path, storage_filesystem=storage.filesystem)
         trials = list(analysis.trials)
+        tracker.requeue(_tune_results(trials))
         # Tune returns normally after a Ctrl-C too, with unfinished trials: the study was cut short.
         finished = all(t.status in ("TERMINATED", "ERROR") for t in trials)
         parent_status = "FINISHED" if finished and interrupts.received() is None else "KILLED"
@@ -484,6 +497,28 @@ def _fit(
     finally:
         tracker.close(status=parent_status, trials=trials, summary=_summary(trials, total))
     return trials, restored
+
+
+def _tune_results(trials: Sequence[Any]) -> dict[str, list[dict[str, Any]]]:
+    """Every result each trial reported, as Tune keeps it in the study directory (its
+    ``result.json``, one JSON object per line; local or S3). A file that cannot be read is skipped:
+    its trial's results then come from this run's memory only."""
+    import json
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for trial in trials:
+        try:
+            fs = trial.storage.storage_filesystem
+            with fs.open_input_stream(f"{trial.path}/result.json") as stream:
+                text = stream.read().decode("utf-8", errors="replace")
+        except Exception:
+            continue
+        rows = []
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError):
+                rows.append(json.loads(line))
+        out[trial.trial_id] = rows
+    return out
 
 
 def _searcher_of(tuner: Any) -> Any:

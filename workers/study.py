@@ -122,16 +122,33 @@ class StudyRunner:
                 name=self.name, base_config={}, storage=self._storage_config, resources=self._resources
             )
             precheck_local_resources([probe], self._ray_address, self._ray_init_kwargs)
+        self._open_or_refuse()
         self._session = ray_session(
             self._ray_address, self._ray_init_kwargs, env_vars={"MLFLOW_TRACKING_URI": self.tracking_uri}
         )
         self._session.__enter__()
-        try:
-            self.tracker.open(tags=self._tags, params=self._params, artifacts=self._artifacts)
-        except Exception as exc:
-            # An MLflow outage must not stop the study: phases attach when MLflow answers again.
-            logger.error("MLflow not reachable at study start (%s); tracking will catch up later", exc)
         return self
+
+    def _open_or_refuse(self) -> None:
+        """Open the study run before anything starts; refuse the study when MLflow does not answer.
+
+        A study started while its tracking server is away would train for hours and hand every
+        result to an in-memory queue that a driver restart loses (docs/reliability.md: why refusing
+        beats queueing here). An outage *during* the study is ridden out (the phases' callbacks
+        queue and catch up, then the final flush).
+        """
+        from workers.errors import StudyError
+        from workers.tracking import http_limits, redact_uri
+
+        try:
+            with http_limits(10, 1, override=False):  # a few quick tries, not MLflow's minutes of retries
+                self.tracker.open(tags=self._tags, params=self._params, artifacts=self._artifacts)
+        except Exception as exc:
+            raise StudyError(
+                f"MLflow at {redact_uri(self.tracking_uri)} does not answer ({type(exc).__name__}); nothing "
+                "was started or trained. Start the tracking server (or fix tracking.uri / MLFLOW_TRACKING_URI) "
+                "and run the same command again."
+            ) from None
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -189,8 +206,11 @@ class StudyRunner:
         """``plan`` placed inside the study: its Tune experiment in ``<study dir>/<plan.name>`` and
         its MLflow runs in the study's tracking store."""
         storage = dataclasses.replace(self._storage_config, path=self.study_uri)
-        tracking = TrackingConfig(
-            uri=self.tracking_uri, experiment=self.experiment, artifact_location=self.artifact_location
+        tracking = dataclasses.replace(
+            plan.tracking,
+            uri=self.tracking_uri,
+            experiment=self.experiment,
+            artifact_location=self.artifact_location,
         )
         return dataclasses.replace(plan, storage=storage, tracking=tracking)
 
@@ -215,8 +235,11 @@ class StudyRunner:
         if nested:
             plan = self.phase_plan(plan)
         else:
-            tracking = TrackingConfig(
-                uri=self.tracking_uri, experiment=self.experiment, artifact_location=self.artifact_location
+            tracking = dataclasses.replace(
+                plan.tracking,
+                uri=self.tracking_uri,
+                experiment=self.experiment,
+                artifact_location=self.artifact_location,
             )
             plan = dataclasses.replace(plan, tracking=tracking)
         plan = dataclasses.replace(plan, tags=tuple(tags.items()))

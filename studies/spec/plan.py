@@ -199,6 +199,7 @@ def build_plan(
             uri=tracking.uri or env.get("MLFLOW_TRACKING_URI") or None,
             experiment=tracking.experiment or name,
             artifact_location=tracking.artifact_location,
+            final_flush_s=tracking.final_flush_s,
         ),
         tags=tuple(tags),
         params=tuple(params),

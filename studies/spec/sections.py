@@ -680,6 +680,9 @@ class TrackingSpec(SpecModel):
     uri: TrackingURI | None = None  # http(s), sqlite:////abs, postgresql, mysql, databricks
     experiment: Annotated[str, Field(min_length=1, max_length=500)] | None = None  # None: the study's name
     artifact_location: ArtifactLocation | None = None  # e.g. s3://bucket/prefix for a new experiment
+    # At the end of a phase: how long to keep delivering results MLflow has not taken (an outage)
+    # before keeping them in the study directory and exiting non-zero (the same command delivers them).
+    final_flush_s: Annotated[float, Field(ge=0, le=86400)] = 120.0
 
 
 class StorageSpec(SpecModel):

@@ -72,6 +72,7 @@ from workers.tracking.store import (
     ensure_sqlite_schema,
     flatten_params,
     http_limits,
+    redact_uri,
 )
 from workers.tracking.study_run import StudyTracker
 from workers.tracking.writer import MlflowWriter, RetryPolicy
@@ -105,6 +106,7 @@ __all__ = [
     "flatten_params",
     "http_limits",
     "mlflow_links",
+    "redact_uri",
     "render_run_name",
     "source_tags",
     "study_key",

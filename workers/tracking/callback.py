@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from workers.tracking.names import (
     TAG_UNDELIVERED,
 )
 from workers.tracking.runs import TrialRuns, _ChildRun
-from workers.tracking.store import MlflowUnavailable, check_tracking_uri
+from workers.tracking.store import MlflowUnavailable, check_tracking_uri, redact_uri
 from workers.tracking.writer import RetryPolicy, numeric
 
 if TYPE_CHECKING:
@@ -114,6 +115,7 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         "_backoff",
         "_recovered",
         "_final_deadline",
+        "_history",
     )
 
     def _reset_runtime(self) -> None:
@@ -128,6 +130,8 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         # (status, outcome) of finished trials whose runs are not closed yet, the back-off state.
         self._trials: dict[str, Trial] = {}
         self._finals: dict[str, tuple[str, str]] = {}
+        # Every trial's results as Tune keeps them in the study directory (:meth:`requeue`).
+        self._history: dict[str, list[Mapping[str, Any]]] = {}
         self._reset_backoff()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -206,7 +210,12 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
     def _whitelisted(self, key: str) -> bool:
         return key == "epoch" or any(key.startswith(prefix) for prefix in self.metric_whitelist)
 
-    def _queue(self, trial_id: str, result: Mapping[str, Any]) -> None:
+    def _queue(self, trial_id: str, result: Mapping[str, Any], *, durable: bool = False) -> None:
+        """Queue one result's whitelisted numbers under its epoch (skipped when MLflow has it).
+
+        ``durable``: read back from Tune's result files (:meth:`requeue`), whose columns another
+        row may lack: missing values (NaN there) are left out rather than logged as NaN.
+        """
         epoch = numeric(result.get("epoch"))
         if epoch is None:
             return
@@ -219,9 +228,10 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         metrics = {}
         for key, value in result.items():
             number = numeric(value)
-            if number is not None and self._whitelisted(key):
+            if number is not None and self._whitelisted(key) and not (durable and math.isnan(number)):
                 metrics[key] = number
-        pending.append((epoch, metrics, int(time.time() * 1000)))
+        stamp = numeric(result.get("timestamp")) if durable else None  # Tune's, in seconds
+        pending.append((epoch, metrics, int((stamp if stamp is not None else time.time()) * 1000)))
 
     def _sync(self, trial: Trial, *, attempts: int | None = None, create: bool = False) -> None:
         """Create the trial's run if needed and log its queued epochs. Never raises.
@@ -307,6 +317,9 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         attempts = self.retry.final_attempts
         trials = list(trials)
         self._begin_final_flush()
+        for trial_id, rows in self._history.items():
+            for row in rows:
+                self._queue(trial_id, row, durable=True)
         if not self._connect():
             return
         # MLflow is the truth: this may be the runner's instance, not the one Tune used.
@@ -355,13 +368,16 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         :meth:`undelivered_trials` (and in the parent's :data:`TAG_UNDELIVERED` tag when only some
         trials failed).
         """
-        self._begin_final_flush()
         if trials is not None:
-            self.close_trials(trials)
+            self._final_flush(list(trials))
+        else:
+            self._begin_final_flush()
         if self._down_until != math.inf:
             # The parent gets its own window, even if the trials' flush used up the first one.
             self._final_deadline = time.monotonic() + self.retry.final_flush_s
         undelivered = self.undelivered_trials()
+        if undelivered and status == "FINISHED":
+            status = "FAILED"  # FINISHED only when every epoch of every trial is in MLflow
         if undelivered:
             logger.error(
                 "MLflow: results of %d trial(s) could not be delivered: %s",
@@ -393,6 +409,38 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
             self._call(self.client.set_terminated, parent_id, status, attempts=attempts)
         except Exception as exc:
             logger.error("could not close the MLflow parent run %s: %s", parent_id, exc)
+
+    def requeue(self, histories: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+        """Every trial's reported results, read back from the study directory (Tune's per-trial
+        result files), to deliver at the end whatever MLflow lacks: results an outage kept from
+        MLflow survive the driver, and a rerun delivers them without training anything."""
+        self._history = {trial_id: list(rows) for trial_id, rows in histories.items()}
+
+    def _final_flush(self, trials: list[Trial]) -> None:
+        """Deliver every queued result and close the trial runs, trying again until all is in
+        MLflow or ``final_flush_s`` is spent; says that it waits, and for what."""
+        self._begin_final_flush()
+        said = False
+        while True:
+            self.close_trials(trials)
+            left = self.undelivered_trials()
+            deadline = self._final_deadline
+            if (not left and self._parent_id is not None) or deadline is None:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            if not said:
+                what = f"the results of {len(left)} trial(s) ({', '.join(left)})" if left else "the runs"
+                print(
+                    f"[{self.study_name}] MLflow at {redact_uri(self.tracking_uri)} does not answer: waiting up to "
+                    f"{remaining:.0f} s (tracking.final_flush_s) to deliver {what}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                said = True
+            time.sleep(min(5.0, remaining))
+            self._down_until = 0.0  # the next pass tries again
 
     def log_file(self, path: Path, artifact_path: str | None = None) -> None:
         """A file as an artifact of the plan's run (raises when MLflow does not take it)."""

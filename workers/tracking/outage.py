@@ -75,7 +75,7 @@ class OutageBackoff(MlflowWriter):
             self._down_until = 0.0
             return
         if self._final_deadline is not None:
-            self._down_until = math.inf  # the last flush: one failure ends it
+            self._down_until = math.inf  # one failure ends this pass of the final flush
             logger.error("MLflow unreachable during the final flush: %s", error)
             return
         self._backoff = min(self.retry.reconnect_max_s, max(self.retry.reconnect_s, 2 * self._backoff))
@@ -90,6 +90,11 @@ class OutageBackoff(MlflowWriter):
     def _begin_final_flush(self) -> None:
         """The end of the study: one more try even when backed off, then a bounded flush."""
         if self._final_deadline is None:
-            self._final_deadline = time.monotonic() + self.retry.final_flush_s
+            from workers.interrupts import received
+
+            # A stopped study must exit within a scheduler's grace period: a short flush then (what
+            # is not delivered is delivered by the next run).
+            bound = self.retry.final_flush_s if received() is None else min(self.retry.final_flush_s, 15.0)
+            self._final_deadline = time.monotonic() + bound
             if self._down_until != math.inf:
                 self._down_until = 0.0

@@ -12,6 +12,18 @@ from typing import Any
 from urllib.parse import urlparse
 
 
+def redact_uri(uri: str) -> str:
+    """``uri`` without credentials (``user:password@`` and query parameters), for messages and logs."""
+    try:
+        parts = urlparse(uri)
+    except ValueError:
+        return "<unparseable URI>"
+    if not parts.netloc:
+        return uri.split("?", 1)[0]
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=host, query="", fragment="").geturl()
+
+
 def default_tracking_uri(storage_dir: str | os.PathLike[str]) -> str:
     """``sqlite:///<absolute storage dir>/mlflow.db``: absolute, because a relative sqlite path is
     resolved against each process's working directory."""

@@ -45,7 +45,7 @@ class RetryPolicy:
     http_retries: int = 2
     reconnect_s: float = 1.0
     reconnect_max_s: float = 60.0
-    final_flush_s: float = 60.0
+    final_flush_s: float = 120.0
 
 
 def numeric(value: Any) -> float | None:
