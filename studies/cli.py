@@ -588,7 +588,47 @@ def _cmd_report(args: argparse.Namespace) -> int:
             print(f"the study lives at {where.uri}; give --out DIR for the report", file=sys.stderr)
             return 1
         out = Path(where.path) / "report"
-    report = kind_for(spec).report(spec, out)
+    return _report(spec, out)
+
+
+def _report(spec: Any, out: Path) -> int:
+    """The report, marked partial while the study runs or after it stopped short; exit 1 without
+    writing anything when there is nothing to report yet. Never takes the study's lease."""
+    import shutil
+
+    from studies.study_dir import StudyDir
+    from workers.lease import lease_holder
+
+    where = StudyDir.of(spec)
+    kind = kind_for(spec)
+    holder = lease_holder(
+        where.storage, spec.name, endpoint_override=where.config.endpoint_override, region=where.config.region
+    )
+    status = kind.status(spec)
+    why = None
+    if holder:
+        why = f"it is running (driver pid {holder.get('pid')} on {holder.get('host')})"
+    elif status["trials"] < status["expected_trials"]:
+        why = f"{status['trials']} of {status['expected_trials']} trials have results"
+    if why and not status["trials"]:
+        print(f"the study has not finished ({why}); no trial has results yet, so no report", file=sys.stderr)
+        return 1
+    existed = out.exists()
+    try:
+        report = kind.report(spec, out)
+    except Exception as e:
+        if why is None:
+            raise
+        if not existed:
+            shutil.rmtree(out, ignore_errors=True)
+        print(f"the study has not finished ({why}); no report yet ({type(e).__name__}: {e})", file=sys.stderr)
+        return 1
+    if why:
+        text = report.read_text(encoding="utf-8")
+        banner = f"> **Partial report**: the study has not finished ({why}); `autonorm-study report` again when it has.\n\n"
+        report.write_text(banner + text, encoding="utf-8")
+        print(f"partial report (the study has not finished: {why}) written to {report}")
+        return 0
     print(f"report written to {report}")
     return 0
 

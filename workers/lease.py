@@ -30,7 +30,7 @@ from typing import Any
 from workers.errors import LeaseError, StudyError
 from workers.storage import ResolvedStorage
 
-__all__ = ["LeaseError", "StudyError", "study_lease"]
+__all__ = ["LeaseError", "StudyError", "lease_holder", "study_lease"]
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +161,28 @@ class _Backend:
                 return None
             raise
         return body
+
+
+def lease_holder(
+    storage: ResolvedStorage,
+    name: str,
+    *,
+    endpoint_override: str | None = None,
+    region: str = "us-east-1",
+    expire_s: float = 60.0,
+) -> dict[str, Any] | None:
+    """The live driver holding the study's lease (host, pid, heartbeat), ``None`` when none does.
+
+    Read-only: what ``status`` and ``report`` use to tell a running study from a stopped one, without
+    taking or touching the lease. A stale lease (dead pid on this host, old heartbeat) is no holder.
+    """
+    held = _Backend(storage, name, endpoint_override=endpoint_override, region=region).read()
+    if not held:
+        return None
+    age = time.time() - float(held.get("heartbeat") or 0.0)
+    if held.get("host") == socket.gethostname() and not _pid_alive(int(held.get("pid") or 0)):
+        return None
+    return held if age <= expire_s else None
 
 
 @contextlib.contextmanager
