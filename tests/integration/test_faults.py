@@ -181,7 +181,9 @@ def chain(mlflow_server: MlflowServer) -> Iterator[Chain]:
         step("sigkill", sigkill)
         # The group is dead; its trial workers (process groups of their own) follow within seconds.
         for trial_id, (status, checkpoint) in tune_checkpoints(study_dir).items():
-            if status != "TERMINATED" and checkpoint is not None:
+            # (A SIGKILL between Tune deleting a trial's oldest checkpoint and saving its state
+            # leaves the state naming a deleted checkpoint: that trial then restarts from scratch.)
+            if status != "TERMINATED" and checkpoint is not None and Path(checkpoint).is_dir():
                 result.unfinished_with_checkpoint.add(trial_id)
                 (Path(checkpoint) / "state.pt").write_bytes(b"\x00garbage" * 64)
                 result.garbled[trial_id] = checkpoint
