@@ -141,7 +141,7 @@ def reinstall() -> None:
 def fitting() -> Iterator[None]:
     """Around ``Tuner.fit``: a stop signal asks Tune to stop instead of raising at once."""
     reinstall()
-    if hasattr(signal, "SIGUSR1"):
+    if installed() and hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
         # A previous fit's stop handler is stale (its event is dead): a signal before this fit
         # installs its own must raise instead of being handed to it.
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)

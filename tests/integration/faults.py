@@ -49,8 +49,9 @@ def write_spec(directory: Path, name: str, *, trials: int = 4, epochs: int = 6) 
     return path
 
 
-def env(mark: str, ray_tmp: Path) -> dict[str, str]:
+def env(mark: str, ray_tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
+    out.update(extra or {})
     out.update(
         {
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
@@ -76,13 +77,14 @@ class Driver:
     signalled: float | None = None
     ended: float | None = None
     events: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> Driver:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [*CLI, *self.args],
             cwd=self.cwd,
-            env=env(self.mark, self.ray_tmp),
+            env=env(self.mark, self.ray_tmp, self.extra_env),
             stdout=self.log.open("w"),
             stderr=subprocess.STDOUT,
             text=True,

@@ -313,14 +313,20 @@ def test_the_study_completes_with_every_epoch_once(chain: Chain) -> None:
 
 def test_no_trial_retrained_from_scratch_while_it_had_a_checkpoint(chain: Chain) -> None:
     reported = result_epochs(chain.study_dir)
-    scratch = {
-        t
-        for t in chain.garbled
-        for line in chain.steps["rerun"].output.splitlines()
-        if t in line and "from scratch" in line
-    }
+    # (a trial whose every checkpoint was unreadable or gone restarts from scratch, and says so)
+    said = [line for st in chain.steps.values() for line in st.output.splitlines() if "from scratch" in line]
+    scratch = {t for t in reported if any(f"trial {t}:" in line for line in said)}
     for trial_id, epochs in reported.items():
         if trial_id in scratch:
             continue
         # A trial resumed from a checkpoint never reports epoch 1 again.
         assert epochs.count(1) == 1, (trial_id, epochs)
+
+
+def test_no_trial_run_ever_looks_finished_with_epochs_missing(chain: Chain) -> None:
+    # The worst kind of loss: a FINISHED trial run holding part of its training. After every stop,
+    # however abrupt, a trial run is FINISHED only with all its epochs.
+    for label, st in chain.steps.items():
+        for trial_id, (status, steps) in st.mlflow_after.trial_runs.items():
+            if status == "FINISHED":
+                assert steps == list(range(1, EPOCHS + 1)), (label, trial_id, steps)

@@ -101,15 +101,16 @@ def outages(postgres_server: PostgresServer, s3_server: S3Server) -> Iterator[Ou
         return start_mlflow_server(backend, artifacts, s3_server.env(), directory=work / "mlflow", port=port)
 
     uri = f"http://127.0.0.1:{port}"
-    # Credentials in the URI (a misconfiguration people make): they must never be printed.
-    uri_with_secret = f"http://user:{SECRET}@127.0.0.1:{port}"
+    # MLflow credentials come from the environment (a spec refuses them in the URI): never printed.
+    credentials = {"MLFLOW_TRACKING_USERNAME": "user", "MLFLOW_TRACKING_PASSWORD": SECRET}
     storage = work / "runs"
     result = Outages(uri_shown=uri)
     server: MlflowServer | None = None
 
-    def run(name: str, spec: Path, label: str, uri_arg: str, extra: tuple[str, ...] = ()) -> Driver:
-        args = ["run", str(spec), "--storage-path", str(storage), "--tracking-uri", uri_arg, *extra]
-        return Driver(args, work, new_mark(), ray_tmp, work / f"{label}.log").start()
+    def run(name: str, spec: Path, label: str, extra: tuple[str, ...] = ()) -> Driver:
+        args = ["run", str(spec), "--storage-path", str(storage), "--tracking-uri", uri, *extra]
+        driver = Driver(args, work, new_mark(), ray_tmp, work / f"{label}.log", extra_env=credentials)
+        return driver.start()
 
     def finish(driver: Driver, name: str, timeout: float = 900) -> Run:
         rc = driver.wait(timeout)
@@ -125,11 +126,11 @@ def outages(postgres_server: PostgresServer, s3_server: S3Server) -> Iterator[Ou
         # 1. away for the whole first run (nothing listens on the port), then up for the rerun
         name = f"away_{new_mark()[:6]}"
         spec = write_spec(work, name, trials=4, epochs=8)
-        result.away = finish(run(name, spec, "away", uri_with_secret), name)
+        result.away = finish(run(name, spec, "away"), name)
         server = start()
         client = MlflowClient(tracking_uri=uri)
         # 2. the same command with MLflow up; MLflow stopped for 20 s once the first trial run exists
-        driver = run(name, spec, "after_away", uri_with_secret)
+        driver = run(name, spec, "after_away")
         result.at_stop = _wait_first_run(client, name, driver)
         stopped = time.monotonic()
         server.handle.stop()
@@ -143,14 +144,14 @@ def outages(postgres_server: PostgresServer, s3_server: S3Server) -> Iterator[Ou
         late = f"late_{new_mark()[:6]}"
         late_spec = write_spec(work, late, trials=2, epochs=4)
         flush = ("--set", "tracking.final_flush_s=10")
-        driver = run(late, late_spec, "late", uri, flush)
+        driver = run(late, late_spec, "late", flush)
         result.late_at_stop = _wait_first_run(client, late, driver)
         server.handle.stop()
         server = None
         result.late = finish(driver, late)
         result.late_trained_before = result_epochs(storage / late)
         server = start()
-        result.late_rerun = finish(run(late, late_spec, "late_rerun", uri, flush), late)
+        result.late_rerun = finish(run(late, late_spec, "late_rerun", flush), late)
         for label, r in (
             ("mlflow_away", result.away),
             ("mlflow_away_rerun_with_20s_outage", result.after_away),

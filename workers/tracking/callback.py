@@ -184,14 +184,22 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
     ) -> None:
         with self._loop():
             self._queue(trial.trial_id, result)
-            self._sync(trial)
+            self._sync(trial, reopen=True)
             if self._recovered:
                 self._catch_up()
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        from workers.interrupts import received
+
         with self._loop():
             self._sync(trial)
-            self._close_trial(trial, "FINISHED", _trial_outcome(trial, errored=False))
+            outcome = _trial_outcome(trial, errored=False)
+            if outcome == "pruned" and received() is not None:
+                # Tune stops the running trials of a study stopped by a signal as if a scheduler
+                # had: they did not finish, and must not look finished if the driver dies now.
+                self._close_trial(trial, "KILLED", "interrupted")
+            else:
+                self._close_trial(trial, "FINISHED", outcome)
             if self._recovered:
                 self._catch_up()
 
@@ -233,11 +241,14 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         stamp = numeric(result.get("timestamp")) if durable else None  # Tune's, in seconds
         pending.append((epoch, metrics, int((stamp if stamp is not None else time.time()) * 1000)))
 
-    def _sync(self, trial: Trial, *, attempts: int | None = None, create: bool = False) -> None:
+    def _sync(
+        self, trial: Trial, *, attempts: int | None = None, create: bool = False, reopen: bool = False
+    ) -> None:
         """Create the trial's run if needed and log its queued epochs. Never raises.
 
         A run is created at the trial's first queued result (or when ``create``: a trial that
-        errored before reporting still gets a FAILED run).
+        errored before reporting still gets a FAILED run). ``reopen``: the trial is running (it
+        just reported), so a run closed as KILLED by an earlier, stopped driver is RUNNING again.
         """
         self._trials[trial.trial_id] = trial
         if not self._connect():
@@ -248,6 +259,9 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
                 if not (self._pending.get(trial.trial_id) or create):
                     return
                 child = self._create_child(trial)
+            if reopen and child.status != "RUNNING" and trial.trial_id not in self._finals:
+                self._call(self.client.update_run, child.run_id, status="RUNNING", attempts=attempts)
+                child.status = "RUNNING"
             self._flush(trial.trial_id, child, attempts=attempts)
         except Exception as exc:
             if not isinstance(exc, MlflowUnavailable):
