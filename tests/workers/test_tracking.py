@@ -624,3 +624,57 @@ def test_without_a_namer_no_run_is_named_after_the_tune_trainable(tmp_path: Path
     cb.close(status="FINISHED", trials=[trial])
     (child,) = _runs(MlflowClient(cb.tracking_uri), "trial")
     assert child.info.run_name == "exp-c0003"
+
+
+def test_a_trial_stopped_by_a_signal_is_killed_and_running_again_when_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import workers.interrupts as interrupts
+
+    cb = _callback(tmp_path)
+    cb.prepare(fresh=True)
+    cb.setup()
+    trial = FakeTrial("t1", {})
+    _feed(cb, trial, range(1, 3))
+    # Tune stops the trials of a study stopped by Ctrl-C through on_trial_complete, as a scheduler
+    # would: with 2 of 3 epochs, that run must not look FINISHED.
+    monkeypatch.setattr(interrupts, "_received", [2])
+    trial.status = "TERMINATED"
+    cb.on_trial_complete(iteration=2, trials=[trial], trial=trial)
+    client = MlflowClient(cb.tracking_uri)
+    (run,) = _runs(client, "trial")
+    assert run.info.status == "KILLED" and run.data.tags[TAG_TRIAL_STATUS] == "interrupted"
+    monkeypatch.setattr(interrupts, "_received", [])
+    # the next driver restores it: its first result makes the run RUNNING again, its end FINISHED
+    resumed = pickle.loads(pickle.dumps(cb))
+    resumed.setup()
+    trial.status = "RUNNING"
+    _feed(resumed, trial, range(2, 3))  # the epoch after its checkpoint, already in MLflow
+    assert client.get_run(run.info.run_id).info.status == "RUNNING"
+    _feed(resumed, trial, range(3, 4), final=3)
+    trial.status = "TERMINATED"
+    resumed.on_trial_complete(iteration=3, trials=[trial], trial=trial)
+    run = client.get_run(run.info.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags[TAG_TRIAL_STATUS] == "completed"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "epoch")] == [1, 2, 3]
+
+
+def test_the_final_flush_delivers_what_mlflow_lacks_from_tunes_result_files(tmp_path: Path) -> None:
+    # A driver that queued results during an outage died (or gave up): the next one reads them back.
+    cb = _callback(tmp_path)
+    cb.prepare(fresh=True)
+    cb.setup()
+    trial = FakeTrial("t1", {})
+    _feed(cb, trial, range(1, 2))
+    rerun = pickle.loads(pickle.dumps(cb))  # nothing queued in memory
+    rows = [_result(e, "completed" if e == 3 else "running") for e in (1, 2, 2, 3)]  # 2: re-reported
+    rows[1]["val_accuracy"] = float("nan")  # a column a row lacks reads back as NaN: not logged
+    trial.status, trial.last_result = "TERMINATED", rows[-1]
+    rerun.requeue({"t1": rows})
+    rerun.close(status="FINISHED", trials=[trial])
+    assert rerun.undelivered_trials() == []
+    client = MlflowClient(cb.tracking_uri)
+    (run,) = _runs(client, "trial")
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "epoch")] == [1, 2, 3]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")] == [1, 3]
