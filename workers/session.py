@@ -40,6 +40,15 @@ def _shutdown_local_ray(preexisting: set[int], timeout_s: float = 30.0) -> None:
         ours = [p for p in psutil.Process().children(recursive=True) if p.pid not in preexisting]
     except psutil.Error:
         ours = []
+    # Worker processes left over once Tune has returned are idle (every result and checkpoint is
+    # saved): stop them first, hard. Ray's own shutdown sends them SIGTERM, whose handler raises
+    # SystemExit inside whatever they are doing and prints a traceback the user would take for a
+    # failure of the study.
+    for proc in ours:
+        with contextlib.suppress(psutil.Error):
+            name = proc.name()
+            if name.startswith("ray::") and not name.endswith("Agent"):  # workers, not Ray's agents
+                proc.kill()
     ray.shutdown()
     _, alive = psutil.wait_procs(ours, timeout=timeout_s)
     for proc in alive:

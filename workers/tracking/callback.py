@@ -433,26 +433,37 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
     def _final_flush(self, trials: list[Trial]) -> None:
         """Deliver every queued result and close the trial runs, trying again until all is in
         MLflow or ``final_flush_s`` is spent; says that it waits, and for what."""
+        was_down = self._backoff > 0 or self._down_until > 0  # MLflow did not answer last time
         self._begin_final_flush()
         said = False
+
+        def say(left: list[str]) -> None:
+            nonlocal said
+            if said:
+                return
+            said = True
+            what = f"the results of {len(left)} trial(s) ({', '.join(left)})" if left else "the trial runs"
+            bound = self.retry.final_flush_s if self._final_deadline is None else None
+            left_s = bound if bound is not None else max(0.0, (self._final_deadline or 0) - time.monotonic())
+            print(
+                f"[{self.study_name}] MLflow at {redact_uri(self.tracking_uri)} does not answer: waiting up to "
+                f"{left_s:.0f} s (tracking.final_flush_s) to deliver {what}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        if was_down:
+            say(self.undelivered_trials())
         while True:
             self.close_trials(trials)
             left = self.undelivered_trials()
             deadline = self._final_deadline
             if (not left and self._parent_id is not None) or deadline is None:
                 return
+            say(left)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            if not said:
-                what = f"the results of {len(left)} trial(s) ({', '.join(left)})" if left else "the runs"
-                print(
-                    f"[{self.study_name}] MLflow at {redact_uri(self.tracking_uri)} does not answer: waiting up to "
-                    f"{remaining:.0f} s (tracking.final_flush_s) to deliver {what}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                said = True
             time.sleep(min(5.0, remaining))
             self._down_until = 0.0  # the next pass tries again
 
