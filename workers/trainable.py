@@ -30,6 +30,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -482,11 +483,26 @@ def tune_entry(
     """
     from ray import tune
 
+    _quiet_exit_in_callbacks()
     resolved = resolve_trial_config(base_config, config)
     session = TrialSession(
         checkpoint=tune.get_checkpoint(), tracking_uri=tracking_uri, metric=metric, config=resolved
     )
     run_with_retries(trial_fn, resolved, session, retries=retries)
+
+
+def _quiet_unraisable(info: Any) -> None:
+    if info.exc_type is SystemExit:
+        return  # Ray stopping this worker (its SIGTERM handler raises SystemExit), inside a GC callback
+    sys.__unraisablehook__(info)
+
+
+def _quiet_exit_in_callbacks() -> None:
+    """When Ray stops an idle trial worker at the end of a study, its SIGTERM handler raises
+    ``SystemExit`` wherever the process is, often inside a weakref callback, where Python prints it
+    as an "Exception ignored" traceback that Ray forwards to the driver: the user would read it as
+    a failure. Only that case is silenced; every other unraisable exception is printed as before."""
+    sys.unraisablehook = _quiet_unraisable
 
 
 def run_with_retries(

@@ -443,11 +443,10 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
                 return
             said = True
             what = f"the results of {len(left)} trial(s) ({', '.join(left)})" if left else "the trial runs"
-            bound = self.retry.final_flush_s if self._final_deadline is None else None
-            left_s = bound if bound is not None else max(0.0, (self._final_deadline or 0) - time.monotonic())
+            left_s = max(0.0, (self._final_deadline or 0.0) - time.monotonic())
             print(
                 f"[{self.study_name}] MLflow at {redact_uri(self.tracking_uri)} does not answer: waiting up to "
-                f"{left_s:.0f} s (tracking.final_flush_s) to deliver {what}",
+                f"{left_s:.0f} s more (tracking.final_flush_s = {self.retry.final_flush_s:g} s) to deliver {what}",
                 file=sys.stderr,
                 flush=True,
             )
