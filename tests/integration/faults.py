@@ -200,7 +200,7 @@ def wait_for_epochs(
 @dataclass(frozen=True)
 class Accounting:
     study_runs: list[tuple[str, str]]  # (name, status)
-    trial_runs: dict[str, tuple[str, list[int]]]  # trial id -> (status, epoch steps in order)
+    trial_runs: dict[str, tuple[str, list[int]]]  # trial id -> (status, epoch steps, sorted)
     other_runs: list[tuple[str, str, str]]  # (role, name, status)
 
 
@@ -211,7 +211,8 @@ def accounting(client: Any, experiment: str) -> Accounting:
         if role == "study":
             study.append((run.info.run_name, run.info.status))
         elif role == "trial":
-            steps = [int(m.step) for m in client.get_metric_history(run.info.run_id, "epoch")]
+            # sorted: a tracking server returns a history in no promised order (a duplicate shows)
+            steps = sorted(int(m.step) for m in client.get_metric_history(run.info.run_id, "epoch"))
             trial_id = run.data.tags.get("ray.trial_id", run.info.run_id)
             assert trial_id not in trials, f"two runs for trial {trial_id}"
             trials[trial_id] = (run.info.status, steps)
