@@ -172,6 +172,16 @@ def chain(mlflow_server: MlflowServer) -> Iterator[Chain]:
             driver.signal_group(signal.SIGINT)
 
     def sigkill(driver: Driver) -> None:
+        # Once Tune's saved state names a checkpoint of an unfinished trial (something to break).
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and driver.alive():
+            try:
+                known = tune_checkpoints(study_dir)
+            except Exception:  # a state file being written
+                known = {}
+            if any(st != "TERMINATED" and c and Path(c).is_dir() for st, c in known.values()):
+                break
+            time.sleep(0.2)
         driver.signal_group(signal.SIGKILL)
 
     try:
