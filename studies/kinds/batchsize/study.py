@@ -379,7 +379,7 @@ def _run_looks(
             )
         if j == len(schedule):
             break
-        verdict = analyse(spec, pd.concat(tables, ignore_index=True))
+        verdict = analyse(pd.concat(tables, ignore_index=True), spec)
         state = {
             k: h["decision"] for k, h in (verdict.get("looks") or [{}])[-1].get("hypotheses", {}).items()
         }
