@@ -75,6 +75,7 @@ def study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             "lr_tuning.low=0.1",
             "lr_tuning.high=10.0",
             "lr_tuning.points=3",
+            "lr_tuning.max_extensions=0",  # two phases (tuning, confirmatory): what this test reads
             "analysis.n_boot=200",
             "analysis.n_perm=99",
         )

@@ -103,14 +103,19 @@ def test_ray_job_submit_runs_the_search_study_and_logs_it_to_mlflow(
     assert len(parents) == 1, [r.data.tags for r in runs]
     parent = parents[0]
     assert parent.info.status == "FINISHED"
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    phases = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert [(r.info.run_name, r.data.tags.get("autonorm.role")) for r in phases] == [("search", "phase")]
+    assert phases[0].info.status == "FINISHED"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == phases[0].info.run_id]
     assert len(children) == 2, [(r.info.status, r.data.tags.get("autonorm.role")) for r in children]
     for child in children:
         assert child.data.tags.get("autonorm.role") == "trial"
         assert child.info.status != "RUNNING"
         assert "val_accuracy" in child.data.metrics, sorted(child.data.metrics)
         assert 0.0 <= child.data.metrics["val_accuracy"] <= 1.0
-    assert len(runs) == 3  # nothing else was logged (e.g. by a driver that fell back to ./mlruns)
+    assert (
+        len(runs) == 4
+    )  # study, phase, 2 trials: nothing else was logged (e.g. by a driver that fell back to ./mlruns)
     _assert_readable(children)
     for run in runs:
         assert run.data.tags.get("mlflow.source.type") == "JOB"
@@ -119,7 +124,7 @@ def test_ray_job_submit_runs_the_search_study_and_logs_it_to_mlflow(
     study_dir = tmp_path / "runs" / parent.info.run_name
     assert f"results: {study_dir}" in output, output[-4000:]
     assert f"/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}" in output
-    assert (study_dir / "optuna.db").is_file()
+    assert (study_dir / "search" / "optuna.db").is_file()
 
 
 def test_autonorm_study_submit_runs_the_batchsize_study_to_a_verdict(

@@ -18,7 +18,7 @@ from studies.kinds import load_study, run_study_spec
 from workers.trainable import TrialSession
 
 SPEC = Path(__file__).resolve().parents[2] / "studies" / "specs" / "batchsize_correlation.yaml"
-OVERRIDES = ["lr_tuning.points=3", "analysis.n_boot=200", "analysis.n_perm=999"]
+OVERRIDES = ["lr_tuning.points=3", "lr_tuning.max_extensions=0", "analysis.n_boot=200", "analysis.n_perm=999"]
 
 
 def slow_planted_trial(config: dict[str, Any], session: TrialSession) -> None:

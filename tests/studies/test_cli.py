@@ -464,9 +464,14 @@ def tiny_study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Any
         [f"storage_path={storage}", "search.num_samples=3", "training.epochs=3", "confirm=null"],
         preset="smoke",
     )
-    plan = spec.to_plan(environ={})
+    import dataclasses
+
+    from studies.kinds.search.kind import search_plan
+
+    plan = search_plan(spec)  # the search phase: <study>/search/
+    plan = dataclasses.replace(plan, storage=dataclasses.replace(plan.storage, path=str(storage / spec.name)))
     outcome = run_study_spec(spec, trainable=tiny_trial, progress=False)
-    return spec, plan, outcome, read_trials(plan), storage / plan.name
+    return spec, plan, outcome, read_trials(plan), storage / spec.name
 
 
 @pytest.mark.ray

@@ -5,7 +5,6 @@ then ``extend STUDY_DIR --seeds 2`` on it. One study for the whole module."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ from studies.batchsize_correlation import DEFAULT_SPEC
 from studies.kinds import StudyOutcome, run_study_spec
 from studies.kinds.batchsize.spec import BatchSizeStudySpec
 from studies.spec import load_spec
-from tests.services import embedded_ray
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,16 +50,15 @@ def _trial_runs(out: StudyOutcome) -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def settled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def settled(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The study, its verdict and trial runs before and after ``extend --seeds 2``."""
     from studies import cli
 
-    path = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     storage = tmp_path_factory.mktemp("settle")
     spec: BatchSizeStudySpec = load_spec(
         DEFAULT_SPEC, [f"storage_path={storage}", *SETTLE], preset="smoke", model=BatchSizeStudySpec
     )
-    with embedded_ray("rt_settle_", {"PYTHONPATH": path}):
+    if True:  # the shared local Ray cluster (local_ray)
         out = run_study_spec(spec, progress=False)
         study_dir = Path(out.study_dir)
         before = {

@@ -346,9 +346,16 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
             self._children = pending_children
         for trial in trials:
             self._sync(trial, attempts=attempts, create=trial.status == "ERROR")
+        from workers.interrupts import received
+
+        stopped_by_signal = received() is not None
         for trial in trials:
-            if trial.status == "TERMINATED":
-                self._close_trial(trial, "FINISHED", _trial_outcome(trial, errored=False), attempts=attempts)
+            outcome = _trial_outcome(trial, errored=False)
+            if trial.status == "TERMINATED" and outcome == "pruned" and stopped_by_signal:
+                # As in on_trial_complete: Tune stopped it because of the signal; it did not finish.
+                self._close_trial(trial, "KILLED", "interrupted", attempts=attempts)
+            elif trial.status == "TERMINATED":
+                self._close_trial(trial, "FINISHED", outcome, attempts=attempts)
             elif trial.status == "ERROR":
                 self._close_trial(trial, "FAILED", "error", attempts=attempts)
             else:
