@@ -58,23 +58,22 @@ def settled(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     spec: BatchSizeStudySpec = load_spec(
         DEFAULT_SPEC, [f"storage_path={storage}", *SETTLE], preset="smoke", model=BatchSizeStudySpec
     )
-    if True:  # the shared local Ray cluster (local_ray)
-        out = run_study_spec(spec, progress=False)
-        study_dir = Path(out.study_dir)
-        before = {
-            "verdict": json.loads((study_dir / "verdict.json").read_text()),
-            "lr": json.loads((study_dir / "lr_tuning.json").read_text()),
-            "runs": _trial_runs(out),
-            "spec": yaml.safe_load((study_dir / "study_spec.yaml").read_text()),
-            "study_tags": _study_tags(out),
-        }
-        code = cli.main(["extend", str(study_dir), "--seeds", "2"])
-        after = {
-            "code": code,
-            "verdict": json.loads((study_dir / "verdict.json").read_text()),
-            "runs": _trial_runs(out),
-            "spec": yaml.safe_load((study_dir / "study_spec.yaml").read_text()),
-        }
+    out = run_study_spec(spec, progress=False)
+    study_dir = Path(out.study_dir)
+    before = {
+        "verdict": json.loads((study_dir / "verdict.json").read_text()),
+        "lr": json.loads((study_dir / "lr_tuning.json").read_text()),
+        "runs": _trial_runs(out),
+        "spec": yaml.safe_load((study_dir / "study_spec.yaml").read_text()),
+        "study_tags": _study_tags(out),
+    }
+    code = cli.main(["extend", str(study_dir), "--seeds", "2"])
+    after = {
+        "code": code,
+        "verdict": json.loads((study_dir / "verdict.json").read_text()),
+        "runs": _trial_runs(out),
+        "spec": yaml.safe_load((study_dir / "study_spec.yaml").read_text()),
+    }
     yield {"spec": spec, "out": out, "dir": study_dir, "before": before, "after": after}
 
 
