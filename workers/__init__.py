@@ -11,7 +11,17 @@ not pay for importing Ray Tune, Optuna and MLflow (~4-5 s here), so ``autonorm-s
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
+
+TRIAL_NOTICE = r"^trial \S+: "
+"""What starts a line a trial prints for the user (``workers.trainable._say``)."""
+
+# Ray folds log lines from different workers that are equal once every token holding a digit is
+# dropped: "trial 2a0acc3f: checkpoint .../checkpoint_000003 is unreadable ..." of two trials is one
+# line to it, and the second trial's notice never reaches the driver. Ray reads the exemption when
+# it is first imported, which in every entry point (CLI, job scripts, trial workers) is after this.
+os.environ.setdefault("RAY_DEDUP_LOGS_ALLOW_REGEX", TRIAL_NOTICE)
 
 if TYPE_CHECKING:
     from workers.plan import (

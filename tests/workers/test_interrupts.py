@@ -108,6 +108,38 @@ def test_no_readable_checkpoint_restarts_the_trial_from_scratch(
     assert len(lines) == 1 and "trial t2" in lines[0] and "from scratch" in lines[0]
 
 
+def test_every_trials_checkpoint_notice_reaches_the_driver_through_rays_log_dedup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two trials on two workers say the same thing about different checkpoints. Ray's log
+    # deduplicator (the one the driver's log monitor uses) drops tokens holding digits, so both lines
+    # are one to it; the exemption workers sets before Ray is imported must let each through.
+    from ray import tune
+    from ray._private.ray_logging import LogDeduplicator
+
+    from workers import TRIAL_NOTICE
+    from workers.trainable import _resume_from
+
+    lines = []
+    for trial in ("2a0acc3f", "0c7fbe2d"):
+        _checkpoint(tmp_path / trial, 0, None)
+        newest = _checkpoint(tmp_path / trial, 1, b"\x00garbage")
+        _resume_from(tune.Checkpoint.from_directory(str(newest)), trial)
+        lines += capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2
+
+    def through(dedup: LogDeduplicator) -> list[str]:
+        out: list[str] = []
+        for pid, line in enumerate(lines):
+            batch = {"ip": "127.0.0.1", "pid": 100 + pid, "lines": [line]}
+            out += [x for b in dedup.deduplicate(batch) for x in b["lines"]]
+        return out
+
+    assert len(through(LogDeduplicator(5, None, None))) == 1  # the trap: the second one is folded
+    assert through(LogDeduplicator(5, TRIAL_NOTICE, None)) == lines
+    assert os.environ["RAY_DEDUP_LOGS_ALLOW_REGEX"] == TRIAL_NOTICE
+
+
 @pytest.mark.parametrize(
     ("uri", "shown"),
     [
