@@ -224,15 +224,17 @@ def accounting(client: Any, experiment: str) -> Accounting:
 # ----------------------------------------------------------------------------------------------- Tune
 
 
-def tune_checkpoints(study_dir: Path) -> dict[str, tuple[str, str | None]]:
+def tune_checkpoints(study_dir: Path, *, newer_than: float = 0.0) -> dict[str, tuple[str, str | None]]:
     """``trial id -> (status, latest checkpoint dir)`` as Tune's newest experiment state says: the
-    checkpoint a restore resumes from (a checkpoint written after that state is never used)."""
+    checkpoint a restore resumes from (a checkpoint written after that state is never used).
+    ``newer_than``: only a state saved after that time (``time.time()``) counts."""
     from ray.tune.experiment import Trial
 
     states = sorted(
         glob.glob(f"{study_dir}/**/experiment_state-*.json", recursive=True), key=os.path.getmtime
     )
-    assert states, f"no Tune experiment state under {study_dir}"
+    states = [s for s in states if os.path.getmtime(s) > newer_than]
+    assert states, f"no Tune experiment state under {study_dir} saved after {newer_than}"
     data = json.loads(Path(states[-1]).read_text())
     out: dict[str, tuple[str, str | None]] = {}
     for trial_json, meta in data["trial_data"]:

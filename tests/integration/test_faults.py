@@ -118,15 +118,19 @@ def chain(mlflow_server: MlflowServer) -> Iterator[Chain]:
     result = Chain(name=name, study_dir=study_dir)
     CHAIN["chain"] = result
 
-    def step(label: str, fault: Any, *, epochs: int = 1) -> Step:
+    def step(label: str, fault: Any, *, epochs: int | None = 1) -> Step:
         mark = new_mark()
         # each fault once the rerun has trained again: an epoch more than MLflow held before
+        # (``epochs=None``: the fault waits for its own moment)
         done = sum(latest_epochs(client, name).values())
         driver = Driver(args, work, mark, ray_tmp, work / f"{label}.log").start()
         at_fault: dict[str, float] = {}
         if fault is not None:
-            at_fault = wait_for_epochs(client, name, driver, epochs=epochs, total=done)
+            if epochs is not None:
+                at_fault = wait_for_epochs(client, name, driver, epochs=epochs, total=done)
             fault(driver)
+            if epochs is None:
+                at_fault = latest_epochs(client, name)
         rc = driver.wait(timeout=900)
         left = wait_gone(mark, timeout=20.0)
         out = Step(
@@ -172,16 +176,19 @@ def chain(mlflow_server: MlflowServer) -> Iterator[Chain]:
             driver.signal_group(signal.SIGINT)
 
     def sigkill(driver: Driver) -> None:
-        # Once Tune's saved state names a checkpoint of an unfinished trial (something to break).
-        deadline = time.monotonic() + 120
+        # As soon as this driver's Tune has restored the study and saved its state (on every loop
+        # step) naming an unfinished trial's checkpoint (something to break): not after a further
+        # epoch, which on a quiet machine can be the last one the study had left.
+        started = time.time()
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline and driver.alive():
             try:
-                known = tune_checkpoints(study_dir)
-            except Exception:  # a state file being written
+                known = tune_checkpoints(study_dir, newer_than=started)
+            except Exception:  # no state of this driver's yet, or one being written
                 known = {}
             if any(st != "TERMINATED" and c and Path(c).is_dir() for st, c in known.values()):
                 break
-            time.sleep(0.2)
+            time.sleep(0.1)
         if driver.alive():  # else the study finished first and the test says the fault struck nothing
             driver.signal_group(signal.SIGKILL)
 
@@ -189,7 +196,7 @@ def chain(mlflow_server: MlflowServer) -> Iterator[Chain]:
         step("sigint", sigint, epochs=2)
         step("sigterm", readers_then_sigterm)
         step("double_sigint", double_sigint)
-        step("sigkill", sigkill)
+        step("sigkill", sigkill, epochs=None)
         # The group is dead; its trial workers (process groups of their own) follow within seconds.
         for trial_id, (status, checkpoint) in tune_checkpoints(study_dir).items():
             # (A SIGKILL between Tune deleting a trial's oldest checkpoint and saving its state

@@ -488,7 +488,7 @@ def test_closed_port_is_an_outage_that_never_raises(tmp_path: Path) -> None:
     cb = _callback(
         tmp_path,
         tracking_uri=f"http://127.0.0.1:{free_port()}",
-        retry=RetryPolicy(attempts=1, delay_s=0.01, final_attempts=1, http_retries=0, final_flush_s=30.0),
+        retry=RetryPolicy(attempts=1, delay_s=0.01, final_attempts=1, http_retries=0, final_flush_s=1.0),
     )
     with pytest.raises(Exception, match=r"127\.0\.0\.1"):  # what the runner catches and logs at study start
         cb.prepare(fresh=True)
