@@ -77,8 +77,39 @@ def _ordered_arms(result: Mapping[str, Any]) -> list[str]:
     return [a for a in controls if a in result["arms"]] + rest
 
 
+def _arm_results(result: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(arm, its result)`` in table order: controls first, then the fix arms."""
+    return [(arm, result["arms"][arm]) for arm in _ordered_arms(result)]
+
+
 def _outcome(r: Mapping[str, Any]) -> str:
     return str(r.get("verdict") or r.get("label") or "–")
+
+
+#: Table column -> (result key, formatter): the numbers every table of this kind shows the same way.
+_CELLS: dict[str, tuple[str, Any]] = {
+    "slope / log2 B": ("slope", fmt),
+    "slope CI": ("slope_ci", fmt_ci),
+    "interaction": ("interaction", fmt),
+    "interaction CI": ("interaction_ci", fmt_ci),
+    "p": ("p_value", fmt),
+    "p (Holm)": ("p_value_holm", fmt),
+    "spearman ρ": ("spearman_rho", fmt),
+    "n": ("n", fmt),
+    "failed": ("n_failed", fmt),
+}
+
+
+def _cells(r: Mapping[str, Any], *columns: str) -> dict[str, str]:
+    """The named columns of one arm's (or one sensitivity analysis's) result, formatted."""
+    out = {}
+    for column in columns:
+        if column == "reasons":
+            out[column] = "; ".join(r.get("reasons") or []) or "–"
+        else:
+            key, formatter = _CELLS[column]
+            out[column] = formatter(r.get(key))
+    return out
 
 
 def verdict_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -89,23 +120,13 @@ def verdict_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
     """
     control = result["control"]
     rows = []
-    for arm in _ordered_arms(result):
-        r = result["arms"][arm]
+    for arm, r in _arm_results(result):
         rows.append(
             {
                 "arm": f"{arm} (control)" if arm == control else arm,
                 "role": str(r.get("role", "control" if arm == control else "fix")),
                 "verdict": _outcome(r),
-                "reasons": "; ".join(r.get("reasons") or []) or "–",
-                "slope / log2 B": fmt(r.get("slope")),
-                "slope CI": fmt_ci(r.get("slope_ci")),
-                "interaction": fmt(r.get("interaction")),
-                "interaction CI": fmt_ci(r.get("interaction_ci")),
-                "p": fmt(r.get("p_value")),
-                "p (Holm)": fmt(r.get("p_value_holm")),
-                "spearman ρ": fmt(r.get("spearman_rho")),
-                "n": fmt(r.get("n")),
-                "failed": fmt(r.get("n_failed")),
+                **_cells(r, "reasons", *_CELLS),
             }
         )
     return rows
@@ -122,10 +143,9 @@ def control_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
             {
                 "control": arm,
                 "label": str(label),
-                "slope / log2 B": fmt(r.get("slope")),
-                "slope CI": fmt_ci(r.get("slope_ci")),
+                **_cells(r, "slope / log2 B", "slope CI"),
                 "threshold": f"{fmt(-sign * delta)} per doubling",
-                "reasons": "; ".join(r.get("reasons") or []) or "–",
+                **_cells(r, "reasons"),
             }
         )
     return rows
@@ -134,21 +154,15 @@ def control_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
 def sensitivity_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
     """The sensitivity analysis of a single-budget result (failed trials dropped, not scored at chance)."""
     rows = []
-    for arm in _ordered_arms(result):
-        r = result["arms"][arm]
+    for arm, r in _arm_results(result):
         s = r.get("sensitivity") or {}
         rows.append(
             {
                 "arm": arm,
                 "verdict (failures dropped)": _outcome(s),
                 "verdict (primary)": _outcome(r),
-                "n": fmt(s.get("n")),
-                "slope / log2 B": fmt(s.get("slope")),
-                "slope CI": fmt_ci(s.get("slope_ci")),
-                "interaction": fmt(s.get("interaction")),
-                "interaction CI": fmt_ci(s.get("interaction_ci")),
-                "p (Holm)": fmt(s.get("p_value_holm")),
-                "reasons": "; ".join(s.get("reasons") or []) or "–",
+                **_cells(s, "n", "slope / log2 B", "slope CI", "interaction", "interaction CI"),
+                **_cells(s, "p (Holm)", "reasons"),
             }
         )
     return rows
@@ -157,8 +171,7 @@ def sensitivity_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
 def cell_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
     """Failed trials / trials and median final train loss per (arm, batch size) cell."""
     rows = []
-    for arm in _ordered_arms(result):
-        r = result["arms"][arm]
+    for arm, r in _arm_results(result):
         fails = r.get("failures_by_cell") or {}
         ns = r.get("n_by_cell") or {}
         losses = r.get("median_train_loss_by_cell") or {}
@@ -173,8 +186,7 @@ def budget_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
     """For a result with budgets: one row per arm with the combined and the per-budget outcomes."""
     names = list(result["budgets"] or {})
     rows = []
-    for arm in _ordered_arms(result):
-        r = result["arms"][arm]
+    for arm, r in _arm_results(result):
         row = {
             "arm": arm,
             "role": str(r.get("role", "")),
