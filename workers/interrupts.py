@@ -30,8 +30,6 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-from workers.errors import StudyError
-
 __all__ = [
     "StudyInterrupted",
     "fitting",
@@ -47,8 +45,13 @@ _state: dict[str, object] = {"installed": False, "fitting": False}
 _received: list[int] = []
 
 
-class StudyInterrupted(StudyError):
+class StudyInterrupted(KeyboardInterrupt):
     """The study was stopped by a signal; its state is saved and the same command resumes it.
+
+    A ``KeyboardInterrupt``, not an ``Exception``: every ``except Exception`` that keeps a study going
+    past a failure of its own (an estimate that cannot be made, a plot that cannot be drawn) must let
+    a stop through. (It was a ``StudyError`` once: Ctrl-C during the start-up estimate printed "no
+    estimate" and the study ran on.)
 
     Attributes:
         signum: the signal (``signal.SIGINT`` or ``signal.SIGTERM``).

@@ -27,6 +27,27 @@ def test_a_stop_exits_as_shells_report_a_signal(signum: int, code: int) -> None:
     assert err.exit_code == code and signal.Signals(signum).name in str(err)
 
 
+def test_a_stop_during_the_start_up_estimate_stops_the_study(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An estimate that cannot be made never stops a study; a stop signal arriving meanwhile does.
+    import studies.planning
+    from studies.kinds import _estimate
+
+    spec = type("Spec", (), {"name": "s"})()
+
+    def broken(_spec: object) -> None:
+        raise ValueError("no calibration")
+
+    monkeypatch.setattr(studies.planning, "plan_study", broken)
+    assert _estimate(spec) is None
+
+    def stopped(_spec: object) -> None:
+        raise StudyInterrupted(signal.SIGINT)
+
+    monkeypatch.setattr(studies.planning, "plan_study", stopped)
+    with pytest.raises(StudyInterrupted):
+        _estimate(spec)
+
+
 DRIVER = textwrap.dedent(
     """
     import os, signal, sys, time
