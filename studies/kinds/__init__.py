@@ -42,6 +42,7 @@ __all__ = [
 KIND_MODULES: tuple[str, ...] = (
     "studies.kinds.search",
     "studies.kinds.batchsize",
+    "studies.kinds.compare",
 )
 """The registered kinds: each module defines ``KIND`` (a :class:`StudyKind`). One line per kind."""
 

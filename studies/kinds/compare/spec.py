@@ -1,0 +1,524 @@
+"""The compare study's spec (``kind: compare``): arms x seeds, paired contrasts against reference arms.
+
+The Affine Divergence paper's main table as a fixed design (docs/science.md, "The Affine Divergence
+main table"). The spec names *arms* (values of ``model.layer.type`` of an ``mlp`` or ``cnn``),
+*contrasts* (an arm against a reference arm, with the direction the paper predicts), *seeds* and
+an *equivalence margin*; :mod:`studies.kinds.compare.kind` builds its phases from them, each a FIFO
+grid plan:
+
+1. ``tune``: each arm's η on a log-spaced grid on held-out tuning seeds, selected on a validation
+   metric (:mod:`studies.tuning`; a winner on the grid's edge extends it in the optional phases
+   ``tune-ext<k>``).
+2. ``confirm``: arms x seeds with the tuned η, the same seeds — same split, data order and, where
+   the shapes agree, initialisation — for every arm, full budget, no early stopping.
+
+Arms that appear in no contrast (``prenorm_l2``, the paper's PreNormAffine) are trained and shown
+in the tables, never tested. Training defaults are plain SGD (the divergence derivation assumes
+vanilla gradient descent); momentum, Adam, weight decay are ablations a spec can switch on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, Field, StrictBool, model_validator
+
+from studies.spec import (
+    CategoricalParam,
+    DataSpec,
+    FIFOSpec,
+    GridSpec,
+    MLPSpec,
+    ModelSpec,
+    NonNegInt,
+    PosFloat,
+    PosInt,
+    ResourcesSpec,
+    SearchSpec,
+    Seed,
+    SpecError,
+    SpecIssue,
+    StoragePath,
+    StorageSpec,
+    TrackingSpec,
+    TrainingSpec,
+    TrialSections,
+    build_plan,
+    check_search_space,
+    dump_yaml,
+    metric_issues,
+    plan_settings,
+    spec_hash,
+)
+from studies.spec.sections import FROZEN, FashionMNISTSpec, data_task
+from studies.tuning import LRGrid, extension_trials_max
+from workers.dotted import ROOT
+from workers.plan import StudyPlan
+
+__all__ = [
+    "CLAIM",
+    "CNN_ARMS",
+    "DEFAULT_CONTRASTS",
+    "MLP_ARMS",
+    "SET_BY_STUDY",
+    "CompareAnalysisSpec",
+    "CompareStudySpec",
+    "CompareTrainingSpec",
+    "ContrastSpec",
+    "LRTuningSpec",
+]
+
+CLAIM = (
+    "The divergence-corrected layer (MLP: DivergenceCorrectedLinear; CNN: PatchNormConv2d), which is "
+    "not scale invariant, outperforms BatchNorm and LayerNorm, and both of these outperform no "
+    "normalisation: scale invariance is not what makes normalisation work."
+)
+
+Arm = Literal[
+    "linear",
+    "linear_batchnorm",
+    "linear_layernorm",
+    "prenorm_l2",
+    "prenorm_rms",
+    "corrected",
+    "conv",
+    "conv_batchnorm",
+    "conv_layernorm",
+    "patchnorm",
+]
+"""Every arm: the MLP's hidden-layer types, then the CNN's convolution types."""
+
+MLP_ARMS: tuple[str, ...] = get_args(Arm)[:6]
+CNN_ARMS: tuple[str, ...] = get_args(Arm)[6:]
+_ARMS_BY_MODEL = {"mlp": MLP_ARMS, "cnn": CNN_ARMS}
+
+_DEFAULT_ARMS = {
+    "mlp": ("corrected", "linear_batchnorm", "linear_layernorm", "linear", "prenorm_l2"),
+    "cnn": ("patchnorm", "conv_batchnorm", "conv_layernorm", "conv"),
+}
+"""The arms of the paper's table per model type (``prenorm_l2``: PreNormAffine, table only)."""
+
+DEFAULT_CONTRASTS: dict[str, dict[str, tuple[str, str, str]]] = {
+    "mlp": {
+        "corrected_vs_batchnorm": ("corrected", "linear_batchnorm", "better"),
+        "corrected_vs_layernorm": ("corrected", "linear_layernorm", "better"),
+        "batchnorm_vs_plain": ("linear_batchnorm", "linear", "better"),
+        "layernorm_vs_plain": ("linear_layernorm", "linear", "better"),
+    },
+    "cnn": {
+        "patchnorm_vs_batchnorm": ("patchnorm", "conv_batchnorm", "better"),
+        "patchnorm_vs_layernorm": ("patchnorm", "conv_layernorm", "better"),
+        "batchnorm_vs_plain": ("conv_batchnorm", "conv", "better"),
+        "layernorm_vs_plain": ("conv_layernorm", "conv", "better"),
+    },
+}
+"""The paper's predictions per model type: name -> (arm, reference, predicted direction). Used when
+``contrasts`` is not given, restricted to the contrasts whose two arms are both among ``arms``."""
+
+SET_BY_STUDY: dict[str, str] = {
+    "training.lr": "set per arm by lr_tuning (the best point of its grid); use lr_tuning.low/high",
+    "training.lr_scaling": "one batch size for every arm: no lr scaling; drop it",
+    "training.reference_batch_size": "one batch size for every arm: no lr scaling; drop it",
+    "training.budget": "the compare study trains every arm for training.epochs; drop it",
+    "training.max_updates": "the compare study trains every arm for training.epochs; drop it",
+}
+"""Fields of the shared sections this kind sets itself, with what to set instead: refused when
+given, left out of the spec reference (``scripts/gen_spec_reference.py``)."""
+
+_NAME = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")]
+
+
+class CompareTrainingSpec(TrainingSpec):
+    """:class:`TrainingSpec` with plain-SGD defaults (no momentum, weight decay, schedule, warm-up,
+    clipping or label smoothing); the fields in :data:`SET_BY_STUDY` are set by the study."""
+
+    epochs: PosInt = 10
+    lr: Annotated[float, Field(strict=True, gt=0, le=10, allow_inf_nan=False)] = (
+        0.05  # never trained with: a placeholder for cost estimates before lr_tuning has run
+    )
+    optimizer: Literal["adamw", "sgd"] = "sgd"
+    weight_decay: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] = 0.0
+    schedule: Literal["cosine", "constant"] = "constant"
+    warmup_fraction: Annotated[float, Field(strict=True, ge=0, lt=1, allow_inf_nan=False)] = 0.0
+    grad_clip: PosFloat | None = None
+    label_smoothing: Annotated[float, Field(strict=True, ge=0, lt=1, allow_inf_nan=False)] = 0.0
+
+
+class LRTuningSpec(BaseModel):
+    """How each arm's learning rate is chosen before the confirmatory phase.
+
+    A log-spaced grid of ``points`` rates in [``low``, ``high``], every point trained on every tuning
+    seed (held out from the confirmatory seeds); the rate with the best mean ``metric`` (a validation
+    metric; a failed trial scores the worst value) wins. A winner on the grid's edge extends the grid
+    by one point in that direction, up to ``max_extensions`` times (:mod:`studies.tuning`); an arm
+    still on the edge afterwards is ``lr-at-range-edge`` (its contrasts inconclusive).
+    """
+
+    model_config = FROZEN
+
+    low: PosFloat = 1e-3
+    high: PosFloat = 1e2  # corrected layers need roughly ‖x‖²+1 times the plain layer's η
+    points: Annotated[int, Field(strict=True, ge=3, le=64)] = 11
+    seeds: Annotated[tuple[Seed, ...], Field(min_length=2)] = (1000, 1001)
+    epochs: PosInt | None = None  # tuning budget; None: training.epochs
+    metric: Annotated[str, Field(min_length=1)] = "val_accuracy"
+    mode: Literal["min", "max"] = "max"
+    max_extensions: Annotated[int, Field(strict=True, ge=0, le=20)] = 3
+
+    @model_validator(mode="after")
+    def _range(self) -> LRTuningSpec:
+        if self.low >= self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        if self.metric.startswith("test_"):
+            raise ValueError(f"metric {self.metric!r} selects on the test split; use a validation metric")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"tuning seeds must be distinct, got {list(self.seeds)}")
+        return self
+
+    def lr_grid(self) -> LRGrid:
+        return LRGrid.absolute(self.low, self.high, self.points)
+
+    def grid(self) -> tuple[float, ...]:
+        return self.lr_grid().points
+
+
+class ContrastSpec(BaseModel):
+    """One tested contrast: ``arm`` against ``reference`` (the paired difference ``arm − reference``
+    of the final test metric), and the direction the claim predicts for ``arm``."""
+
+    model_config = FROZEN
+
+    arm: Arm
+    reference: Arm
+    predicted: Literal["better", "worse"] = "better"
+
+
+class CompareAnalysisSpec(BaseModel):
+    """Arguments of :func:`studies.kinds.compare.analysis.compare_arms` (docs/science.md, "The
+    Affine Divergence main table")."""
+
+    model_config = FROZEN
+
+    metric: Annotated[str, Field(min_length=1)] = "test_accuracy"  # final value per trial
+    higher_is_better: StrictBool = True
+    alpha: Annotated[float, Field(strict=True, gt=0, lt=1)] = 0.05
+    margin: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] = (
+        0.01  # equivalence margin: |difference| below it does not matter (metric units)
+    )
+    confidence: Annotated[float, Field(strict=True, gt=0, lt=1)] = 0.95
+    min_seeds: Annotated[int, Field(strict=True, ge=2)] = 5
+    n_mc: Annotated[int, Field(strict=True, ge=999)] = 99_999  # sign patterns beyond 20 seeds
+    seed: NonNegInt = 0
+
+
+class CompareStudySpec(BaseModel):
+    """The compare study (``studies/specs/affine_divergence_table.yaml``).
+
+    ``model`` is an ``mlp`` or ``cnn`` whose ``layer`` the arms replace; ``arms`` and ``contrasts``
+    default to the paper's table for that model type.
+    """
+
+    model_config = FROZEN
+
+    kind: Literal["compare"] = "compare"
+    name: _NAME = "affine_divergence_table"
+    description: str = ""
+    hypothesis: str = CLAIM
+    model: ModelSpec = MLPSpec()
+    data: DataSpec = FashionMNISTSpec()
+    training: CompareTrainingSpec = CompareTrainingSpec()
+    arms: Annotated[tuple[Arm, ...], Field(min_length=2)] | None = None  # None: the model's table
+    contrasts: dict[_NAME, ContrastSpec] | None = None  # None: the paper's, among the arms
+    seeds: Annotated[tuple[Seed, ...], Field(min_length=2)] = (0, 1, 2, 3, 4, 5, 6, 7)
+    lr_tuning: LRTuningSpec = LRTuningSpec()
+    analysis: CompareAnalysisSpec = CompareAnalysisSpec()
+    resources: ResourcesSpec = ResourcesSpec()
+    max_concurrent: PosInt = 2
+    retries: NonNegInt = 2
+    tracking: TrackingSpec = TrackingSpec()
+    storage_path: StoragePath = "runs"
+    storage: StorageSpec = StorageSpec()
+    exploratory: StrictBool = False  # run a design that cannot decide (report marked exploratory)
+
+    @model_validator(mode="after")
+    def _cross(self) -> CompareStudySpec:
+        issues: list[SpecIssue] = []
+        valid = _ARMS_BY_MODEL.get(self.model.type)
+        if valid is None:
+            issues.append(
+                SpecIssue(
+                    "model.type", f"the compare study needs model type 'mlp' or 'cnn', got {self.model.type!r}"
+                )
+            )
+            raise SpecError(issues)
+        for i, arm in enumerate(self.arms or ()):
+            if arm not in valid:
+                issues.append(
+                    SpecIssue(
+                        f"arms.{i}",
+                        f"{arm!r} is not a layer of model type {self.model.type!r} (valid: {', '.join(valid)})",
+                    )
+                )
+        if self.arms is not None and len(set(self.arms)) != len(self.arms):
+            issues.append(SpecIssue("arms", f"arms must be distinct, got {list(self.arms)}"))
+        arms = set(self.arm_names)
+        for name, c in (self.contrasts or {}).items():
+            for field in ("arm", "reference"):
+                if getattr(c, field) not in arms:
+                    issues.append(
+                        SpecIssue(
+                            f"contrasts.{name}.{field}",
+                            f"{getattr(c, field)!r} is not one of the arms {list(self.arm_names)}",
+                        )
+                    )
+            if c.arm == c.reference:
+                issues.append(SpecIssue(f"contrasts.{name}", "an arm cannot be contrasted with itself"))
+        if not issues and not self.contrast_specs:
+            issues.append(
+                SpecIssue(
+                    "contrasts",
+                    "no contrast to test: name one (arm, reference, predicted) or list arms of the paper's table",
+                )
+            )
+        pairs = [(c.arm, c.reference) for c in self.contrast_specs.values()]
+        if len(set(pairs)) != len(pairs):
+            issues.append(SpecIssue("contrasts", "two contrasts test the same (arm, reference) pair"))
+        if getattr(self.model, "layer", None) is not None and "layer" in self.model.model_fields_set:
+            issues.append(
+                SpecIssue("model.layer", "the arms set the layer type; list them under 'arms' instead")
+            )
+        if len(set(self.seeds)) != len(self.seeds):
+            issues.append(SpecIssue("seeds", f"seeds must be distinct, got {list(self.seeds)}"))
+        if {"linear_batchnorm", "conv_batchnorm"} & arms and self.training.batch_size == 1:
+            issues.append(
+                SpecIssue("training.batch_size", "batch size 1 leaves BatchNorm undefined; drop the BatchNorm arms")
+            )
+        for path, why in SET_BY_STUDY.items():
+            if path.removeprefix("training.") in self.training.model_fields_set:
+                issues.append(SpecIssue(path, why))
+        if data_task(self.data) == "regression":
+            issues.append(
+                SpecIssue(
+                    "data", f"the compare study analyses classification, but {self.data.type!r} is a regression"
+                )
+            )
+        overlap = sorted(set(self.lr_tuning.seeds) & set(self.seeds))
+        if overlap:
+            issues.append(
+                SpecIssue(
+                    "lr_tuning.seeds", f"tuning seeds {overlap} are also confirmatory seeds; tune on held-out seeds"
+                )
+            )
+        if not issues:
+            issues += metric_issues(
+                self.lr_tuning.metric,
+                self.lr_tuning.mode,
+                model=self.model,
+                data=self.data,
+                metric_path="lr_tuning.metric",
+                mode_path="lr_tuning.mode",
+            )
+            issues += metric_issues(
+                self.analysis.metric,
+                "max" if self.analysis.higher_is_better else "min",
+                model=self.model,
+                data=self.data,
+                metric_path="analysis.metric",
+                mode_path="analysis.higher_is_better",
+                allow_test=True,
+            )
+        if not issues:  # every arm's trial must be valid on its own (data fits model, ...)
+            found = check_search_space(
+                (CategoricalParam(name="model.layer.type", choices=tuple(self.arm_names)),),
+                self.base_config(),
+                sampler="grid",
+                seeds=self.seeds,
+                prefix="<arms>",
+            )
+            issues += [
+                SpecIssue(_arms_path(i.path, self.arms is not None), i.message, i.line, i.source) for i in found
+            ]
+        if issues:
+            raise SpecError(issues)
+        return self
+
+    # ---- arms and contrasts ------------------------------------------------------------------------
+
+    @property
+    def arm_names(self) -> tuple[str, ...]:
+        """The arms (``arms``, else the paper's table for the model type)."""
+        if self.arms is not None:
+            return tuple(self.arms)
+        return _DEFAULT_ARMS.get(self.model.type, ())
+
+    @property
+    def contrast_specs(self) -> dict[str, ContrastSpec]:
+        """The tested contrasts (``contrasts``, else the paper's whose arms are both present)."""
+        if self.contrasts is not None:
+            return dict(self.contrasts)
+        arms = set(self.arm_names)
+        return {
+            name: ContrastSpec(arm=a, reference=r, predicted=p)  # type: ignore[arg-type]
+            for name, (a, r, p) in DEFAULT_CONTRASTS.get(self.model.type, {}).items()
+            if a in arms and r in arms
+        }
+
+    @property
+    def table_only_arms(self) -> tuple[str, ...]:
+        """Arms in no contrast: trained and tabled, never tested."""
+        used = {x for c in self.contrast_specs.values() for x in (c.arm, c.reference)}
+        return tuple(a for a in self.arm_names if a not in used)
+
+    # ---- sizes -----------------------------------------------------------------------------------
+
+    @property
+    def confirmatory_trials(self) -> int:
+        return len(self.arm_names) * len(self.seeds)
+
+    @property
+    def tuning_trials(self) -> int:
+        return len(self.arm_names) * self.lr_tuning.points * len(self.lr_tuning.seeds)
+
+    @property
+    def total_trials(self) -> int:
+        """Every trial with no range extension firing."""
+        return self.confirmatory_trials + self.tuning_trials
+
+    @property
+    def extension_trials_max(self) -> int:
+        grids = [self.lr_tuning.lr_grid()] * len(self.arm_names)
+        return extension_trials_max(grids, len(self.lr_tuning.seeds), self.lr_tuning.max_extensions)
+
+    # ---- the trial configs -----------------------------------------------------------------------
+
+    def base_config(self, *, arm: str | None = None, seed: int | None = None) -> dict[str, Any]:
+        """The trial config of ``arm`` at the first seed; by default the model's plain layer, whose only
+        field is its type, so that each arm's cell sets the type alone and keeps that arm's defaults."""
+        plain = "conv" if self.model.type == "cnn" else "linear"
+        model = self.model.model_copy(update={"layer": _layer(self.model.type, arm or plain)})
+        sections = TrialSections(
+            model=model,
+            data=self.data,
+            training=TrainingSpec.model_validate(self.training.model_dump()),
+            seed=self.seeds[0] if seed is None else seed,
+        )
+        return sections.trial_config()
+
+    def to_document(self) -> dict[str, Any]:
+        """The resolved spec as plain data, loadable again (``study_spec.yaml``): arms and contrasts
+        resolved, the fields the study sets itself left out."""
+        doc = self.model_dump(mode="json")
+        doc["model"].pop("layer", None)
+        doc["arms"] = list(self.arm_names)
+        doc["contrasts"] = {name: c.model_dump(mode="json") for name, c in self.contrast_specs.items()}
+        for path in SET_BY_STUDY:
+            doc["training"].pop(path.removeprefix("training."), None)
+        return doc
+
+    def to_yaml(self) -> str:
+        return dump_yaml(self.to_document())
+
+    def hash(self) -> str:
+        return spec_hash(self.to_document())
+
+    # ---- plans -----------------------------------------------------------------------------------
+
+    def _plan(
+        self,
+        *,
+        name: str,
+        cells: Sequence[Mapping[str, Any]],
+        seeds: Sequence[int],
+        tuning: bool,
+        environ: Mapping[str, str] | None = None,
+    ) -> StudyPlan:
+        """A FIFO grid plan over ``cells`` (``@`` axis: arm and lr together) x ``seeds``."""
+        base = self.base_config()
+        if tuning and self.lr_tuning.epochs is not None:
+            base["training"]["epochs"] = int(self.lr_tuning.epochs)
+        search = SearchSpec(
+            metric=self.lr_tuning.metric,
+            mode=self.lr_tuning.mode,
+            sampler=GridSpec(),
+            scheduler=FIFOSpec(),
+            space=(),
+            num_samples=1,
+            max_concurrent=self.max_concurrent,
+        )
+        plan = build_plan(
+            name=name,
+            base_config=base,
+            search=search,
+            seeds=(seeds[0],),
+            **plan_settings(self),
+            extra_tags=(("autonorm.study", "compare"), ("autonorm.phase", name)),
+            extra_params=(
+                ("arms", ",".join(self.arm_names)),
+                ("contrasts", ",".join(f"{n}={c.arm}:{c.reference}" for n, c in self.contrast_specs.items())),
+                ("seeds", ",".join(str(s) for s in self.seeds)),
+                ("optimizer", self.training.optimizer),
+            ),
+            environ=environ,
+        )
+        grid = ((ROOT, tuple(dict(c) for c in cells)), ("seed", tuple(int(s) for s in seeds)))
+        run_name = "{model.layer.type}" + ("-lr{training.lr:g}" if tuning else "") + "-s{seed}"
+        tags = (*plan.tags, ("autonorm.trial_tag.arm", "{model.layer.type}"))
+        return dataclasses.replace(plan, grid=grid, run_name=run_name, tags=tags)
+
+    def tuning_plan(self, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
+        """Phase ``tune``: every arm x the LR grid x the tuning seeds."""
+        cells = [_cell(arm, lr) for arm in self.arm_names for lr in self.lr_tuning.grid()]
+        return self._plan(name="tune", cells=cells, seeds=self.lr_tuning.seeds, tuning=True, environ=environ)
+
+    def extension_plan(
+        self, round_: int, lrs: Mapping[str, float], *, environ: Mapping[str, str] | None = None
+    ) -> StudyPlan:
+        """Phase ``tune-ext<round>``: each edge arm's one new η x the tuning seeds."""
+        cells = [_cell(arm, lr) for arm, lr in sorted(lrs.items())]
+        return self._plan(
+            name=f"tune-ext{int(round_)}", cells=cells, seeds=self.lr_tuning.seeds, tuning=True, environ=environ
+        )
+
+    def confirmatory_plan(
+        self, lr: Mapping[str, float], *, environ: Mapping[str, str] | None = None
+    ) -> StudyPlan:
+        """Phase ``confirm``: every arm x every seed with its tuned η (FIFO, full budget)."""
+        missing = [a for a in self.arm_names if a not in lr]
+        if missing:
+            raise ValueError(f"no tuned learning rate for {missing}")
+        cells = [_cell(arm, float(lr[arm])) for arm in self.arm_names]
+        return self._plan(name="confirm", cells=cells, seeds=self.seeds, tuning=False, environ=environ)
+
+    def study_plan(self, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
+        """A plan carrying the study-level settings (name, storage, tracking, tags, params, spec)."""
+        plan = self.tuning_plan(environ=environ)
+        return dataclasses.replace(
+            plan,
+            name=self.name,
+            tags=tuple((k, v) for k, v in plan.tags if k != "autonorm.phase"),
+            tracking=dataclasses.replace(plan.tracking, experiment=self.tracking.experiment or self.name),
+        )
+
+
+def _cell(arm: str, lr: float) -> dict[str, Any]:
+    return {"model": {"layer": {"type": arm}}, "training": {"lr": float(lr)}}
+
+
+def _layer(model_type: str, arm: str) -> Any:
+    """The layer spec of ``arm`` for the model type (validated through the model's own union)."""
+    from studies.spec import CNNSpec
+
+    cls = MLPSpec if model_type == "mlp" else CNNSpec
+    return cls.model_validate({"type": model_type, "layer": {"type": arm}}).layer
+
+
+def _arms_path(path: str, explicit: bool) -> str:
+    """``<arms>.0.choices.2`` (from check_search_space) -> ``arms.2`` (``arms`` for defaulted arms)."""
+    parts = path.split(".")
+    if parts[0] != "<arms>":
+        return path
+    if explicit and len(parts) >= 4 and parts[2] == "choices":
+        return f"arms.{parts[3]}"
+    return "arms"

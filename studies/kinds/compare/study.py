@@ -1,0 +1,443 @@
+"""``kind: compare``: arms x fresh seeds, each arm's η tuned on held-out seeds, paired contrasts.
+
+Phases (:mod:`studies.kinds.compare.kind`), each in its own folder with its own phase run nested
+under the study's MLflow run:
+
+1. ``tune``: every arm's η on a log-spaced grid on the tuning seeds (:func:`studies.tuning.tune`:
+   best mean validation metric, failed trials score the worst value); a winner on the grid's edge
+   extends the grid in the optional phases ``tune-ext<k>``.
+2. ``confirm``: arms x seeds with the tuned η, FIFO, full budget, the same seeds for every arm.
+3. Analysis: :func:`studies.kinds.compare.analysis.compare_arms`, then ``verdict.json``, the report
+   (forest plot, per-arm table, tuned rates, protocol), ``trials.csv`` and ``lr_tuning.json`` in
+   ``<storage_path>/<name>/``, logged on the study run with ``verdict/<contrast>`` and
+   ``verdict/study`` tags.
+
+Rerunning after a crash resumes: finished phases restore from their Tune state, finished trials are
+not repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from studies.kinds.base import StudyOutcome, hypothesis_entry, study_runner
+from studies.kinds.compare.kind import KIND_NAME, CompareKind
+from studies.kinds.compare.spec import CompareStudySpec
+from studies.tuning import RunPoints, tune
+from workers.runner import TrialRecord, read_trials
+
+__all__ = [
+    "analyse",
+    "pilot",
+    "report",
+    "run",
+    "select_learning_rates",
+    "status",
+    "trials_table",
+]
+
+TABLE_FILE = "trials.csv"
+
+
+def _say(message: str) -> None:
+    print(f"[{KIND_NAME}] {message}", flush=True)
+
+
+def _arm(t: TrialRecord) -> str:
+    return str(t.config["model"]["layer"]["type"])
+
+
+def _value(t: TrialRecord, metric: str) -> float:
+    v = t.metrics.get(metric)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
+
+
+def select_learning_rates(
+    spec: CompareStudySpec, trials: Sequence[TrialRecord], *, run_points: RunPoints | None = None
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """The tuned η per arm from the tuning trials (:func:`studies.tuning.tune`), extending edge
+    winners through ``run_points`` (``None``: no extension); the table and a record per arm."""
+    tuning = spec.lr_tuning
+    grid = tuning.lr_grid()
+    record, _ = tune(
+        {arm: grid for arm in spec.arm_names},
+        trials,
+        cell_of=_arm,
+        metric=tuning.metric,
+        mode=tuning.mode,
+        max_extensions=tuning.max_extensions,
+        run_points=run_points,
+    )
+    record = {arm: rec for arm, rec in record.items() if rec["lr"] is not None}
+    return {arm: float(rec["lr"]) for arm, rec in record.items()}, record
+
+
+def trials_table(trials: Sequence[TrialRecord], *, metric: str, lr_record: Mapping[str, Any]) -> Any:
+    """One row per confirmatory trial: ``arm, seed, status, <metric>, train_loss, lr, lr_at_edge,
+    epochs_done, time_total_s, trial_id, mlflow_run_id`` (sorted by arm, then seed)."""
+    import pandas as pd
+
+    rows = []
+    for t in trials:
+        arm = _arm(t)
+        rows.append(
+            {
+                "arm": arm,
+                "seed": int(t.config.get("seed", 0)),
+                "status": t.status,
+                metric: _value(t, metric),
+                "train_loss": _value(t, "train_loss"),
+                "lr": float(t.config["training"]["lr"]),
+                "lr_at_edge": bool(lr_record.get(arm, {}).get("at_range_edge", False)),
+                "epochs_done": t.metrics.get("epoch"),
+                "time_total_s": float(t.metrics.get("time_total_s") or 0.0),
+                "trial_id": t.trial_id,
+                "mlflow_run_id": t.mlflow_run_id,
+            }
+        )
+    if not rows:
+        return pd.DataFrame(columns=["arm", "seed", "status", metric, "train_loss", "lr", "lr_at_edge"])
+    return pd.DataFrame(rows).sort_values(["arm", "seed"], kind="stable").reset_index(drop=True)
+
+
+def _chance(spec: CompareStudySpec) -> tuple[float | None, float | None]:
+    """The failed trial's score (chance accuracy 1/C, for an accuracy metric) and ln C."""
+    from studies.spec import data_classes
+
+    c = data_classes(spec.data)
+    if not c:
+        return None, None
+    failed = 1.0 / c if spec.analysis.metric.endswith("accuracy") and spec.analysis.higher_is_better else None
+    return failed, math.log(c)
+
+
+def analyse(table: Any, spec: CompareStudySpec, **inputs: Any) -> dict[str, Any]:
+    """:func:`studies.kinds.compare.analysis.compare_arms` with the spec's settings and the shared
+    fields ``kind``, ``study_verdict`` and ``hypotheses`` (one per contrast: the hypothesis's
+    verdict, the reasons, the paired estimate and CI, p and Holm p). ``inputs``: ``lr_tuning`` (the
+    tuning record per arm, shown in the report)."""
+    from studies.kinds.compare.analysis import compare_arms
+
+    a = spec.analysis
+    failed_value, chance_loss = _chance(spec)
+    result = compare_arms(
+        table,
+        contrasts={n: c.model_dump() for n, c in spec.contrast_specs.items()},
+        metric=a.metric,
+        higher_is_better=a.higher_is_better,
+        alpha=a.alpha,
+        margin=a.margin,
+        confidence=a.confidence,
+        min_seeds=a.min_seeds,
+        n_mc=a.n_mc,
+        seed=a.seed,
+        failed_value=failed_value,
+        chance_loss=chance_loss,
+    )
+    lr_record = inputs.get("lr_tuning") or {}
+    for arm, res in result["arms"].items():
+        rec = lr_record.get(arm) or {}
+        res["tuned_lr"] = rec.get("lr")
+        res["lr_extensions"] = rec.get("extensions")
+    contrasts = result["contrasts"]
+    hypotheses = {
+        name: {**hypothesis_entry(res), "verdict": res["hypothesis"]} for name, res in contrasts.items()
+    }
+    return {
+        "kind": KIND_NAME,
+        "study_verdict": result["study_verdict"],
+        "hypotheses": hypotheses,
+        "hypothesis": spec.hypothesis,
+        "table_only_arms": list(spec.table_only_arms),
+        **result,
+    }
+
+
+def _verdict_tags(verdict: Mapping[str, Any]) -> dict[str, str]:
+    tags = {f"verdict/{name}": str(c["verdict"]) for name, c in verdict.get("contrasts", {}).items()}
+    tags["verdict/study"] = str(verdict.get("study_verdict", "inconclusive"))
+    for name, c in verdict.get("contrasts", {}).items():
+        if c.get("reasons"):
+            tags[f"reasons/{name}"] = "; ".join(str(r) for r in c["reasons"])[:5000]
+    return tags
+
+
+def _verdict_metrics(verdict: Mapping[str, Any]) -> dict[str, float]:
+    out = {}
+    for name, c in verdict.get("contrasts", {}).items():
+        for key in ("estimate", "p_value", "p_value_holm", "n_seeds"):
+            v = c.get(key)
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                out[f"{key}/{name}"] = float(v)
+    for arm, r in verdict.get("arms", {}).items():
+        v = r.get("mean")
+        if isinstance(v, int | float) and math.isfinite(v):
+            out[f"mean/{arm}"] = float(v)
+    return out
+
+
+def _write_outputs(
+    spec: CompareStudySpec,
+    verdict: dict[str, Any],
+    table: Any,
+    out_dir: Path,
+    lr_record: Mapping[str, Any],
+    spent: tuple[float, float, float],
+) -> dict[str, Path]:
+    from studies.kinds.compare.report import write_compare_report
+
+    protocol = spec.to_document()
+    protocol["tuned_lr"] = {arm: rec["lr"] for arm, rec in lr_record.items()}
+    files = write_compare_report(
+        verdict,
+        table,
+        out_dir,
+        title=f"Compare study: {spec.name}",
+        protocol=protocol,
+        lr_record=lr_record,
+        tuning_metric=spec.lr_tuning.metric,
+        wall_time_s=spent[0],
+        cpu_hours=spent[1],
+        gpu_hours=spent[2],
+    )
+    (out_dir / "lr_tuning.json").write_text(json.dumps(dict(lr_record), indent=2) + "\n", encoding="utf-8")
+    files["lr_tuning"] = out_dir / "lr_tuning.json"
+    return files
+
+
+def _extension_runner(spec: CompareStudySpec, runner: Any, environ: Mapping[str, str] | None) -> RunPoints:
+    """Runs range-extension round ``k`` as its own tuning phase ``tune-ext<k>``."""
+
+    def run_points(round_: int, lrs: Mapping[str, float]) -> Sequence[TrialRecord]:
+        plan = spec.extension_plan(round_, lrs, environ=environ)
+        _say(f"  range extension {round_}: " + ", ".join(f"{k} lr={v:g}" for k, v in lrs.items()))
+        runner.set_expected_trials(runner.expected_trials + len(lrs) * len(spec.lr_tuning.seeds))
+        return list(runner.run(plan).trials)
+
+    return run_points
+
+
+def _extension_reader(spec: CompareStudySpec) -> RunPoints:
+    """Reads range-extension round ``k`` back from the study directory (report, status)."""
+    from studies.study_dir import StudyDir
+
+    where = StudyDir.of(spec)
+
+    def read_points(round_: int, lrs: Mapping[str, float]) -> Sequence[TrialRecord]:
+        return read_trials(where.phase_plan(f"tune-ext{round_}"), history=False)
+
+    return read_points
+
+
+def run(
+    spec: CompareStudySpec, *, environ: Mapping[str, str] | None = None, **runner_options: Any
+) -> StudyOutcome:
+    """Run every phase, analyse, write and log the outputs; idempotent (a rerun resumes).
+    ``runner_options``: :data:`studies.kinds.base.RUNNER_OPTIONS`."""
+    study = spec.study_plan(environ=environ)
+    _say(
+        f"study {spec.name!r}: {len(spec.arm_names)} arms x {len(spec.seeds)} seeds = "
+        f"{spec.confirmatory_trials} confirmatory + {spec.tuning_trials} lr-tuning trials "
+        f"({spec.total_trials} total); contrasts: {', '.join(spec.contrast_specs)}"
+    )
+    with study_runner(study, expected_trials=spec.total_trials, **runner_options) as runner:
+        plan = spec.tuning_plan(environ=environ)
+        _say(f"phase {plan.name}: {len(plan.grid[0][1])} (arm, lr) cells x {len(spec.lr_tuning.seeds)} seeds")
+        tuned = runner.run(plan)
+        lr, record = select_learning_rates(spec, tuned.trials, run_points=_extension_runner(spec, runner, environ))
+        for arm, rec in record.items():
+            edge = " (on the edge of the range!)" if rec["at_range_edge"] else ""
+            grown = f" after {rec['extensions']} range extension(s)" if rec["extensions"] else ""
+            _say(f"  {arm}: lr={rec['lr']:.4g}{grown}{edge}")
+        missing = [a for a in spec.arm_names if a not in lr]
+        if missing:  # no trial of these arms came back: nothing to confirm them with
+            raise RuntimeError(f"lr tuning gave no learning rate for {missing}; see the tune phase's trials")
+        confirm = spec.confirmatory_plan(lr, environ=environ)
+        _say(f"phase {confirm.name}: {len(spec.arm_names)} arms x {len(spec.seeds)} seeds (FIFO, full budget)")
+        confirmed = runner.run(confirm)
+        table = trials_table(confirmed.trials, metric=spec.analysis.metric, lr_record=record)
+        _say("analysis: paired contrasts, verdicts, report")
+        verdict = analyse(table, spec, lr_tuning=record)
+        cpu_h, gpu_h = runner.resource_hours()
+        out_dir = runner.local_dir()
+        files = _write_outputs(spec, verdict, table, out_dir, record, (runner.wall_time_s, cpu_h, gpu_h))
+        runner.publish(files.values())
+        runner.log_outputs(
+            files=files.values(),
+            tags=_verdict_tags(verdict),
+            metrics={
+                **_verdict_metrics(verdict),
+                "wall_time_s": runner.wall_time_s,
+                "cpu_hours": cpu_h,
+                "gpu_hours": gpu_h,
+            },
+            params={"analysis_metric": spec.analysis.metric},
+        )
+    _print_verdict(verdict, runner.study_uri, runner.run_id, runner.tracking_uri)
+    counts = Counter(str(s) for s in table["status"]) if not table.empty else Counter()
+    return StudyOutcome(
+        kind=KIND_NAME,
+        name=spec.name,
+        study_dir=runner.study_uri,
+        tracking_uri=runner.tracking_uri,
+        parent_run_id=runner.run_id,
+        summary={
+            "study": spec.name,
+            "study_verdict": verdict["study_verdict"],
+            "contrasts": {n: c["verdict"] for n, c in verdict["contrasts"].items()},
+            "trials": dict(counts),
+            "tuned_lr": {arm: rec["lr"] for arm, rec in record.items()},
+            "parent_run_id": runner.run_id,
+            "tracking_uri": runner.tracking_uri,
+            "study_dir": runner.study_uri,
+        },
+        verdict=verdict,
+        files=files,
+    )
+
+
+def _print_verdict(verdict: Mapping[str, Any], study_dir: str, run_id: str | None, uri: str) -> None:
+    from studies.reporting import fmt, fmt_ci
+
+    _say(f"STUDY VERDICT: {verdict['study_verdict']}")
+    if verdict.get("exploratory"):
+        _say("exploratory: underpowered by design (see reasons); no claim either way")
+    for name, c in verdict["contrasts"].items():
+        _say(
+            f"  {name:<24} {c['arm']} − {c['reference']}: {fmt(c['estimate'])} {fmt_ci(c['ci'])} "
+            f"p_holm={fmt(c['p_value_holm'])} -> {c['verdict']} (predicted {c['predicted']}: {c['hypothesis']})"
+            + (f" ({'; '.join(c['reasons'])})" if c["reasons"] else "")
+        )
+    _say(f"outputs in {study_dir}; MLflow run {run_id} ({uri})")
+
+
+# --------------------------------------------------------------------------------------------------
+# status / report, from the study directory
+
+
+def _phase_trials(spec: CompareStudySpec) -> dict[str, list[TrialRecord]]:
+    from studies.study_dir import StudyDir
+
+    where = StudyDir.of(spec)
+    out = {}
+    for phase in CompareKind().phases(spec):
+        trials = read_trials(where.phase_plan(phase.name), history=False)
+        if trials or not phase.optional:  # an extension round that never ran is not a phase
+            out[phase.name] = trials
+    return out
+
+
+def status(spec: CompareStudySpec) -> dict[str, Any]:
+    """Progress of every phase from the study directory."""
+    from studies.study_dir import StudyDir
+
+    phases = _phase_trials(spec)
+    every = [t for ts in phases.values() for t in ts]
+    text = StudyDir.of(spec).read_text("verdict.json")
+    verdict = json.loads(text) if text else None
+    return {
+        "study": spec.name,
+        "kind": KIND_NAME,
+        "directory": StudyDir.of(spec).uri,
+        "expected_trials": spec.total_trials + sum(len(ts) for n, ts in phases.items() if "-ext" in n),
+        "trials": len(every),
+        "by_status": dict(Counter(t.status for t in every)),
+        "phases": {
+            name: {"trials": len(ts), "by_status": dict(Counter(t.status for t in ts))}
+            for name, ts in phases.items()
+        },
+        "study_verdict": verdict.get("study_verdict") if verdict else None,
+        "contrasts": {n: c.get("verdict") for n, c in (verdict.get("contrasts") or {}).items()}
+        if verdict
+        else None,
+        "rows": [
+            {
+                "phase": name,
+                "trial": t.trial_id,
+                "status": t.status,
+                "arm": _arm(t),
+                "seed": t.config.get("seed"),
+                "lr": t.config["training"]["lr"],
+                spec.analysis.metric: t.metrics.get(spec.analysis.metric),
+            }
+            for name, ts in phases.items()
+            for t in ts
+        ],
+    }
+
+
+def report(spec: CompareStudySpec, out_dir: Path) -> Path:
+    """Re-analyse the study directory (the tuning replayed with its extension rounds) and write the
+    report files, ``verdict.json`` among them."""
+    phases = _phase_trials(spec)
+    _, record = select_learning_rates(spec, phases["tune"], run_points=_extension_reader(spec))
+    table = trials_table(phases["confirm"], metric=spec.analysis.metric, lr_record=record)
+    verdict = analyse(table, spec, lr_tuning=record)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seconds = sum(float(t.metrics.get("time_total_s") or 0.0) for ts in phases.values() for t in ts)
+    res = dict(spec.resources.as_plan())
+    spent = (math.nan, seconds * res.get("cpu", 0.0) / 3600, seconds * res.get("gpu", 0.0) / 3600)
+    files = _write_outputs(spec, verdict, table, out_dir, record, spent)
+    return files["markdown"]
+
+
+def pilot(spec: CompareStudySpec, study_dir: Path, *, power: float, min_effect: float | None, alpha: float) -> dict[str, Any]:
+    """``plan --pilot``: per contrast, the per-seed paired differences in ``<study_dir>/trials.csv``
+    (failed trials scored as in the analysis) and the seeds :func:`studies.planning.per_seed_need`
+    asks for over the family (two-sided, Holm over the spec's contrasts).
+
+    Raises:
+        ValueError: no ``trials.csv`` or a column missing.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from studies.planning import per_seed_need
+
+    path = Path(study_dir) / TABLE_FILE
+    if not path.is_file():
+        raise ValueError(f"{path} not found: the pilot has no confirmatory trial table (arms x seeds)")
+    table = pd.read_csv(path)
+    metric = spec.analysis.metric
+    for col in ("arm", "seed", "status", metric):
+        if col not in table.columns:
+            raise ValueError(f"{path} lacks column {col!r}; required: arm, seed, status, {metric}")
+    failed_value, _ = _chance(spec)
+    values = pd.to_numeric(table[metric], errors="coerce").to_numpy(dtype=float)
+    ok = (table["status"].astype(str).str.lower() == "completed").to_numpy() & np.isfinite(values)
+    scored = np.where(ok, values, np.nan if failed_value is None else failed_value)
+    cells: dict[str, dict[str, float]] = {}
+    for arm, seed, v in zip(table["arm"].astype(str), table["seed"].astype(str), scored):
+        cells.setdefault(arm, {})[seed] = float(v)
+    contrasts = spec.contrast_specs
+    m = len(contrasts)
+    out: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "problems": {}}
+    for name, c in contrasts.items():
+        a_cells, r_cells = cells.get(c.arm, {}), cells.get(c.reference, {})
+        seeds = sorted(
+            (s for s in set(a_cells) & set(r_cells) if math.isfinite(a_cells[s]) and math.isfinite(r_cells[s])),
+            key=lambda s: (len(s), s),
+        )
+        diffs = [a_cells[s] - r_cells[s] for s in seeds]
+        k, effect, sd, problem = per_seed_need(
+            diffs, alpha=alpha, family_size=m, power=power, min_effect=min_effect, alternative="two-sided"
+        )
+        out["seeds_needed"][name] = k
+        out["per_seed"][name] = diffs
+        out["effect"][name] = effect
+        out["sd"][name] = sd
+        if problem:
+            out["problems"][name] = f"{c.arm} - {c.reference}: {problem}"
+    out.update(
+        quantity=f"per-seed paired difference of {metric}",
+        metric=metric,
+        contrasts={n: {"a": c.arm, "b": c.reference, "alternative": "two-sided"} for n, c in contrasts.items()},
+        family_size=m,
+        min_seeds=spec.analysis.min_seeds,
+    )
+    return out
