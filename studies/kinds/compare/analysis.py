@@ -70,10 +70,6 @@ def hypothesis_verdict(verdict: str, predicted: str) -> str:
     return "inconclusive"
 
 
-def _num(v: Any) -> float | None:
-    return float(v) if v is not None and math.isfinite(float(v)) else None
-
-
 def _normalize(table: pd.DataFrame, metric: str) -> pd.DataFrame:
     missing = [c for c in (*_REQUIRED, metric) if c not in table.columns]
     if missing:
@@ -87,7 +83,9 @@ def _normalize(table: pd.DataFrame, metric: str) -> pd.DataFrame:
             "train_loss": pd.to_numeric(table["train_loss"], errors="coerce").astype(float)
             if "train_loss" in table.columns
             else np.nan,
-            "lr": pd.to_numeric(table["lr"], errors="coerce").astype(float) if "lr" in table.columns else np.nan,
+            "lr": pd.to_numeric(table["lr"], errors="coerce").astype(float)
+            if "lr" in table.columns
+            else np.nan,
             "lr_at_edge": table["lr_at_edge"].astype(bool) if "lr_at_edge" in table.columns else False,
         }
     )
@@ -246,7 +244,7 @@ def compare_arms(
     adjusted = holm({n: results[n]["p_value"] for n in results})
     for name, p in adjusted.items():
         results[name]["p_value_holm"] = p
-    for name, res in results.items():
+    for res in results.values():
         res["verdict"], res["reasons"] = _verdict(res, alpha=alpha, margin=margin, sign=sign)
         res["hypothesis"] = hypothesis_verdict(res["verdict"], res["predicted"])
     labels = [res["hypothesis"] for res in results.values()]

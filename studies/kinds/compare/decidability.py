@@ -34,5 +34,6 @@ def undecidable(spec: Any) -> list[Undecidable]:
         return []
     needed = next((n for n in range(max(a.min_seeds, 2), MAX_SEEDS_SEARCHED + 1) if floor(n) < a.alpha), None)
     return [
-        Undecidable(name, "seeds", floor(k), a.alpha, k, needed, "; ".join(reasons)) for name in spec.contrast_specs
+        Undecidable(name, "seeds", floor(k), a.alpha, k, needed, "; ".join(reasons))
+        for name in spec.contrast_specs
     ]

@@ -194,7 +194,11 @@ def _document(
                 label_columns=("hypothesis",),
             ),
             Section("Arms", ["Failed trials scored at chance accuracy."], [_arm_rows(verdict)]),
-            Section("Tuned learning rates", [f"Selected on `{tuning_metric}` over the tuning seeds."], [_lr_rows(lr_record, tuning_metric)]),
+            Section(
+                "Tuned learning rates",
+                [f"Selected on `{tuning_metric}` over the tuning seeds."],
+                [_lr_rows(lr_record, tuning_metric)],
+            ),
         ],
         method=[
             "each arm's learning rate tuned on held-out seeds (log grid, best mean validation metric, "

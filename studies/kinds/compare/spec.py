@@ -249,7 +249,8 @@ class CompareStudySpec(BaseModel):
         if valid is None:
             issues.append(
                 SpecIssue(
-                    "model.type", f"the compare study needs model type 'mlp' or 'cnn', got {self.model.type!r}"
+                    "model.type",
+                    f"the compare study needs model type 'mlp' or 'cnn', got {self.model.type!r}",
                 )
             )
             raise SpecError(issues)
@@ -293,7 +294,9 @@ class CompareStudySpec(BaseModel):
             issues.append(SpecIssue("seeds", f"seeds must be distinct, got {list(self.seeds)}"))
         if {"linear_batchnorm", "conv_batchnorm"} & arms and self.training.batch_size == 1:
             issues.append(
-                SpecIssue("training.batch_size", "batch size 1 leaves BatchNorm undefined; drop the BatchNorm arms")
+                SpecIssue(
+                    "training.batch_size", "batch size 1 leaves BatchNorm undefined; drop the BatchNorm arms"
+                )
             )
         for path, why in SET_BY_STUDY.items():
             if path.removeprefix("training.") in self.training.model_fields_set:
@@ -301,14 +304,16 @@ class CompareStudySpec(BaseModel):
         if data_task(self.data) == "regression":
             issues.append(
                 SpecIssue(
-                    "data", f"the compare study analyses classification, but {self.data.type!r} is a regression"
+                    "data",
+                    f"the compare study analyses classification, but {self.data.type!r} is a regression",
                 )
             )
         overlap = sorted(set(self.lr_tuning.seeds) & set(self.seeds))
         if overlap:
             issues.append(
                 SpecIssue(
-                    "lr_tuning.seeds", f"tuning seeds {overlap} are also confirmatory seeds; tune on held-out seeds"
+                    "lr_tuning.seeds",
+                    f"tuning seeds {overlap} are also confirmatory seeds; tune on held-out seeds",
                 )
             )
         if not issues:
@@ -338,7 +343,8 @@ class CompareStudySpec(BaseModel):
                 prefix="<arms>",
             )
             issues += [
-                SpecIssue(_arms_path(i.path, self.arms is not None), i.message, i.line, i.source) for i in found
+                SpecIssue(_arms_path(i.path, self.arms is not None), i.message, i.line, i.source)
+                for i in found
             ]
         if issues:
             raise SpecError(issues)
@@ -478,7 +484,11 @@ class CompareStudySpec(BaseModel):
         """Phase ``tune-ext<round>``: each edge arm's one new η x the tuning seeds."""
         cells = [_cell(arm, lr) for arm, lr in sorted(lrs.items())]
         return self._plan(
-            name=f"tune-ext{int(round_)}", cells=cells, seeds=self.lr_tuning.seeds, tuning=True, environ=environ
+            name=f"tune-ext{int(round_)}",
+            cells=cells,
+            seeds=self.lr_tuning.seeds,
+            tuning=True,
+            environ=environ,
         )
 
     def confirmatory_plan(

@@ -28,7 +28,7 @@ from typing import Any
 from studies.kinds.base import StudyOutcome, hypothesis_entry, study_runner
 from studies.kinds.compare.kind import KIND_NAME, CompareKind
 from studies.kinds.compare.spec import CompareStudySpec
-from studies.tuning import RunPoints, tune
+from studies.tuning import RunPoints, TrialLike, tune
 from workers.runner import TrialRecord, read_trials
 
 __all__ = [
@@ -48,7 +48,7 @@ def _say(message: str) -> None:
     print(f"[{KIND_NAME}] {message}", flush=True)
 
 
-def _arm(t: TrialRecord) -> str:
+def _arm(t: TrialLike) -> str:
     return str(t.config["model"]["layer"]["type"])
 
 
@@ -249,7 +249,9 @@ def run(
         plan = spec.tuning_plan(environ=environ)
         _say(f"phase {plan.name}: {len(plan.grid[0][1])} (arm, lr) cells x {len(spec.lr_tuning.seeds)} seeds")
         tuned = runner.run(plan)
-        lr, record = select_learning_rates(spec, tuned.trials, run_points=_extension_runner(spec, runner, environ))
+        lr, record = select_learning_rates(
+            spec, tuned.trials, run_points=_extension_runner(spec, runner, environ)
+        )
         for arm, rec in record.items():
             edge = " (on the edge of the range!)" if rec["at_range_edge"] else ""
             grown = f" after {rec['extensions']} range extension(s)" if rec["extensions"] else ""
@@ -258,7 +260,9 @@ def run(
         if missing:  # no trial of these arms came back: nothing to confirm them with
             raise RuntimeError(f"lr tuning gave no learning rate for {missing}; see the tune phase's trials")
         confirm = spec.confirmatory_plan(lr, environ=environ)
-        _say(f"phase {confirm.name}: {len(spec.arm_names)} arms x {len(spec.seeds)} seeds (FIFO, full budget)")
+        _say(
+            f"phase {confirm.name}: {len(spec.arm_names)} arms x {len(spec.seeds)} seeds (FIFO, full budget)"
+        )
         confirmed = runner.run(confirm)
         table = trials_table(confirmed.trials, metric=spec.analysis.metric, lr_record=record)
         _say("analysis: paired contrasts, verdicts, report")
@@ -386,7 +390,9 @@ def report(spec: CompareStudySpec, out_dir: Path) -> Path:
     return files["markdown"]
 
 
-def pilot(spec: CompareStudySpec, study_dir: Path, *, power: float, min_effect: float | None, alpha: float) -> dict[str, Any]:
+def pilot(
+    spec: CompareStudySpec, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
+) -> dict[str, Any]:
     """``plan --pilot``: per contrast, the per-seed paired differences in ``<study_dir>/trials.csv``
     (failed trials scored as in the analysis) and the seeds :func:`studies.planning.per_seed_need`
     asks for over the family (two-sided, Holm over the spec's contrasts).
@@ -420,7 +426,11 @@ def pilot(spec: CompareStudySpec, study_dir: Path, *, power: float, min_effect: 
     for name, c in contrasts.items():
         a_cells, r_cells = cells.get(c.arm, {}), cells.get(c.reference, {})
         seeds = sorted(
-            (s for s in set(a_cells) & set(r_cells) if math.isfinite(a_cells[s]) and math.isfinite(r_cells[s])),
+            (
+                s
+                for s in set(a_cells) & set(r_cells)
+                if math.isfinite(a_cells[s]) and math.isfinite(r_cells[s])
+            ),
             key=lambda s: (len(s), s),
         )
         diffs = [a_cells[s] - r_cells[s] for s in seeds]
@@ -436,7 +446,9 @@ def pilot(spec: CompareStudySpec, study_dir: Path, *, power: float, min_effect: 
     out.update(
         quantity=f"per-seed paired difference of {metric}",
         metric=metric,
-        contrasts={n: {"a": c.arm, "b": c.reference, "alternative": "two-sided"} for n, c in contrasts.items()},
+        contrasts={
+            n: {"a": c.arm, "b": c.reference, "alternative": "two-sided"} for n, c in contrasts.items()
+        },
         family_size=m,
         min_seeds=spec.analysis.min_seeds,
     )
