@@ -230,7 +230,9 @@ class CompareStudySpec(BaseModel):
     data: DataSpec = FashionMNISTSpec()
     training: CompareTrainingSpec = CompareTrainingSpec()
     arms: Annotated[tuple[Arm, ...], Field(min_length=2)] | None = None  # None: the model's table
-    contrasts: dict[_NAME, ContrastSpec] | None = None  # None: the paper's, among the arms
+    contrasts: dict[_NAME, ContrastSpec] | None = (
+        None  # name -> {arm, reference, predicted: better | worse}; None: the paper's, among the arms
+    )
     seeds: Annotated[tuple[Seed, ...], Field(min_length=2)] = (0, 1, 2, 3, 4, 5, 6, 7)
     lr_tuning: LRTuningSpec = LRTuningSpec()
     analysis: CompareAnalysisSpec = CompareAnalysisSpec()
