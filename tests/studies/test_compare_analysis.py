@@ -368,3 +368,25 @@ def test_undecidable_designs_are_the_ones_the_analysis_calls_underpowered() -> N
     with pytest.raises(SpecError) as err:  # validate/plan/run refuse it unless exploratory
         check_decidable(seven_seeds)
     assert {i.path for i in err.value.issues} == {"seeds"} and "at least 8 seeds" in err.value.format()
+
+
+def test_pilot_plans_seeds_per_contrast_never_below_the_sign_flip_floor(tmp_path: Path) -> None:
+    from studies.kinds import KINDS
+
+    spec = _spec(preset="local")  # 4 contrasts: 2/2^K x 4 < 0.05 needs K >= 8
+    means = {
+        "corrected": 0.9,
+        "linear_batchnorm": 0.85,
+        "linear_layernorm": 0.86,
+        "linear": 0.8,
+        "prenorm_l2": 0.8,
+    }
+    _table(means, seeds=SEEDS[:3], noise=0.01).to_csv(tmp_path / "trials.csv", index=False)
+    out = KINDS["compare"].power(spec, tmp_path, power=0.8, min_effect=None, alpha=0.05)
+    assert set(out["seeds_needed"]) == set(spec.contrast_specs) and out["family_size"] == 4
+    assert out["min_seeds"] == 8
+    assert all(len(v) == 3 for v in out["per_seed"].values())
+    diff = out["per_seed"]["corrected_vs_batchnorm"]
+    assert np.mean(diff) == pytest.approx(0.05, abs=0.02)
+    with pytest.raises(ValueError, match=r"trials\.csv"):
+        KINDS["compare"].power(spec, tmp_path / "missing", power=0.8, min_effect=None, alpha=0.05)

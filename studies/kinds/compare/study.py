@@ -450,6 +450,18 @@ def pilot(
             n: {"a": c.arm, "b": c.reference, "alternative": "two-sided"} for n, c in contrasts.items()
         },
         family_size=m,
-        min_seeds=spec.analysis.min_seeds,
+        # The fewest seeds that can decide at all: analysis.min_seeds, and the sign-flip floor
+        # 2 / 2^K x m < alpha (the power of a t-test alone would plan fewer).
+        min_seeds=max(spec.analysis.min_seeds, _floor_seeds(m, spec.analysis.alpha)),
     )
     return out
+
+
+def _floor_seeds(family: int, alpha: float) -> int:
+    """The fewest seeds K with ``2 / 2^K x family < alpha`` (the smallest two-sided sign-flip p)."""
+    from studies.stats import min_sign_flip_p
+
+    k = 2
+    while min_sign_flip_p(k, "two-sided") * family >= alpha:
+        k += 1
+    return k
