@@ -390,3 +390,40 @@ def test_pilot_plans_seeds_per_contrast_never_below_the_sign_flip_floor(tmp_path
     assert np.mean(diff) == pytest.approx(0.05, abs=0.02)
     with pytest.raises(ValueError, match=r"trials\.csv"):
         KINDS["compare"].power(spec, tmp_path / "missing", power=0.8, min_effect=None, alpha=0.05)
+
+
+def test_report_shows_every_contrast_every_arm_and_the_tuned_rates(tmp_path: Path) -> None:
+    from studies.kinds.compare.report import write_compare_report
+
+    spec = _spec()
+    means = {
+        "corrected": 0.8,
+        "linear_batchnorm": 0.85,
+        "linear_layernorm": 0.85,
+        "linear": 0.8,
+        "prenorm_l2": 0.7,
+    }
+    table = _table(means)
+    lr_record = {
+        arm: {"lr": 0.1 * (i + 1), "at_range_edge": arm == "linear", "grid": [0.01, 1.0]}
+        for i, arm in enumerate(means)
+    }
+    verdict = analyse(table, spec, lr_tuning=lr_record)
+    files = write_compare_report(verdict, table, tmp_path, protocol=spec.to_document(), lr_record=lr_record)
+    md = files["markdown"].read_text()
+    assert (
+        md.splitlines()[0] == f"**Study verdict: {verdict['study_verdict']}**" == "**Study verdict: refuted**"
+    )
+    contrasts = md.split("## Contrasts")[1].split("## Arms")[0]
+    arms = md.split("## Arms")[1].split("## Tuned learning rates")[0]
+    rates = md.split("## Tuned learning rates")[1].split("## Method")[0]
+    for name, c in verdict["contrasts"].items():
+        row = next(line for line in contrasts.splitlines() if line.startswith(f"| {name} |"))
+        assert f"| {c['verdict']} |" in row and f"| {c['hypothesis']} |" in row
+    assert "prenorm_l2" not in contrasts and "| prenorm_l2 | table only |" in arms
+    assert all(f"| {arm} |" in rates for arm in means)
+    assert "| linear | 0.4 |" in rates and "| yes |" in rates  # linear's rate, on the edge
+    assert json.loads(files["verdict"].read_text())["contrasts"].keys() == verdict["contrasts"].keys()
+    assert files["plot_forest"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert 'src="data:image/png;base64,' in files["html"].read_text()
+    assert len(pd.read_csv(files["trials"])) == len(table)
