@@ -194,6 +194,7 @@ def run_study_spec(
         planned = _estimate(spec) if runner_options.get("trainable") is None else None
         if planned is not None:
             runner_options["planned"] = planned
+        runner_options = {"provenance": _provenance(spec), **runner_options}
         try:
             outcome = kind.run(spec, **runner_options)
         except BaseException:
@@ -223,6 +224,18 @@ def _estimate(spec: Any) -> dict[str, float] | None:
         flush=True,
     )
     return est
+
+
+def _provenance(spec: Any) -> dict[str, Any]:
+    """The study run's provenance tags and artifact (:mod:`studies.provenance`); empty when it
+    cannot be made — like the estimate, it must never stop a study."""
+    try:
+        from studies.provenance import study_provenance
+
+        return study_provenance(spec)
+    except Exception as exc:
+        print(f"[{spec.name}] no provenance: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return {}
 
 
 def _print(text: str) -> None:

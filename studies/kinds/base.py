@@ -21,6 +21,8 @@ When each method is called:
 * :meth:`StudyKind.analyse` — by ``run`` after the last phase and by ``report``: the trial table →
   the ``verdict.json`` dictionary. It always carries :data:`SHARED_VERDICT_FIELDS`.
 * :meth:`StudyKind.report` — by ``report``: re-read the study directory, analyse again, write files.
+* :meth:`StudyKind.reanalyse` — by ``reproduce``: the verdict again from the trial runs in MLflow
+  (default: :meth:`StudyKind.report` with ``read_trials`` answering from MLflow).
 * :meth:`StudyKind.status` — by ``status``, during a run and after it.
 * :meth:`StudyKind.power` / :meth:`StudyKind.with_seeds` / :meth:`StudyKind.alpha` — by
   ``plan --pilot`` (:func:`studies.planning.pilot_power`).
@@ -82,8 +84,9 @@ def hypothesis_entry(
     }
 
 
-RUNNER_OPTIONS = ("ray_address", "ray_init_kwargs", "trainable", "progress", "planned")
-"""What :meth:`StudyKind.run` passes on to :class:`workers.study.StudyRunner`."""
+RUNNER_OPTIONS = ("ray_address", "ray_init_kwargs", "trainable", "progress", "planned", "provenance")
+"""What :meth:`StudyKind.run` passes on to :class:`workers.study.StudyRunner` (``provenance``:
+``{"tags", "artifacts"}`` added to the study run's own, :func:`studies.provenance.study_provenance`)."""
 
 
 def study_runner(study: StudyPlan, *, expected_trials: int, **options: Any) -> Any:
@@ -92,16 +95,17 @@ def study_runner(study: StudyPlan, *, expected_trials: int, **options: Any) -> A
     the phases plan; ``options``: :data:`RUNNER_OPTIONS`."""
     from workers.study import StudyRunner
 
+    provenance = options.get("provenance") or {}
     return StudyRunner(
         name=study.name,
         storage=study.storage,
         tracking=study.tracking,
         expected_trials=expected_trials,
-        tags=dict(study.tags),
+        tags={**dict(study.tags), **dict(provenance.get("tags") or {})},
         params=dict(study.params),
-        artifacts=dict(study.artifacts),
+        artifacts={**dict(study.artifacts), **dict(provenance.get("artifacts") or {})},
         resources=study.resources,
-        **{k: v for k, v in options.items() if k in RUNNER_OPTIONS},
+        **{k: v for k, v in options.items() if k in RUNNER_OPTIONS and k != "provenance"},
     )
 
 
@@ -223,6 +227,26 @@ class StudyKind(ABC):
         """The ``verdict.json`` dictionary from the trial table (with :data:`SHARED_VERDICT_FIELDS`);
         ``inputs``: what else the kind's analysis reads (per-epoch logs, tuning records)."""
         verdict: dict[str, Any] = self.impl().analyse(table, spec, **inputs)
+        return verdict
+
+    def reanalyse(self, spec: Any, trials: Any) -> dict[str, Any]:
+        """The ``verdict.json`` dictionary recomputed from trial records that do not come from the
+        study directory (``autonorm-study reproduce``): ``trials`` is a
+        :class:`workers.tracking.replay.TrackedTrials` (the study's trial runs in MLflow, by phase).
+
+        The default runs the kind's own :meth:`report` into a scratch directory while
+        :func:`workers.runner.read_trials` answers from ``trials`` (so every kind whose report reads
+        its phases with ``read_trials`` re-analyses from MLflow unchanged) and returns the
+        ``verdict.json`` it wrote. A kind that reads anything else from its study directory overrides
+        this."""
+        import json
+        import tempfile
+
+        from workers.tracking.replay import replaying
+
+        with tempfile.TemporaryDirectory(prefix=f"reanalyse-{self.name}-") as tmp, replaying(trials):
+            self.report(spec, Path(tmp))
+            verdict: dict[str, Any] = json.loads((Path(tmp) / "verdict.json").read_text(encoding="utf-8"))
         return verdict
 
     def status(self, spec: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from workers.tracking.names import (
     trial_index,
 )
 from workers.tracking.outage import OutageBackoff
+from workers.tracking.replay import trial_params_tag
 from workers.tracking.store import MlflowUnavailable, flatten_params
 from workers.trainable import config_from_result
 
@@ -181,6 +182,7 @@ class TrialRuns(OutageBackoff):
         node_id = (trial.last_result or {}).get("node_id")
         if node_id:
             tags["autonorm.node_id"] = str(node_id)
+        tags.update(trial_params_tag(trial.config))
         # One attempt only (a retried create could make two runs); the next result tries again.
         run = self._call(
             self.client.create_run, self._experiment_id, tags=tags, run_name=self._run_name(trial), attempts=1

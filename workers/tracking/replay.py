@@ -1,0 +1,200 @@
+"""A study's trials rebuilt from MLflow alone, and read back as if from the study directory.
+
+Every trial run carries what re-analysis needs: its resolved config as params (``flatten_params``),
+Tune's own parameters (tag :data:`TAG_TRIAL_PARAMS`), its phase (``autonorm.phase``), its status
+(``autonorm.trial_status``), its Tune trial id (``ray.trial_id``) and every epoch's metrics (one step
+per epoch). :class:`TrackedTrials` walks a study run's children (phase runs, then their trial runs)
+and turns each trial run back into a :class:`workers.runner.TrialRecord`; inside :func:`replaying`,
+:func:`workers.runner.read_trials` answers with those records instead of reading Tune's experiment
+directory, so a kind's own ``report`` re-analyses a study whose directory is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import math
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from workers.tracking.names import (
+    ROLE_TRIAL,
+    TAG_PARENT,
+    TAG_PHASE,
+    TAG_ROLE,
+    TAG_STUDY_KEY,
+    TAG_TRIAL_ID,
+    TAG_TRIAL_STATUS,
+)
+
+if TYPE_CHECKING:
+    from workers.runner import TrialRecord
+
+__all__ = [
+    "TAG_TRIAL_PARAMS",
+    "TrackedTrials",
+    "replayed",
+    "replaying",
+    "trial_params_tag",
+    "unflatten_params",
+]
+
+TAG_TRIAL_PARAMS = "autonorm.trial_params"
+"""Tune's parameters of the trial (``trial.config``: dotted path -> value) as JSON."""
+_MAX_TAG = 5000
+_STATUSES = ("completed", "diverged", "error", "pruned")
+
+
+def trial_params_tag(params: Mapping[str, Any] | None) -> dict[str, str]:
+    """``{TAG_TRIAL_PARAMS: json}`` for a trial run; empty when the JSON would not fit a tag."""
+    try:
+        text = json.dumps(dict(params or {}), sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return {}
+    return {TAG_TRIAL_PARAMS: text} if len(text) <= _MAX_TAG else {}
+
+
+def _value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def unflatten_params(params: Mapping[str, str]) -> dict[str, Any]:
+    """MLflow params of a trial run (``workers.tracking.store.flatten_params``) -> the nested config."""
+    out: dict[str, Any] = {}
+    for key in sorted(params):
+        parts = key.split(".")
+        node = out
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = node[part] = {}
+            node = child
+        node[parts[-1]] = _value(params[key])
+    return out
+
+
+class TrackedTrials:
+    """The trial runs under one study run, by phase, as :class:`workers.runner.TrialRecord`.
+
+    Args:
+        client: an ``mlflow.MlflowClient`` of the study's tracking store.
+        study_run_id: the study's own run.
+    """
+
+    def __init__(self, client: Any, study_run_id: str) -> None:
+        self.client = client
+        self.study_run_id = study_run_id
+        study = client.get_run(study_run_id)
+        self.experiment_id = study.info.experiment_id
+        self.runs: dict[str, list[Any]] = {}  # phase -> trial runs (earliest per Tune trial)
+        self._records: dict[tuple[str, bool], list[TrialRecord]] = {}
+        self._walk()
+
+    def _children(self, parent_id: str) -> list[Any]:
+        out: list[Any] = []
+        token = None
+        while True:
+            page = self.client.search_runs(
+                [self.experiment_id],
+                filter_string=f"tags.`{TAG_PARENT}` = '{parent_id}'",
+                max_results=1000,
+                page_token=token,
+            )
+            out.extend(page)
+            token = getattr(page, "token", None)
+            if not token:
+                return out
+
+    def _walk(self) -> None:
+        seen: dict[str, dict[str, Any]] = {}
+        stack: list[tuple[str, str | None, int]] = [(self.study_run_id, None, 0)]
+        while stack:
+            parent_id, phase, depth = stack.pop()
+            for run in self._children(parent_id):
+                tags = run.data.tags
+                role = tags.get(TAG_ROLE)
+                if str(tags.get(TAG_STUDY_KEY, "")).endswith(":superseded"):
+                    continue  # a parent whose Tune state was gone: its trials ran again elsewhere
+                if role == ROLE_TRIAL:
+                    name = tags.get(TAG_PHASE) or phase or "study"
+                    trial_id = tags.get(TAG_TRIAL_ID) or run.info.run_id
+                    known = seen.setdefault(name, {})
+                    old = known.get(trial_id)
+                    if old is None or (run.info.start_time or 0) < (old.info.start_time or 0):
+                        known[trial_id] = run
+                elif role in ("phase", None) and depth < 3:
+                    stack.append((run.info.run_id, tags.get(TAG_PHASE) or run.info.run_name, depth + 1))
+        self.runs = {
+            phase: sorted(by_id.values(), key=lambda r: (r.info.start_time or 0, r.info.run_id))
+            for phase, by_id in seen.items()
+        }
+
+    @property
+    def run_names(self) -> dict[str, str]:
+        """Trial run id -> its run name."""
+        return {r.info.run_id: r.info.run_name for runs in self.runs.values() for r in runs}
+
+    def _history(self, run: Any) -> tuple[dict[str, Any], ...]:
+        rows: dict[int, dict[str, Any]] = {}
+        for key in sorted(run.data.metrics):
+            for m in self.client.get_metric_history(run.info.run_id, key):
+                row = rows.setdefault(int(m.step), {"epoch": int(m.step)})
+                row[key] = m.value  # a step logged twice: its latest value (MLflow's order)
+        return tuple(rows[step] for step in sorted(rows))
+
+    def record(self, run: Any, *, history: bool) -> TrialRecord:
+        from workers.runner import TrialRecord
+
+        tags = run.data.tags
+        status = tags.get(TAG_TRIAL_STATUS)
+        if status not in _STATUSES:
+            status = "error" if run.info.status == "FAILED" else "pruned"
+        params_text = tags.get(TAG_TRIAL_PARAMS)
+        params = json.loads(params_text) if params_text else {}
+        metrics: dict[str, Any] = {
+            k: (int(v) if k == "epoch" and math.isfinite(v) and float(v).is_integer() else v)
+            for k, v in run.data.metrics.items()
+        }
+        metrics["status"] = status
+        return TrialRecord(
+            trial_id=tags.get(TAG_TRIAL_ID) or run.info.run_id,
+            params=params,
+            config=unflatten_params(run.data.params),
+            status=status,  # type: ignore[arg-type]
+            metrics=metrics,
+            node_id=tags.get("autonorm.node_id"),
+            mlflow_run_id=run.info.run_id,
+            history=self._history(run) if history else (),
+        )
+
+    def trials(self, phase: str, *, history: bool = True) -> list[TrialRecord]:
+        """The records of one phase (empty for a phase without trial runs)."""
+        key = (phase, history)
+        if key not in self._records:
+            self._records[key] = [self.record(r, history=history) for r in self.runs.get(phase, [])]
+        return list(self._records[key])
+
+
+_SOURCE: contextvars.ContextVar[TrackedTrials | None] = contextvars.ContextVar(
+    "autonorm_replayed_trials", default=None
+)
+
+
+@contextlib.contextmanager
+def replaying(source: TrackedTrials) -> Iterator[TrackedTrials]:
+    """Inside the block :func:`workers.runner.read_trials` reads ``source``, not the study directory."""
+    token = _SOURCE.set(source)
+    try:
+        yield source
+    finally:
+        _SOURCE.reset(token)
+
+
+def replayed(phase: str, *, history: bool) -> list[TrialRecord] | None:
+    """The replayed records of ``phase`` inside :func:`replaying`; ``None`` outside it."""
+    source = _SOURCE.get()
+    return None if source is None else source.trials(phase, history=history)
