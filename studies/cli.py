@@ -7,6 +7,7 @@
     autonorm-study submit   SPEC [--address URL] [--wait] [...]     # a Ray job on a cluster
     autonorm-study status   SPEC|STUDY_DIR | --job ID [--address URL]
     autonorm-study report   SPEC|STUDY_DIR [--out DIR]
+    autonorm-study reproduce RUN_ID|RUN_URL|STUDY_DIR [--tracking-uri URI] [--rerun [--allow-different-code]]
 
 SPEC may also be given as ``--spec PATH`` (as in every entry point). ``validate``, ``plan``, ``run``
 and ``submit`` refuse a design that can never decide (:mod:`studies.decidability`) unless it is
@@ -591,6 +592,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return _report(spec, out)
 
 
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from studies.reproduce import main as reproduce
+
+    return reproduce(
+        args.run,
+        tracking_uri=args.tracking_uri,
+        do_rerun=args.rerun,
+        allow_different_code=args.allow_different_code,
+        storage_path=args.storage_path,
+    )
+
+
 def _report(spec: Any, out: Path) -> int:
     """The report, marked partial while the study runs or after it stopped short; exit 1 without
     writing anything when there is nothing to report yet. Never takes the study's lease."""
@@ -763,6 +776,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_layer_options(p)
     p.add_argument("--out", default=None, help="output directory (default: <study dir>/report)")
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("reproduce", help="recompute a study's verdict from its MLflow record (or rerun it)")
+    p.add_argument("run", help="the study's MLflow run id, its MLflow UI link, or the study directory")
+    p.add_argument("--tracking-uri", default=None, help="the tracking store (default: $MLFLOW_TRACKING_URI)")
+    p.add_argument("--rerun", action="store_true", help="run the study again and compare trial by trial")
+    p.add_argument(
+        "--allow-different-code",
+        action="store_true",
+        help="with --rerun: run although the commit differs or tracked files are modified",
+    )
+    p.add_argument("--storage-path", default=None, help="with --rerun: where the new study directory goes")
+    p.set_defaults(func=_cmd_reproduce)
     return parser
 
 

@@ -617,8 +617,14 @@ def read_trials(plan: StudyPlan, *, history: bool = True) -> list[TrialRecord]:
     """A study's trials read back from its Tune experiment directory (no Ray cluster needed).
 
     Same records as :func:`run_study` returns (``mlflow_run_id`` excepted), so status and reports
-    use one vocabulary. Empty when the study has not written its state yet.
+    use one vocabulary. Empty when the study has not written its state yet. Inside
+    :func:`workers.tracking.replay.replaying`: the phase's trial runs in MLflow instead.
     """
+    from workers.tracking.replay import replayed
+
+    replay = replayed(plan.name, history=history)
+    if replay is not None:
+        return replay
     from ray.tune import ExperimentAnalysis
 
     storage = resolve_storage(plan.storage)

@@ -146,10 +146,17 @@ def normalize_table(table: pd.DataFrame, metric: str) -> pd.DataFrame:
     when absent) and ``budget`` (``""`` when absent). The metric column is ``metric`` or, failing
     that, a column named ``"metric"``.
 
+    Rows come out sorted by arm, budget, batch size and seed (numerically where the seeds are
+    numbers), whatever order they came in: every resampling draw (bootstrap, permutations) then
+    sees the same rows in the same order, so a table rebuilt from MLflow in another order gives the
+    same numbers (``autonorm-study reproduce``).
+
     Raises:
         ValueError: a required column is missing or a batch size is not positive.
     """
     missing = [c for c in _REQUIRED_COLUMNS if c not in table.columns]
+    if not missing:
+        table = _sorted_rows(table)
     value_col = metric if metric in table.columns else "metric" if "metric" in table.columns else None
     if missing or value_col is None:
         need = [*_REQUIRED_COLUMNS, f"{metric!r} or 'metric'"]
@@ -174,6 +181,22 @@ def normalize_table(table: pd.DataFrame, metric: str) -> pd.DataFrame:
         df["lr_at_edge"] = False
     df["budget"] = table["budget"].fillna("").astype(str) if "budget" in table.columns else ""
     return df
+
+
+def _sorted_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` sorted by arm, budget, batch size, seed (stable; the index reset)."""
+    keys = pd.DataFrame(
+        {
+            "arm": table["arm"].astype(str),
+            "budget": table["budget"].fillna("").astype(str) if "budget" in table.columns else "",
+            "batch_size": pd.to_numeric(table["batch_size"], errors="coerce"),
+            "seed_n": pd.to_numeric(table["seed"], errors="coerce"),
+            "seed_s": table["seed"].astype(str),
+        },
+        index=table.index,
+    )
+    order = keys.sort_values(["arm", "budget", "batch_size", "seed_n", "seed_s"], kind="mergesort").index
+    return table.loc[order].reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------------------------------

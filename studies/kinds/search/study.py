@@ -452,6 +452,7 @@ def _confirm_table(
             )
             if t.history:
                 gate_logs[(arm, seed)] = [dict(h) for h in t.history]
+    rows.sort(key=lambda r: (str(r["arm"]), r["seed"]))  # the same rows in the same order however read
     return pd.DataFrame(rows, columns=[*CONFIRM_COLUMNS, "test_loss"]), gate_logs
 
 
