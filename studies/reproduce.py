@@ -56,6 +56,8 @@ EXIT_REFUSED = 2
 TOLERANCE = 1e-9
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 _TABLE_SUFFIXES = (".csv",)
+_TIMING = ("examples_per_s", "time_total_s", "time_this_iter_s")
+"""Metrics that measure the machine, not the trial: not compared by a rerun."""
 
 
 class ReproduceError(Exception):
@@ -340,7 +342,8 @@ def _unique(items: Iterable[Difference]) -> list[Difference]:
 
 
 def compare_trials(original: Any, again: Any) -> list[Difference]:
-    """Trial by trial (same phase and run name): status and every final metric both runs have."""
+    """Trial by trial (same phase and run name): status and every final metric both runs have but
+    the timing ones (:data:`_TIMING`: throughput depends on the machine's load)."""
     out = []
     for phase in sorted(set(original.runs) | set(again.runs)):
         old = {r.info.run_name: r for r in original.runs.get(phase, [])}
@@ -360,7 +363,7 @@ def compare_trials(original: Any, again: Any) -> list[Difference]:
             status = "autonorm.trial_status"
             if a.data.tags.get(status) != b.data.tags.get(status):
                 out.append(Difference(name, "status", a.data.tags.get(status), b.data.tags.get(status)))
-            for key in sorted(set(a.data.metrics) & set(b.data.metrics)):
+            for key in sorted((set(a.data.metrics) & set(b.data.metrics)) - set(_TIMING)):
                 if not _same(a.data.metrics[key], b.data.metrics[key]):
                     out.append(Difference(name, key, a.data.metrics[key], b.data.metrics[key]))
     return out
