@@ -2,6 +2,7 @@
 
     autonorm-study validate SPEC [--preset NAME] [--set KEY=VALUE ...] [--print] [--allow-exploratory]
     autonorm-study plan     SPEC [--cpus N] [--gpus M] [--json] [--pilot STUDY_DIR --power 0.8]
+    autonorm-study plan     --history [--tracking-uri URI] [--json]   # past estimates against the real runs
     autonorm-study run      SPEC [--preset NAME] [--set KEY=VALUE ...]
     autonorm-study resume   SPEC|STUDY_DIR [...]
     autonorm-study submit   SPEC [--address URL] [--wait] [...]     # a Ray job on a cluster
@@ -546,6 +547,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         save_calibration,
     )
 
+    if args.history:
+        return _plan_history(args)
+    if args.spec is None:
+        print("plan: a spec is needed (plan SPEC, or --spec PATH), or --history", file=sys.stderr)
+        return EXIT_SPEC_ERROR
     spec = _decidable(_load_target(args.spec, args), args)
     calibration = load_calibration(args.calibration) if args.calibration else None
     try:
@@ -574,6 +580,28 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         _print_json(result)
     else:
         print(text)
+    return 0
+
+
+def _plan_history(args: argparse.Namespace) -> int:
+    """``plan --history``: actual / planned wall time of every past study in the tracking store."""
+    from studies.plan_history import format_history, plan_history
+
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if args.spec is not None:
+        spec = _load_target(args.spec, args)
+        uri = uri or spec.tracking.uri
+    if not uri:
+        print(
+            "plan --history: which tracking store? give --tracking-uri (or MLFLOW_TRACKING_URI)",
+            file=sys.stderr,
+        )
+        return EXIT_SPEC_ERROR
+    history = plan_history(uri)
+    if args.json:
+        _print_json(history)
+    else:
+        print(format_history(history))
     return 0
 
 
@@ -697,7 +725,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser("plan", help="what a study will run and cost before launch; seeds needed from a pilot")
-    _spec_argument(p, "spec", "spec YAML (or a study directory)")
+    _spec_argument(p, "spec", "spec YAML (or a study directory)", optional=True)
     add_layer_options(p)
     _add_exploratory(p)
     p.add_argument("--cpus", type=float, default=None, help="cluster CPUs (default: this machine's)")
@@ -709,6 +737,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--power", type=float, default=0.8)
     p.add_argument("--min-effect", type=float, default=None, help="smallest effect worth detecting")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--history",
+        action="store_true",
+        help="actual / planned wall time of every past study in the tracking store (--tracking-uri)",
+    )
     p.set_defaults(func=_cmd_plan)
 
     for name, what, dest, target, func in (

@@ -32,6 +32,17 @@ __all__ = ["StudyRunner", "study_dir_uri"]
 logger = logging.getLogger(__name__)
 
 
+def _process_age_s() -> float:
+    """Seconds since this process started: the `run` command's wall time so far (imports, the plan's
+    own measurement and Ray's start included), what ``plan``'s ``wall_s`` predicts."""
+    try:
+        import psutil
+
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except Exception:
+        return float("nan")
+
+
 def study_dir_uri(storage: StorageConfig, name: str) -> str:
     """``<storage>/<name>`` as a user-facing location (absolute path or ``s3://...``)."""
     return resolve_storage(storage).experiment_uri(name)
@@ -52,7 +63,9 @@ class StudyRunner:
             local cluster, a request it could never satisfy is refused before starting it.
         planned: the study's estimate before launch (``wall_s``, ``trials``, ``cpu_hours``, ...):
             logged as ``planned_<key>`` params, and compared with the actual values at the end
-            (``actual_<key>`` metrics), so estimates can be judged over time.
+            (``actual_<key>`` metrics; ``actual_command_wall_s``: since the process started, which is
+            what ``plan``'s ``wall_s`` predicts for the ``run`` command), so estimates can be judged
+            over time (``autonorm-study plan --history``).
     """
 
     def __init__(
@@ -187,7 +200,13 @@ class StudyRunner:
         """What the study cost so far, in the keys of ``planned``."""
         cpu_h, gpu_h = self.resource_hours()
         trials = sum(len(result.trials) for _, _, result in self.results)
-        return {"wall_s": self.wall_time_s, "trials": float(trials), "cpu_hours": cpu_h, "gpu_hours": gpu_h}
+        return {
+            "wall_s": self.wall_time_s,
+            "command_wall_s": _process_age_s(),
+            "trials": float(trials),
+            "cpu_hours": cpu_h,
+            "gpu_hours": gpu_h,
+        }
 
     def _log_actual(self) -> None:
         actual = self.actual()
