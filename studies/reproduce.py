@@ -314,7 +314,8 @@ def compare_verdicts(logged: Mapping[str, Any], recomputed: Mapping[str, Any]) -
 
 
 def compare_tables(tables: Mapping[str, Any], tracked: Any) -> list[Difference]:
-    """Each logged trial table's numbers against the trial runs' metrics in MLflow now."""
+    """Each logged trial table's numbers against the trial runs' metrics in MLflow now (a value that
+    is the trial's configured one, not a metric, is left alone: :func:`_configured`)."""
     records = {
         r.info.run_id: r for runs in tracked.runs.values() for r in runs
     }  # run id -> the MLflow run (its latest metric values)
@@ -328,9 +329,24 @@ def compare_tables(tables: Mapping[str, Any], tracked: Any) -> list[Difference]:
                 metric = run.data.metrics.get(column)
                 if metric is None or not _number(value) or column == "epoch":
                     continue
-                if not _same(float(value), float(metric)):
-                    out.append(Difference(run.info.run_name, column, float(value), float(metric)))
+                if _same(float(value), float(metric)) or _configured(run, column, float(value)):
+                    continue
+                out.append(Difference(run.info.run_name, column, float(value), float(metric)))
     return _unique(out)
+
+
+def _configured(run: Any, column: str, value: float) -> bool:
+    """The table's value is the trial's configured one (a param ``<...>.<column>``): a column named
+    like a metric that holds configuration (a claims table's ``lr`` is ``training.lr``, while the
+    ``lr`` metric is the schedule's last rate)."""
+    for key, text in run.data.params.items():
+        if key == column or key.endswith(f".{column}"):
+            try:
+                if _same(value, float(text)):
+                    return True
+            except ValueError:
+                continue
+    return False
 
 
 def _unique(items: Iterable[Difference]) -> list[Difference]:

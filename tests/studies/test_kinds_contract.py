@@ -239,3 +239,23 @@ def test_phase_names_agree_everywhere(ran: Ran) -> None:
     study = client.get_run(ran.outcome.parent_run_id)
     assert "autonorm.phase" not in study.data.tags
     assert study.data.tags.get("autonorm.role") == "study"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_reproduce_recomputes_the_verdict_from_mlflow_alone(
+    ran: Ran, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``autonorm-study reproduce``: the kind's analysis on the trial runs in MLflow gives the logged
+    verdict, with the study directory out of the way (moved, then put back for the other tests)."""
+    from studies.cli import main
+
+    study_dir = Path(ran.outcome.study_dir)
+    away = tmp_path / "away"
+    study_dir.rename(away)
+    try:
+        code = main(["reproduce", str(ran.outcome.parent_run_id), "--tracking-uri", ran.outcome.tracking_uri])
+    finally:
+        away.rename(study_dir)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0 and out[-1] == "reproduced", out
