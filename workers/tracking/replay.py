@@ -120,14 +120,16 @@ class TrackedTrials:
                 if str(tags.get(TAG_STUDY_KEY, "")).endswith(":superseded"):
                     continue  # a parent whose Tune state was gone: its trials ran again elsewhere
                 if role == ROLE_TRIAL:
-                    name = tags.get(TAG_PHASE) or phase or "study"
+                    # Under a phase run: that run's name, which is the phase's name (its folder, what
+                    # read_trials is asked for); directly under the study run: the trial's phase tag.
+                    name = phase or tags.get(TAG_PHASE) or "study"
                     trial_id = tags.get(TAG_TRIAL_ID) or run.info.run_id
                     known = seen.setdefault(name, {})
                     old = known.get(trial_id)
                     if old is None or (run.info.start_time or 0) < (old.info.start_time or 0):
                         known[trial_id] = run
                 elif role in ("phase", None) and depth < 3:
-                    stack.append((run.info.run_id, tags.get(TAG_PHASE) or run.info.run_name, depth + 1))
+                    stack.append((run.info.run_id, run.info.run_name or tags.get(TAG_PHASE), depth + 1))
         self.runs = {
             phase: sorted(by_id.values(), key=lambda r: (r.info.start_time or 0, r.info.run_id))
             for phase, by_id in seen.items()
