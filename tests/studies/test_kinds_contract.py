@@ -259,3 +259,6 @@ def test_reproduce_recomputes_the_verdict_from_mlflow_alone(
         away.rename(study_dir)
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 0 and out[-1] == "reproduced", out
+    # The study directory names the run too (its study_spec.yaml says where the tracking store is).
+    assert main(["reproduce", str(study_dir)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "reproduced"
