@@ -427,9 +427,12 @@ def plan_study(
         "trials", "budget", "optional", "epochs" | "updates", "epochs_by_batch_size",
         "updates_by_batch_size", "slots", "trial_s" (mean), "trial_s_min", "trial_s_max",
         "cpu_hours", "gpu_hours", "wall_s", "upper_bound"}], "calibration": {...}}``.
-        ``trials`` equals the kind's ``total_trials(spec)``: every phase but the optional ones (a
-        learning-rate range extension runs only when a tuned rate sits on its grid's edge);
-        ``trials_max`` / ``wall_s_max`` / ``*_hours_max`` count every extension too.
+        ``trials`` / ``wall_s`` / ``*_hours``: no learning-rate range extension firing (one runs only
+        when a tuned rate sits on its grid's edge) and, for a sequential spec, every look run to
+        ``max_seeds`` (a fixed design: the kind's ``total_trials(spec)``); ``trials_max`` /
+        ``wall_s_max`` / ``*_hours_max`` count every extension too; a sequential spec also gets
+        ``trials_expected`` / ``wall_s_expected`` / ``*_hours_expected``, the looks it is expected to
+        run. Each count is what one real run can do, so each wall time can be held against one.
 
     Raises:
         ValueError: the cluster cannot start a trial, or a step time is missing with ``calibrate=False``.
@@ -543,7 +546,7 @@ def plan_study(
         max_cpu_h += cpu_h
         max_gpu_h += gpu_h
         wall_max += phase_wall
-        if not ph.optional:
+        if not ph.optional or getattr(ph, "look", False):
             total_cpu_h += cpu_h
             total_gpu_h += gpu_h
             wall += phase_wall
@@ -561,6 +564,7 @@ def plan_study(
             "trials": len(ph.configs),
             "budget": budget,
             "optional": ph.optional,
+            "look": bool(getattr(ph, "look", False)),
         }
         if budget == "epochs":
             entry["epochs"] = max(e for _, e in epochs_b)
@@ -591,7 +595,7 @@ def plan_study(
     out = {
         "study": getattr(spec, "name", None),
         "kind": kind_for(spec).name,
-        "trials": sum(len(ph.configs) for ph in phases if not ph.optional),
+        "trials": sum(len(ph.configs) for ph in phases if not ph.optional or getattr(ph, "look", False)),
         "trials_max": sum(len(ph.configs) for ph in phases),
         "cpu_hours": total_cpu_h,
         "gpu_hours": total_gpu_h,
@@ -616,7 +620,8 @@ def _expected_cost(
     """Expected trials, hours and wall time of a sequential spec, under no effect and under
     ``min_effect`` (:func:`studies.stats.expected_seeds`; the per-seed values' sd taken as
     ``min_effect``, i.e. a 1-SD effect, since no pilot says otherwise); ``trials_expected`` etc. are
-    the larger of the two. The looks after the first cost in proportion to the seeds they add."""
+    the larger of the two. The looks after the first cost in proportion to the seeds they add
+    (``plan`` counts every look: the first look alone is ``plan`` less ``look_cost``)."""
     from studies.stats import expected_seeds
 
     schedule = seq.schedule()
@@ -636,12 +641,9 @@ def _expected_cost(
             prior_scale=seq.prior_scale,
         )
         share = (seeds - first) / (top - first) if top > first else 0.0
-        scenarios[name] = {
-            "seeds": seeds,
-            "trials": plan["trials"] + share * look_cost["trials"],
-            "wall_s": plan["wall_s"] + share * look_cost["wall_s"],
-            "cpu_hours": plan["cpu_hours"] + share * look_cost["cpu_hours"],
-            "gpu_hours": plan["gpu_hours"] + share * look_cost["gpu_hours"],
+        scenarios[name] = {"seeds": seeds} | {
+            key: plan[key] - (1.0 - share) * look_cost[key]
+            for key in ("trials", "wall_s", "cpu_hours", "gpu_hours")
         }
     worst = max(scenarios.values(), key=lambda sc: sc["trials"])
     return {

@@ -29,8 +29,10 @@ CAL: dict[str, Any] = {"step_s": {"*": 0.01}, "eval_s": 0.1, "setup_s": 0.5}
 def test_trials_equal_the_kinds_total_trials(kind: str, preset: str | None) -> None:
     spec = load_study(Path(__file__).resolve().parents[2] / KINDS[kind].example[0], preset=preset)
     plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=8)
-    assert plan["trials"] == KINDS[kind].total_trials(spec)
-    assert sum(p["trials"] for p in plan["phases"] if not p["optional"]) == plan["trials"]
+    # no extension firing; every look of a sequential spec (the kind's count is its first look's)
+    looks = sum(p["trials"] for p in plan["phases"] if p["look"])
+    assert plan["trials"] == KINDS[kind].total_trials(spec) + looks
+    assert sum(p["trials"] for p in plan["phases"] if not p["optional"] or p["look"]) == plan["trials"]
     # trials_max: every learning-rate range extension firing (optional phases, one per round)
     assert sum(p["trials"] for p in plan["phases"]) == plan["trials_max"] >= plan["trials"]
     assert plan["wall_s_max"] >= plan["wall_s"] and plan["cpu_hours_max"] >= plan["cpu_hours"]
@@ -271,10 +273,12 @@ def test_a_sequential_spec_plans_its_looks_and_expected_cost() -> None:
     looks = spec.sequential.schedule()
     names = [p["name"] for p in plan["phases"] if p["optional"] and "-look" in p["name"]]
     assert names == [f"confirm-{b}-look{j}" for b in spec.budgets for j in range(2, len(looks) + 1)]
-    assert plan["trials"] == spec.total_trials  # no extension, the first look only
+    assert plan["trials"] == spec.tuning_trials + spec.confirmatory_trials_max  # no extension, every look
     assert plan["trials_max"] == spec.tuning_trials + spec.extension_trials_max + spec.confirmatory_trials_max
-    assert plan["trials"] <= plan["trials_expected"] <= plan["trials_max"]
-    assert plan["wall_s"] <= plan["wall_s_expected"] <= plan["wall_s_max"]
+    assert spec.total_trials <= plan["trials_expected"] <= plan["trials"] <= plan["trials_max"]
+    first_look = [p for p in plan["phases"] if not p["optional"]]
+    assert plan["wall_s_expected"] >= sum(p["wall_s"] for p in first_look)
+    assert plan["wall_s_expected"] <= plan["wall_s"] <= plan["wall_s_max"]
     for scenario in ("no_effect", "min_effect"):
         assert looks[0] <= plan["expected"][scenario]["seeds"] <= looks[-1]
     fixed = plan_study(
