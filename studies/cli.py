@@ -435,7 +435,11 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             entrypoint=entrypoint,
             runtime_env=runtime_env,
             submission_id=args.job_id,
-            metadata={"autonorm.study": spec.name, "autonorm.spec_hash": spec.hash()},
+            metadata={
+                "autonorm.study_name": spec.name,
+                "autonorm.kind": kind_for(spec).name,
+                "autonorm.spec_hash": spec.hash(),
+            },
         )
     except Exception as e:  # the service boundary: unreachable, refused, unauthenticated (RayError)
         print(f"submit failed: {type(e).__name__}: {e}", file=sys.stderr)

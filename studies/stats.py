@@ -37,6 +37,7 @@ __all__ = [
     "expected_seeds",
     "holm",
     "log_n_permutations",
+    "mean_interval",
     "min_sign_flip_p",
     "mixture_log_e_values",
     "ols_slope",
@@ -141,6 +142,19 @@ def t_interval(d: np.ndarray, confidence: float) -> tuple[float, float]:
         return mean, mean
     half = float(stats.t.ppf(0.5 + confidence / 2.0, df=d.size - 1)) * sem
     return mean - half, mean + half
+
+
+def mean_interval(values: Sequence[float] | np.ndarray, confidence: float) -> tuple[float, float, float, int]:
+    """``(mean, ci_low, ci_high, n)`` of the finite ``values``: their mean and two-sided t-interval
+    (:func:`t_interval`); NaN bounds below two values, all NaN for none."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return math.nan, math.nan, math.nan, 0
+    if v.size < 2:
+        return float(v.mean()), math.nan, math.nan, 1
+    lo, hi = t_interval(v, confidence)
+    return float(v.mean()), lo, hi, int(v.size)
 
 
 def seed_interval(

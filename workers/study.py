@@ -248,9 +248,15 @@ class StudyRunner:
         from workers.interrupts import raise_if_interrupted
 
         raise_if_interrupted()  # a signal between phases: no new phase
+        from workers.tracking import TAG_PHASE, TAG_STUDY_KEY, TAG_STUDY_NAME
+
         phase = plan.name if phase is None else phase
         tags = dict(plan.tags)
-        tags["autonorm.phase"] = phase
+        tags[TAG_PHASE] = phase
+        # One study, one key and name on every run: the phase run and its trial runs carry the study
+        # run's (the phase run is found again by its own ``autonorm.run_key``).
+        tags[TAG_STUDY_KEY] = self.tracker.key
+        tags.setdefault(TAG_STUDY_NAME, self.name)
         if nested:
             plan = self.phase_plan(plan)
         else:
@@ -272,6 +278,34 @@ class StudyRunner:
             self.tracker.run_id = result.parent_run_id
         self.results.append((phase, plan, result))
         return result
+
+    def log_summaries(self, phase: str, summaries: Iterable[Any]) -> list[str]:
+        """One summary run per arm under the run of ``phase`` (which this runner ran): each item has
+        ``arm`` and ``metrics`` (``key -> [(step, value), ...]``), e.g.
+        :func:`studies.summaries.arm_summaries`. The runs carry the phase run's study-wide tags, its
+        phase and budget. An MLflow failure is logged (the study's files do not depend on them).
+        Returns the summary runs' ids."""
+        from workers.tracking import STUDY_WIDE_TAGS, TAG_PHASE
+
+        ran = [(plan, result) for name, plan, result in self.results if name == phase]
+        if not ran or not ran[-1][1].parent_run_id:
+            logger.error("no MLflow run of phase %r to put its summary runs under", phase)
+            return []
+        plan, result = ran[-1]
+        assert result.parent_run_id is not None
+        keep = (*STUDY_WIDE_TAGS, TAG_PHASE, "autonorm.budget")
+        tags = {k: v for k, v in plan.tags if k in keep}
+        ids = []
+        try:
+            for summary in summaries:
+                ids.append(
+                    self.tracker.log_summary(
+                        result.parent_run_id, arm=str(summary.arm), metrics=summary.metrics, tags=tags
+                    )
+                )
+        except Exception as exc:
+            logger.error("could not log the summary runs of %s to MLflow: %s", phase, exc)
+        return ids
 
     def log_outputs(
         self,

@@ -154,6 +154,9 @@ def build_plan(
     scheduler = search.scheduler
     tags: list[tuple[str, str]] = [
         ("autonorm.spec_hash", spec_hash(document)),
+        # Every run of the study: its name (the spec's, whatever plan this is) and kind.
+        *((("autonorm.study_name", str(document["name"])),) if document.get("name") else ()),
+        *((("autonorm.kind", str(document["kind"])),) if document.get("kind") else ()),
         ("autonorm.git_commit", git_commit(env)),
         *_versions(),
     ]

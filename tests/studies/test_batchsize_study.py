@@ -331,6 +331,8 @@ def test_status_report_and_resume_work_on_the_study_directory(
     exp = client.get_run(out.parent_run_id).info.experiment_id  # type: ignore[arg-type]
     trials = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'trial'")
     assert len(trials) == spec.total_trials  # nothing duplicated
+    summaries = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'summary'")
+    assert sorted(r.info.run_name for r in summaries) == sorted(spec.arms)  # none added by resume
 
 
 @pytest.mark.ray
@@ -429,6 +431,83 @@ def test_smoke_mlflow_one_study_run_phases_nested_every_trial_a_leaf(
     assert tags["verdict/study"] == out.verdict["study_verdict"]  # type: ignore[index]
     artifacts = {a.path for a in client.list_artifacts(out.parent_run_id)}
     assert {"verdict.json", "report.md", "report.html", "lr_tuning.json", "forest.png"} <= artifacts
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_smoke_mlflow_one_tag_selects_the_study_and_summary_runs_draw_arms_against_batch_size(
+    smoke: tuple[BatchSizeStudySpec, StudyOutcome],
+) -> None:
+    """Issue 26's MLflow items on the smoke: one key/name on every run, phase tags = phase folders,
+    no template in a tag, the training view, per-arm summary runs at step = B equal to trials.csv."""
+    import pandas as pd
+    from mlflow import MlflowClient
+
+    spec, out = smoke
+    client = MlflowClient(tracking_uri=out.tracking_uri)
+    study = client.get_run(out.parent_run_id)  # type: ignore[arg-type]
+    exp = client.get_experiment(study.info.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    by_role: dict[str, list[Any]] = {}
+    for r in runs:
+        by_role.setdefault(r.data.tags["autonorm.role"], []).append(r)
+    assert {k: len(v) for k, v in by_role.items()} == {
+        "study": 1,
+        "phase": 2,
+        "trial": spec.total_trials,
+        "summary": len(spec.arms),  # one per arm under the one confirmatory phase; resume added none
+    }
+    key = study.data.tags["autonorm.study_key"]
+    for r in runs:
+        tags = r.data.tags
+        assert tags["autonorm.study_key"] == key, (r.info.run_name, tags["autonorm.role"])
+        assert tags["autonorm.study_name"] == spec.name
+        assert tags["autonorm.kind"] == "batchsize"
+        assert "autonorm.study" not in tags
+        assert not [k for k, v in tags.items() if "{" in v], r.info.run_name
+    assert len(client.search_runs([exp.experiment_id], f"tags.`autonorm.study_key` = '{key}'")) == len(runs)
+    folders = {p.name for p in Path(out.study_dir).iterdir() if p.is_dir()}
+    for r in by_role["phase"] + by_role["trial"] + by_role["summary"]:
+        assert r.data.tags["autonorm.phase"] in folders
+    assert "autonorm.phase" not in study.data.tags and "autonorm.budget" not in study.data.tags
+
+    (confirm,) = [r for r in by_role["phase"] if r.info.run_name == "confirm-epochs"]
+    table = pd.read_csv(Path(out.study_dir) / "trials.csv")
+    metric = spec.analysis.metric
+    expected = table.groupby(["arm", "batch_size"])[metric].mean()
+    assert {r.info.run_name for r in by_role["summary"]} == set(spec.arms)
+    for r in by_role["summary"]:
+        arm = r.info.run_name
+        assert r.data.tags["autonorm.arm"] == arm and r.info.status == "FINISHED"
+        assert r.data.tags["mlflow.parentRunId"] == confirm.info.run_id
+        assert r.data.tags["autonorm.phase"] == "confirm-epochs"
+        hist = {
+            k: client.get_metric_history(r.info.run_id, f"{metric}_{k}")
+            for k in ("mean", "ci_low", "ci_high")
+        }
+        mean = {m.step: m.value for m in hist["mean"]}
+        assert len(hist["mean"]) == len(spec.batch_sizes)  # one point per batch size
+        assert sorted(mean) == sorted(spec.batch_sizes)
+        for b, value in mean.items():
+            assert value == pytest.approx(expected[(arm, b)], abs=1e-9)
+        low = {m.step: m.value for m in hist["ci_low"]}
+        high = {m.step: m.value for m in hist["ci_high"]}
+        assert sorted(low) == sorted(high) == sorted(spec.batch_sizes)
+        assert all(low[b] <= mean[b] <= high[b] for b in mean)
+    # The numbers the verdict rests on, once each; no duplicated cost metrics.
+    metrics = study.data.metrics
+    assert {"wall_time_s", "cpu_hours", "gpu_hours"}.isdisjoint(metrics)
+    assert {"actual_wall_s", "actual_cpu_hours", "actual_trials"} <= set(metrics)
+    arms = out.verdict["arms"]  # type: ignore[index]
+    for arm in spec.fix_arms:
+        res = arms[arm]
+        assert metrics[f"slope/{arm}"] == pytest.approx(res["slope"])
+        assert metrics[f"slope_ci_low/{arm}"] == pytest.approx(res["slope_ci"][0])
+        assert metrics[f"slope_ci_high/{arm}"] == pytest.approx(res["slope_ci"][1])
+        assert metrics[f"interaction_ci_low/{arm}"] == pytest.approx(res["interaction_ci"][0])
+        assert metrics[f"spearman_rho/{arm}"] == pytest.approx(res["spearman_rho"])
+        assert metrics[f"p_value_holm/{arm}"] == pytest.approx(res["p_value_holm"])
 
 
 # ---- a planted world: the statistics see what was planted, through every phase ---------------------

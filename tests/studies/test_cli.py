@@ -378,7 +378,10 @@ def test_submit_wires_working_dir_env_and_auth(
     assert f"storage_path={ROOT / 'runs'}" in [
         a.replace('"', "") for a in args
     ]  # absolute, not the job's tmp copy
-    assert job["metadata"]["autonorm.study"] == "autonorm_search"
+    # The same names as the MLflow tags: the study's name and its kind, never one key for both.
+    assert job["metadata"]["autonorm.study_name"] == "autonorm_search"
+    assert job["metadata"]["autonorm.kind"] == "search"
+    assert "autonorm.study" not in job["metadata"]
     captured = capsys.readouterr()
     assert "raysubmit_123" in captured.out and "job raysubmit_123: SUCCEEDED" in captured.out
     assert "[study] trials 1/2 done\nstudy done\n" in captured.out  # the streamed log, in order

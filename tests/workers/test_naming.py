@@ -64,11 +64,27 @@ def test_trial_tags_come_from_the_plan_tags() -> None:
         {
             "autonorm.phase": "confirmatory",
             "autonorm.spec_hash": "abc",
+            "autonorm.study_key": "k",
+            "autonorm.study_name": "s",
+            "autonorm.kind": "batchsize",
+            "autonorm.budget": "epochs",
             "autonorm.trial_tag.arm": "{model.layer.type}",
         }
     )
-    assert parent == {"autonorm.phase": "confirmatory", "autonorm.spec_hash": "abc"}
-    assert trial == {"autonorm.phase": "confirmatory", "autonorm.arm": "{model.layer.type}"}
+    study_wide = {"autonorm.spec_hash": "abc", "autonorm.study_key": "k", "autonorm.study_name": "s"}
+    assert parent == {
+        "autonorm.phase": "confirmatory",
+        "autonorm.budget": "epochs",
+        "autonorm.kind": "batchsize",
+        **study_wide,
+    }
+    # The study-wide tags go on every trial run as they are; the template only on the trial runs.
+    assert trial == {
+        "autonorm.phase": "confirmatory",
+        "autonorm.arm": "{model.layer.type}",
+        "autonorm.kind": "batchsize",
+        **study_wide,
+    }
 
 
 def test_source_tags(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -121,11 +121,18 @@ def test_parent_children_metrics_params_and_whitelist(tmp_path: Path) -> None:
     assert [f.path for f in client.list_artifacts(parent_id)] == ["spec.yaml"]
     exp = client.get_experiment_by_name("exp")
     assert exp is not None and exp.artifact_location == f"file://{tmp_path}/artifacts"
+    # MLflow 3 opens it in the training view (runs table), not the GenAI one.
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    key = study_key(str(tmp_path / "study"))
+    assert parent.data.tags["autonorm.run_key"] == parent.data.tags["autonorm.study_key"] == key
 
     children = {r.data.tags[TAG_TRIAL_ID]: r for r in _runs(client, "trial")}
     assert set(children) == {"a0001", "b0002"}
     for run in children.values():
         assert run.data.tags["mlflow.parentRunId"] == parent_id
+        # One filter selects the study: its trial runs carry its key and spec hash.
+        assert run.data.tags["autonorm.study_key"] == key
+        assert run.data.tags["autonorm.spec_hash"] == "abc123"
         assert run.info.status == "FINISHED"
         assert set(run.data.metrics) == {"epoch", "val_accuracy", "train_loss", "gate_entropy/layer_0"}
     assert children["a0001"].data.tags[TAG_TRIAL_STATUS] == "completed"
@@ -134,6 +141,36 @@ def test_parent_children_metrics_params_and_whitelist(tmp_path: Path) -> None:
     assert children["a0001"].data.params == {"training.epochs": "3", "training.lr": "0.01", "seed": "3"}
     history = client.get_metric_history(children["a0001"].info.run_id, "val_accuracy")
     assert sorted((m.step, round(m.value, 6)) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.3)]
+
+
+def test_phase_run_carries_the_study_key_and_is_found_by_its_own(tmp_path: Path) -> None:
+    """A phase run (study key from its plan's tags) is found again by its run key, not the study's:
+    two phases of one study share ``autonorm.study_key`` and still get one run each."""
+    client = MlflowClient(default_tracking_uri(tmp_path))
+    exp_id = client.create_experiment("exp")  # made elsewhere: the study marks it anyway
+    assert "mlflow.experimentKind" not in client.get_experiment(exp_id).tags
+    ids = []
+    for phase in ("tune", "confirm"):
+        cb = _callback(
+            tmp_path,
+            key=study_key(str(tmp_path / "study" / phase)),
+            role="phase",
+            parent_tags={"autonorm.study_key": "s" * 16, "autonorm.phase": phase},
+        )
+        ids.append(cb.prepare(fresh=True))
+        assert (
+            _callback(
+                tmp_path,
+                key=study_key(str(tmp_path / "study" / phase)),
+                role="phase",
+                parent_tags={"autonorm.study_key": "s" * 16},
+            ).prepare(fresh=False)
+            == ids[-1]
+        )
+    assert ids[0] != ids[1]
+    runs = client.search_runs([exp_id], filter_string="tags.`autonorm.study_key` = 'ssssssssssssssss'")
+    assert sorted(r.data.tags["autonorm.phase"] for r in runs) == ["confirm", "tune"]
+    assert client.get_experiment(exp_id).tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 def test_restored_copy_reattaches_and_skips_logged_epochs(tmp_path: Path) -> None:

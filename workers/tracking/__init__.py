@@ -13,8 +13,9 @@ metric, logs Ray internals, makes no parent run and duplicates runs after ``Tune
 * Nothing is remembered across processes. ``Tuner.restore`` brings back the callback pickled at
   the first start; pickling drops the client and every cache, and :meth:`setup` rebuilds the
   ``trial_id -> run`` map by searching the parent's children for their ``ray.trial_id`` tag.
-* The parent is found again by a stable key (``autonorm.study_key``, a hash of the experiment
-  path), never stored.
+* The parent is found again by a stable key (``autonorm.run_key``, a hash of the experiment
+  path), never stored. Every run of a study also carries the study's own key
+  (``autonorm.study_key``, the study run's ``autonorm.run_key``), name and kind.
 * A child is created at its trial's first result; metrics are logged with ``step = epoch`` (the
   trial's own epoch, which survives restarts) and epochs already logged are skipped.
 * Runs are closed at the end: children still RUNNING as FINISHED (or FAILED / KILLED), the parent in
@@ -42,17 +43,25 @@ from __future__ import annotations
 from workers.tracking.callback import MlflowTrackingCallback
 from workers.tracking.names import (
     DEFAULT_UI,
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
     ROLE_PHASE,
     ROLE_STUDY,
+    ROLE_SUMMARY,
     ROLE_TRIAL,
     SOURCE_GIT_COMMIT,
     SOURCE_NAME,
     SOURCE_TYPE,
+    STUDY_WIDE_TAGS,
     TAG_ARM,
+    TAG_KIND,
     TAG_PARENT,
     TAG_PHASE,
     TAG_ROLE,
+    TAG_RUN_KEY,
+    TAG_SPEC_HASH,
     TAG_STUDY_KEY,
+    TAG_STUDY_NAME,
     TAG_TRIAL_ID,
     TAG_TRIAL_STATUS,
     TAG_UNDELIVERED,
@@ -79,17 +88,25 @@ from workers.tracking.writer import MlflowWriter, RetryPolicy
 
 __all__ = [
     "DEFAULT_UI",
+    "EXPERIMENT_KIND",
+    "EXPERIMENT_KIND_TAG",
     "ROLE_PHASE",
     "ROLE_STUDY",
+    "ROLE_SUMMARY",
     "ROLE_TRIAL",
     "SOURCE_GIT_COMMIT",
     "SOURCE_NAME",
     "SOURCE_TYPE",
+    "STUDY_WIDE_TAGS",
     "TAG_ARM",
+    "TAG_KIND",
     "TAG_PARENT",
     "TAG_PHASE",
     "TAG_ROLE",
+    "TAG_RUN_KEY",
+    "TAG_SPEC_HASH",
     "TAG_STUDY_KEY",
+    "TAG_STUDY_NAME",
     "TAG_TRIAL_ID",
     "TAG_TRIAL_STATUS",
     "TAG_UNDELIVERED",

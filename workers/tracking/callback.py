@@ -45,7 +45,8 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
     Args:
         tracking_uri: resolved MLflow URI (absolute sqlite path or server URL).
         experiment_name: MLflow experiment (the study name).
-        key: the study's stable key (:func:`study_key` of the experiment path).
+        key: the parent run's stable key (:func:`study_key` of the experiment path, its
+            ``autonorm.run_key``); also its ``autonorm.study_key`` unless ``parent_tags`` set one.
         base_config: the plan's base trial config; child params are the resolved trial config.
         metric_whitelist: prefixes of result keys logged as metrics (``epoch`` always is).
         artifact_location: artifact root for a newly created experiment.

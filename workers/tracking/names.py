@@ -19,6 +19,16 @@ from workers.trainable import config_from_result
 
 TAG_ROLE = "autonorm.role"
 TAG_STUDY_KEY = "autonorm.study_key"
+"""The study's key (:func:`study_key` of the study directory), the same on every run of the study:
+study, phase, trial and summary runs. ``tags.`autonorm.study_key` = '<key>'`` selects one study."""
+TAG_RUN_KEY = "autonorm.run_key"
+"""The key a study or phase run is found again by (:func:`study_key` of its Tune experiment path);
+for a study run (or a one-plan study) equal to its ``autonorm.study_key``."""
+TAG_STUDY_NAME = "autonorm.study_name"
+"""The spec's ``name``, on every run of the study."""
+TAG_KIND = "autonorm.kind"
+"""The study's kind (``batchsize``, ``search``), on every run of the study."""
+TAG_SPEC_HASH = "autonorm.spec_hash"
 TAG_TRIAL_ID = "ray.trial_id"
 TAG_TRIAL_STATUS = "autonorm.trial_status"
 TAG_PARENT = "mlflow.parentRunId"
@@ -26,8 +36,18 @@ TAG_UNDELIVERED = "autonorm.undelivered_trials"
 ROLE_STUDY = "study"
 ROLE_PHASE = "phase"
 ROLE_TRIAL = "trial"
+ROLE_SUMMARY = "summary"
+"""A per-arm summary run under a phase run (means and CIs over seeds, ``step`` = the phase's axis):
+never a trial (``plan``, ``status``, ``expected_trials`` and trial counts read ``role=trial`` only)."""
 TAG_PHASE = "autonorm.phase"
 TAG_ARM = "autonorm.arm"
+STUDY_WIDE_TAGS = (TAG_STUDY_KEY, TAG_STUDY_NAME, TAG_KIND, TAG_SPEC_HASH)
+"""Tags a plan's run passes on to each of its trial runs, as they are (with ``autonorm.phase`` and
+``autonorm.arm``)."""
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+"""Every experiment a study creates or writes to carries ``mlflow.experimentKind=custom_model_development``:
+MLflow 3 opens it in its training view (runs table, charts), not the GenAI view."""
 TRIAL_TAG_PREFIX = "autonorm.trial_tag."
 """A plan tag ``autonorm.trial_tag.<name>`` is not put on the plan's run: each trial run gets the tag
 ``autonorm.<name>``, its value a :func:`render_run_name` template (``{model.layer.type}``)."""
@@ -111,12 +131,12 @@ class TrialNamer:
 def trial_tag_templates(plan_tags: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """Split a plan's tags into ``(tags of the plan's run, tag templates of every trial run)``.
 
-    Trial runs get the plan's ``autonorm.phase`` and ``autonorm.arm`` as they are, and
-    ``autonorm.<name>`` for every ``autonorm.trial_tag.<name>`` (a template, rendered per trial),
-    which does not go on the plan's run.
+    Trial runs get the plan's ``autonorm.phase``, ``autonorm.arm`` and :data:`STUDY_WIDE_TAGS` as they
+    are, and ``autonorm.<name>`` for every ``autonorm.trial_tag.<name>`` (a template, rendered per
+    trial), which does not go on the plan's run.
     """
     parent = {k: v for k, v in plan_tags.items() if not k.startswith(TRIAL_TAG_PREFIX)}
-    trial = {k: v for k, v in parent.items() if k in (TAG_PHASE, TAG_ARM)}
+    trial = {k: v for k, v in parent.items() if k in (TAG_PHASE, TAG_ARM, *STUDY_WIDE_TAGS)}
     for key, value in plan_tags.items():
         if key.startswith(TRIAL_TAG_PREFIX):
             trial[f"autonorm.{key[len(TRIAL_TAG_PREFIX) :]}"] = value

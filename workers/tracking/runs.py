@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from workers.tracking.names import (
     ROLE_TRIAL,
+    STUDY_WIDE_TAGS,
     TAG_PARENT,
     TAG_ROLE,
+    TAG_RUN_KEY,
     TAG_STUDY_KEY,
     TAG_TRIAL_ID,
     render_run_name,
@@ -63,7 +65,12 @@ class TrialRuns(OutageBackoff):
         return self._parent_id
 
     def _find_parent(self) -> Any | None:
-        runs = self._search(f"tags.`{TAG_STUDY_KEY}` = '{self.key}' and tags.`{TAG_ROLE}` = '{self.role}'")
+        runs = self._search(f"tags.`{TAG_RUN_KEY}` = '{self.key}' and tags.`{TAG_ROLE}` = '{self.role}'")
+        if not runs:  # a run made before runs carried their own key: its study key was its run key
+            runs = self._search(
+                f"tags.`{TAG_STUDY_KEY}` = '{self.key}' and tags.`{TAG_ROLE}` = '{self.role}'"
+            )
+            runs = [r for r in runs if TAG_RUN_KEY not in r.data.tags]
         if not runs:
             return None
         return min(runs, key=lambda r: r.info.start_time or 0)
@@ -85,7 +92,9 @@ class TrialRuns(OutageBackoff):
         if parent is not None and fresh and self._children_of(parent.info.run_id):
             old = parent.info.run_id
             logger.warning("experiment state is gone; superseding the previous parent run %s", old)
-            self._call(self.client.set_tag, old, TAG_STUDY_KEY, f"{self.key}:superseded")
+            for tag in (TAG_RUN_KEY, TAG_STUDY_KEY):
+                value = parent.data.tags.get(tag, self.key)
+                self._call(self.client.set_tag, old, tag, f"{value}:superseded")
             for run in self._children_of(old):
                 if run.info.status == "RUNNING":
                     self._call(self.client.set_terminated, run.info.run_id, "KILLED")
@@ -93,7 +102,7 @@ class TrialRuns(OutageBackoff):
                 self._call(self.client.set_terminated, old, "KILLED")
             parent = None
         if parent is None:
-            tags = {TAG_ROLE: self.role, TAG_STUDY_KEY: self.key, **source_tags(), **self.parent_tags}
+            tags = {**self._own_tags(), **source_tags(), **self.parent_tags}
             if self.nest_under:
                 tags[TAG_PARENT] = self.nest_under
             run = self._call(self.client.create_run, experiment_id, tags=tags, run_name=self.study_name)
@@ -110,13 +119,19 @@ class TrialRuns(OutageBackoff):
             if parent.info.status != "RUNNING":
                 self._call(self.client.update_run, parent_id, status="RUNNING")
             if log_artifacts:
-                tags_list = [RunTag(k, str(v)) for k, v in {**source_tags(), **self.parent_tags}.items()]
+                tags = {**self._own_tags(), **source_tags(), **self.parent_tags}
+                tags_list = [RunTag(k, str(v)) for k, v in tags.items()]
                 self._call(self.client.log_batch, parent_id, tags=tags_list)
         if log_artifacts or not self._artifacts_logged:
             for name, text in self.artifacts.items():
                 self._call(self.client.log_text, parent_id, text, name)
             self._artifacts_logged = True
         return parent_id
+
+    def _own_tags(self) -> dict[str, str]:
+        """The parent run's role and keys; the plan's tags may set the study key (a phase run's is
+        the study run's key), else it is the run's own."""
+        return {TAG_ROLE: self.role, TAG_RUN_KEY: self.key, TAG_STUDY_KEY: self.key}
 
     def _children_of(self, parent_id: str) -> list[Any]:
         return self._search(f"tags.`{TAG_PARENT}` = '{parent_id}' and tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'")
@@ -170,6 +185,7 @@ class TrialRuns(OutageBackoff):
         index = trial_index(trial)
         tags = {
             **source_tags(),
+            **{k: v for k, v in self.parent_tags.items() if k in STUDY_WIDE_TAGS},
             **{
                 k: render_run_name(v, config, index if index is not None else trial.trial_id)
                 for k, v in getattr(self, "trial_tags", {}).items()
@@ -177,8 +193,8 @@ class TrialRuns(OutageBackoff):
             TAG_ROLE: ROLE_TRIAL,
             TAG_TRIAL_ID: trial.trial_id,
             TAG_PARENT: self._parent_id,
-            TAG_STUDY_KEY: self.key,
         }
+        tags.setdefault(TAG_STUDY_KEY, self.key)
         node_id = (trial.last_result or {}).get("node_id")
         if node_id:
             tags["autonorm.node_id"] = str(node_id)

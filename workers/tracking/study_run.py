@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from workers.tracking.names import ROLE_STUDY, TAG_ROLE, TAG_STUDY_KEY, source_tags
+from workers.tracking.names import (
+    ROLE_STUDY,
+    ROLE_SUMMARY,
+    TAG_ARM,
+    TAG_PARENT,
+    TAG_PHASE,
+    TAG_ROLE,
+    TAG_RUN_KEY,
+    TAG_STUDY_KEY,
+    TRIAL_TAG_PREFIX,
+    source_tags,
+)
 from workers.tracking.store import check_tracking_uri
 from workers.tracking.writer import MlflowWriter, RetryPolicy
 
@@ -52,7 +63,16 @@ class StudyTracker(MlflowWriter):
         from mlflow.entities import Param, RunTag
 
         experiment_id = self._ensure_experiment()
-        found = self._search(f"tags.`{TAG_STUDY_KEY}` = '{self.key}' and tags.`{TAG_ROLE}` = '{ROLE_STUDY}'")
+        # A phase's tags (its phase, trial-tag templates) are no study run's.
+        tags = {
+            k: v for k, v in (tags or {}).items() if k != TAG_PHASE and not k.startswith(TRIAL_TAG_PREFIX)
+        }
+        own = {TAG_ROLE: ROLE_STUDY, TAG_RUN_KEY: self.key, TAG_STUDY_KEY: self.key}
+        found = self._search(f"tags.`{TAG_RUN_KEY}` = '{self.key}' and tags.`{TAG_ROLE}` = '{ROLE_STUDY}'")
+        if not found:  # made before runs carried their own key
+            found = self._search(
+                f"tags.`{TAG_STUDY_KEY}` = '{self.key}' and tags.`{TAG_ROLE}` = '{ROLE_STUDY}'"
+            )
         if found:
             run = min(found, key=lambda r: r.info.start_time or 0)
             self.run_id = run.info.run_id
@@ -60,13 +80,13 @@ class StudyTracker(MlflowWriter):
             if run.info.status != "RUNNING":
                 self._call(self.client.update_run, self.run_id, status="RUNNING")
         else:
-            all_tags = {TAG_ROLE: ROLE_STUDY, TAG_STUDY_KEY: self.key, **source_tags(), **dict(tags or {})}
+            all_tags = {**own, **source_tags(), **tags}
             run = self._call(self.client.create_run, experiment_id, tags=all_tags, run_name=self.run_name)
             self.run_id = run.info.run_id
             existing = {}
         # Params are immutable in MLflow: only the ones the run does not have yet.
         new_params = [Param(k, str(v)[:6000]) for k, v in (params or {}).items() if k not in existing]
-        tag_items = [RunTag(k, str(v)) for k, v in {**source_tags(), **dict(tags or {})}.items()]
+        tag_items = [RunTag(k, str(v)) for k, v in {**own, **source_tags(), **tags}.items()]
         for i in range(0, max(len(new_params), 1), 100):
             self._call(self.client.log_batch, self.run_id, params=new_params[i : i + 100], tags=tag_items)
             tag_items = []
@@ -108,6 +128,63 @@ class StudyTracker(MlflowWriter):
                 params=param_items if i == 0 else [],
                 attempts=attempts,
             )
+
+    def log_summary(
+        self,
+        parent_run_id: str,
+        *,
+        arm: str,
+        metrics: Mapping[str, Sequence[tuple[int, float]]],
+        tags: Mapping[str, str] | None = None,
+    ) -> str:
+        """One arm's summary run under ``parent_run_id`` (a phase run): ``autonorm.role=summary``,
+        named ``arm``, tagged ``autonorm.arm`` and the study-wide tags, ``metrics[key]`` logged as
+        ``(step, value)`` points (non-finite values left out). Found again by parent and arm, so a
+        resumed study adds no second one and re-logs no point it already has. Returns its run id."""
+        from mlflow.entities import Metric, RunTag
+
+        experiment_id = self._ensure_experiment()
+        found = self._search(
+            f"tags.`{TAG_PARENT}` = '{parent_run_id}' and tags.`{TAG_ROLE}` = '{ROLE_SUMMARY}' "
+            f"and tags.`{TAG_ARM}` = '{arm}'"
+        )
+        all_tags = {
+            **{k: v for k, v in (tags or {}).items() if not k.startswith(TRIAL_TAG_PREFIX)},
+            TAG_ROLE: ROLE_SUMMARY,
+            TAG_ARM: arm,
+            TAG_PARENT: parent_run_id,
+            TAG_STUDY_KEY: (tags or {}).get(TAG_STUDY_KEY, self.key),
+            **source_tags(),
+        }
+        logged: set[tuple[str, int]] = set()
+        if found:
+            run = min(found, key=lambda r: r.info.start_time or 0)
+            run_id = run.info.run_id
+            for key in run.data.metrics:
+                history = self._call(self.client.get_metric_history, run_id, key)
+                logged.update((key, int(m.step)) for m in history)
+        else:
+            run = self._call(self.client.create_run, experiment_id, tags=all_tags, run_name=arm)
+            run_id = run.info.run_id
+        now = int(time.time() * 1000)
+        items = [
+            Metric(key, float(value), now, int(step))
+            for key, points in metrics.items()
+            for step, value in points
+            if math.isfinite(float(value)) and (key, int(step)) not in logged
+        ]
+        tag_items = [RunTag(k, str(v)) for k, v in all_tags.items()] if found else []
+        attempts = self.retry.final_attempts
+        for i in range(0, max(len(items), 1), 1000):
+            self._call(
+                self.client.log_batch,
+                run_id,
+                metrics=items[i : i + 1000],
+                tags=tag_items if i == 0 else [],
+                attempts=attempts,
+            )
+        self._call(self.client.set_terminated, run_id, "FINISHED", attempts=attempts)
+        return run_id
 
     def close(self, status: str) -> None:
         if self.run_id is not None:

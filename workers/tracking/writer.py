@@ -142,25 +142,35 @@ class MlflowWriter:
                 return runs
 
     def _ensure_experiment(self) -> str:
+        """The experiment's id, created when missing; either way it is marked as a training experiment
+        (:data:`~workers.tracking.names.EXPERIMENT_KIND`), so MLflow opens it on its runs table."""
+        from workers.tracking.names import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+
         if self._experiment_id is None:
             artifact_root = self.artifact_location or ""
             ensure_sqlite_schema(self.tracking_uri, artifact_root=artifact_root or tempfile.gettempdir())
             experiment = self._call(self.client.get_experiment_by_name, self.experiment_name)
             if experiment is None:
                 try:
-                    self._experiment_id = self._call(
+                    experiment_id = self._call(
                         self.client.create_experiment,
                         self.experiment_name,
                         artifact_location=self.artifact_location,
+                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
                     )
                 except Exception:
                     # Another study created it in between: use theirs.
                     experiment = self.client.get_experiment_by_name(self.experiment_name)
                     if experiment is None:
                         raise
-                    self._experiment_id = experiment.experiment_id
+                    experiment_id = experiment.experiment_id
             else:
                 if experiment.lifecycle_stage == "deleted":
                     self._call(self.client.restore_experiment, experiment.experiment_id)
-                self._experiment_id = experiment.experiment_id
+                experiment_id = experiment.experiment_id
+            if experiment is not None and experiment.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+                self._call(
+                    self.client.set_experiment_tag, experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND
+                )
+            self._experiment_id = experiment_id
         return self._experiment_id

@@ -523,7 +523,6 @@ class BatchSizeStudySpec(BaseModel):
             seeds=(seeds[0],),
             **plan_settings(self),
             extra_tags=(
-                ("autonorm.study", "batchsize"),
                 ("autonorm.phase", name),
                 ("autonorm.budget", budget),
             ),
@@ -620,7 +619,12 @@ class BatchSizeStudySpec(BaseModel):
         return dataclasses.replace(
             plan,
             name=self.name,
-            tags=tuple((k, v) for k, v in plan.tags if k != "autonorm.phase"),  # the study run is no phase
+            # The study run is no phase and has no one budget; trial-tag templates are for trial runs.
+            tags=tuple(
+                (k, v)
+                for k, v in plan.tags
+                if k not in ("autonorm.phase", "autonorm.budget") and not k.startswith("autonorm.trial_tag.")
+            ),
             tracking=dataclasses.replace(plan.tracking, experiment=self.tracking.experiment or self.name),
         )
 

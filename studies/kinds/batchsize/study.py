@@ -267,17 +267,40 @@ def _verdict_tags(verdict: Mapping[str, Any]) -> dict[str, str]:
     return tags
 
 
+_VERDICT_NUMBERS = (
+    "slope",
+    "interaction",
+    "spearman_rho",
+    "p_value",
+    "p_value_holm",
+    "n",
+    "n_failed",
+    "n_seeds",
+)
+_VERDICT_CIS = ("slope_ci", "interaction_ci", "spearman_rho_ci")
+
+
 def _verdict_metrics(verdict: Mapping[str, Any]) -> dict[str, float]:
-    """Per-arm statistics as metrics: ``slope/<arm>``, or ``slope/<budget>/<arm>`` with several budgets."""
+    """The numbers the verdict rests on, once each: per arm ``<stat>/<arm>`` (``<stat>/<budget>/<arm>``
+    with several budgets) for the slope, interaction, Spearman rho, p and Holm p, counts, and each CI
+    as ``<stat>_ci_low/<arm>`` / ``<stat>_ci_high/<arm>``."""
     budgets = verdict.get("budgets") or {}
     sources = {f"{b}/": res for b, res in budgets.items()} if len(budgets) > 1 else {"": verdict}
     out = {}
+
+    def put(name: str, v: Any) -> None:
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            out[name] = float(v)
+
     for prefix, result in sources.items():
         for arm, res in result.get("arms", {}).items():
-            for key in ("slope", "interaction", "p_value", "p_value_holm", "n", "n_failed", "n_seeds"):
-                v = res.get(key)
-                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-                    out[f"{key}/{prefix}{arm}"] = float(v)
+            for key in _VERDICT_NUMBERS:
+                put(f"{key}/{prefix}{arm}", res.get(key))
+            for key in _VERDICT_CIS:
+                ci = res.get(key)
+                if isinstance(ci, list | tuple) and len(ci) == 2:
+                    put(f"{key}_low/{prefix}{arm}", ci[0])
+                    put(f"{key}_high/{prefix}{arm}", ci[1])
     return out
 
 
@@ -342,13 +365,26 @@ def _confirm(
     plan = spec.confirmatory_plan(budget, lr, look=look, environ=environ)
     _say(f"phase confirmatory ({budget} budget): {plan.name} (grid, FIFO, full budget)")
     confirmed = runner.run(plan)
-    return trials_table(
+    table = trials_table(
         confirmed.trials,
         metric=spec.analysis.metric,
         budget=budget,
         lr_record=record,
         lr_policy=spec.lr_policy,
     )
+    _log_summaries(spec, runner, plan.name, table)
+    return table
+
+
+def _log_summaries(spec: BatchSizeStudySpec, runner: Any, phase: str, table: Any) -> None:
+    """Under the confirmatory phase run, one summary run per arm: the analysis metric's mean over
+    seeds and its t-interval at step = batch size (MLflow then draws one line per arm against B)."""
+    from studies.summaries import arm_summaries
+
+    summaries = arm_summaries(
+        table, metrics=[spec.analysis.metric], axis="batch_size", confidence=spec.analysis.confidence
+    )
+    runner.log_summaries(phase, summaries)
 
 
 def _run_looks(
@@ -453,16 +489,11 @@ def run(
         out_dir = runner.local_dir()
         files = _write_outputs(spec, verdict, table, out_dir, lr_records, (runner.wall_time_s, cpu_h, gpu_h))
         runner.publish(files.values())
-        metrics = {
-            **_verdict_metrics(verdict),
-            "wall_time_s": runner.wall_time_s,
-            "cpu_hours": cpu_h,
-            "gpu_hours": gpu_h,
-        }
+        # Wall time and resource hours are the runner's ``actual_*`` metrics (next to ``planned_*``).
         runner.log_outputs(
             files=files.values(),
             tags=_verdict_tags(verdict),
-            metrics=metrics,
+            metrics=_verdict_metrics(verdict),
             params={"analysis_metric": spec.analysis.metric},
         )
     _print_verdict(spec, verdict, runner.study_uri, runner.run_id, runner.tracking_uri)

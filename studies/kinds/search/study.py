@@ -306,6 +306,25 @@ def extended_spec(spec: StudySpec, seeds: int, verdict: Mapping[str, Any]) -> St
     return StudySpec.model_validate(doc)
 
 
+def _claim_metrics(claims: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """The numbers each claim's verdict rests on, once each: ``estimate/<claim>``, its CI as
+    ``ci_low/<claim>`` / ``ci_high/<claim>``, ``p_value/<claim>`` and ``p_value_holm/<claim>``."""
+    out: dict[str, float] = {}
+    for cid, c in claims.items():
+        ci = c.get("ci") if isinstance(c.get("ci"), list | tuple) and len(c["ci"]) == 2 else (None, None)
+        values = {
+            "estimate": c.get("estimate"),
+            "ci_low": ci[0],
+            "ci_high": ci[1],
+            "p_value": c.get("p_value"),
+            "p_value_holm": c.get("p_value_holm"),
+        }
+        for key, v in values.items():
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v)):
+                out[f"{key}/{cid}"] = float(v)
+    return out
+
+
 def _confirm_and_claims(
     spec: StudySpec, plan: StudyPlan, result: StudyResult, runner: Any
 ) -> tuple[dict[str, Any], dict[str, Path]]:
@@ -363,13 +382,7 @@ def _confirm_and_claims(
     runner.publish(files.values())
     tags = {f"claim/{cid}": str(c.get("verdict")) for cid, c in claims.items()}
     tags["verdict/study"] = str(verdict["study_verdict"])
-    metrics = {
-        f"{key}/{cid}": float(c[key])
-        for cid, c in claims.items()
-        for key in ("estimate", "p_value", "p_value_holm")
-        if isinstance(c.get(key), int | float) and math.isfinite(float(c[key]))
-    }
-    runner.log_outputs(files=files.values(), tags=tags, metrics=metrics)
+    runner.log_outputs(files=files.values(), tags=tags, metrics=_claim_metrics(claims))
     for cid, c in claims.items():
         reasons = "; ".join(str(r) for r in c.get("reasons") or [])
         print(
