@@ -183,6 +183,25 @@ def test_claims_end_to_end(local_ray: None, tmp_path: Path) -> None:
     names = {t.info.run_name for t in trials}
     assert {f"{arm}-s{seed}" for arm in _LEVEL for seed in seeds} <= names
     assert {"search-001", "search-002"} <= names
+    # The numbers each claim rests on, once each, on the study run.
+    metrics = client.get_run(out.parent_run_id).data.metrics
+    for cid in ("a", "b", "e"):
+        assert metrics[f"estimate/{cid}"] == pytest.approx(claims[cid]["estimate"])
+        assert metrics[f"ci_low/{cid}"] == pytest.approx(claims[cid]["ci"][0])
+        assert metrics[f"ci_high/{cid}"] == pytest.approx(claims[cid]["ci"][1])
+        assert metrics[f"p_value_holm/{cid}"] == pytest.approx(claims[cid]["p_value_holm"])
+    # Per arm, under its confirmatory phase run: one summary run, test accuracy per epoch (mean over
+    # seeds); never a trial (the trial count above is role=trial only).
+    summaries = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'summary'")
+    assert sorted(r.info.run_name for r in summaries) == sorted(_LEVEL)
+    key = client.get_run(out.parent_run_id).data.tags["autonorm.study_key"]
+    for r in summaries:
+        assert r.data.tags["autonorm.study_key"] == key and r.data.tags["autonorm.kind"] == "search"
+        assert r.data.tags["autonorm.phase"] == f"confirm-{r.info.run_name}"
+        mean = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "test_accuracy_mean")}
+        assert sorted(mean) == [1, 2]  # the planted trial reports 2 epochs
+        final = table[table["arm"] == r.info.run_name]["test_accuracy"].mean()
+        assert mean[2] == pytest.approx(final)
 
 
 def test_a_claim_about_an_arm_tuned_at_the_edge_of_its_grid_is_inconclusive() -> None:

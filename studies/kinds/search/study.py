@@ -271,6 +271,7 @@ def _run_looks(
     for j, _ in plans:
         for arm in arms:
             confirmed = runner.run(confirm_plan(spec, plan, bases[arm], arm, look=j))
+            _log_epoch_summaries(runner, look_plan_name(arm, j), arm)
             run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
         if j == len(schedule):
             break
@@ -304,6 +305,39 @@ def extended_spec(spec: StudySpec, seeds: int, verdict: Mapping[str, Any]) -> St
     doc["confirm"]["seeds"] = [*spec.confirm.seeds[:used], *range(top, top + seeds)]
     doc["sequential"] = spec.sequential.extended(done, seeds).model_dump(mode="json")
     return StudySpec.model_validate(doc)
+
+
+_EPOCH_SUMMARY_METRICS = ("test_accuracy", "val_accuracy", "train_loss")
+
+
+def _log_epoch_summaries(runner: Any, phase: str, arm: str) -> None:
+    """Under the arm's confirmatory phase run, the arm's summary run: each metric's mean over seeds
+    and t-interval at step = epoch (MLflow draws one line per arm against the epoch when the
+    confirmatory summary runs are selected)."""
+    import pandas as pd
+
+    from studies.summaries import arm_summaries
+
+    ran = [p for name, p, _ in runner.results if name == phase]
+    if not ran:
+        return
+    rows = [
+        {
+            "arm": arm,
+            "seed": t.config.get("seed"),
+            "epoch": int(h["epoch"]),
+            **{k: h.get(k) for k in _EPOCH_SUMMARY_METRICS},
+        }
+        for t in read_trials(ran[-1], history=True)
+        for h in t.history
+        if isinstance(h.get("epoch"), int | float) and math.isfinite(float(h["epoch"]))
+    ]
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return
+    table = table.drop_duplicates(["seed", "epoch"], keep="last")  # an epoch a restarted trial repeated
+    metrics = [m for m in _EPOCH_SUMMARY_METRICS if table[m].notna().any()]
+    runner.log_summaries(phase, arm_summaries(table, metrics=metrics, axis="epoch"))
 
 
 def _claim_metrics(claims: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
@@ -368,6 +402,7 @@ def _confirm_and_claims(
             bases[arm] = base
             if spec.sequential is None:
                 confirmed = runner.run(confirm_plan(spec, plan, base, arm))
+                _log_epoch_summaries(runner, look_plan_name(arm, 1), arm)
                 run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
         if spec.sequential is not None:
             _run_looks(spec, plan, runner, bases, run_ids, tuned)
