@@ -525,19 +525,72 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(status)
         return 0
-    counts = ", ".join(f"{k}: {v}" for k, v in sorted(status["by_status"].items())) or "none yet"
-    print(f"study {spec.name} ({spec.kind}) at {status['directory']}")
-    print(f"trials: {status['trials']} of {status['expected_trials']} ({counts})")
-    for name, phase in (status.get("phases") or {}).items():
-        print(f"  phase {name}: {phase['trials']} trials {phase['by_status']}")
+    print("\n".join(format_status(spec, status)))
+    return 0
+
+
+def aligned(rows: Sequence[Mapping[str, Any]], indent: str = "  ") -> list[str]:
+    """``rows`` as a text table: a header of their keys (first-seen order), one line per row,
+    columns padded to their widest cell (numbers right-aligned), missing cells blank."""
+    if not rows:
+        return []
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(k for k in row if k not in columns)
+    cells = [[_short(row[c]) if c in row and row[c] is not None else "" for c in columns] for row in rows]
+    numeric = [
+        all(isinstance(row.get(c), int | float) or row.get(c) is None for row in rows) for c in columns
+    ]
+    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
+        return (indent + "  ".join(parts)).rstrip()
+
+    return [line(columns), *(line(c) for c in cells)]
+
+
+def format_status(spec: Any, status: Mapping[str, Any]) -> list[str]:
+    """``status`` as text: totals, trials per status, a table of phases (trials per status), the
+    verdict, then every trial grouped by phase (each phase with its own columns: a tuning phase shows
+    its selection metric, never the test set's)."""
+    by_status = dict(sorted((status.get("by_status") or {}).items()))
+    lines = [f"study {spec.name} ({spec.kind}) at {status['directory']}"]
+    lines.append(
+        f"trials: {status['trials']} of {status['expected_trials']}" + ("" if by_status else " (none yet)")
+    )
+    lines += aligned([{"status": k, "trials": v} for k, v in by_status.items()])
+    phases = status.get("phases") or {}
+    if phases:
+        names = sorted({k for ph in phases.values() for k in ph.get("by_status") or {}})
+        lines.append("")
+        lines += aligned(
+            [
+                {
+                    "phase": name,
+                    "trials": ph["trials"],
+                    **{k: (ph.get("by_status") or {}).get(k, 0) for k in names},
+                }
+                for name, ph in phases.items()
+            ]
+        )
     if status.get("best_trial"):
         metric = status["metric"]
-        print(f"best completed: {status['best_trial']} {metric}={status[f'best_{metric}']}")
+        lines.append(f"best completed: {status['best_trial']} {metric}={_short(status[f'best_{metric}'])}")
     if status.get("study_verdict"):
-        print(f"study verdict: {status['study_verdict']} {status.get('verdict')}")
-    for row in status["rows"]:
-        print("  " + "  ".join(f"{k}={_short(v)}" for k, v in row.items()))
-    return 0
+        lines.append(f"study verdict: {status['study_verdict']}")
+        per = status.get("verdict") or status.get("claims") or {}
+        lines += aligned([{"hypothesis": k, "verdict": v} for k, v in per.items()])
+    rows = list(status.get("rows") or [])
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(str(row.get("phase", "")), []).append(row)
+    for name, group in groups.items():
+        lines.append("")
+        if name:
+            lines.append(f"phase {name}:")
+        lines += aligned([{k: v for k, v in row.items() if k != "phase"} for row in group])
+    return lines
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -636,6 +689,33 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     )
 
 
+def verdict_lines(path: Path) -> list[str]:
+    """The study verdict and one line per hypothesis (its verdict, estimate, CI, Holm p and
+    reasons), from a ``verdict.json`` (every kind's shared fields); nothing when there is none."""
+    try:
+        verdict = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    reasons = "; ".join(str(r) for r in verdict.get("study_reasons") or [])
+    lines = [f"study verdict: {verdict.get('study_verdict')}" + (f" ({reasons})" if reasons else "")]
+    rows = []
+    for name, h in (verdict.get("hypotheses") or {}).items():
+        ci = h.get("ci")
+        rows.append(
+            {
+                "hypothesis": name,
+                "verdict": h.get("verdict"),
+                "estimate": h.get("estimate"),
+                "ci": f"[{_short(ci[0])}, {_short(ci[1])}]"
+                if isinstance(ci, list | tuple) and len(ci) == 2 and None not in ci
+                else "n/a",
+                "p_holm": h.get("p_value_holm"),
+                "reasons": "; ".join(str(r) for r in h.get("reasons") or []),
+            }
+        )
+    return lines + aligned(rows)
+
+
 def _report(spec: Any, out: Path) -> int:
     """The report, marked partial while the study runs or after it stopped short; exit 1 without
     writing anything when there is nothing to report yet. Never takes the study's lease."""
@@ -668,6 +748,8 @@ def _report(spec: Any, out: Path) -> int:
             shutil.rmtree(out, ignore_errors=True)
         print(f"the study has not finished ({why}); no report yet ({type(e).__name__}: {e})", file=sys.stderr)
         return 1
+    for line in verdict_lines(report.parent / "verdict.json"):
+        print(line)
     if why:
         text = report.read_text(encoding="utf-8")
         banner = f"> **Partial report**: the study has not finished ({why}); `autonorm-study report` again when it has.\n\n"

@@ -29,6 +29,7 @@ from workers.tracking import (
     ROLE_STUDY,
     MlflowTrackingCallback,
     RetryPolicy,
+    TrialDirnamer,
     TrialNamer,
     default_tracking_uri,
     redact_uri,
@@ -204,11 +205,6 @@ def precheck_local_resources(
         return
     for plan in plans:
         check_resources(plan, predicted, partial=True)
-
-
-def _trial_dirname(trial: Any) -> str:
-    # Tune's default names the directory after the config, which for dotted paths gets long.
-    return f"trial_{trial.trial_id}"
 
 
 def _tracking_uri(plan: StudyPlan, storage: ResolvedStorage) -> str:
@@ -466,7 +462,8 @@ def _fit(
                     num_samples=plan.num_samples,
                     max_concurrent_trials=max(1, plan.max_concurrent),
                     reuse_actors=True,
-                    trial_dirname_creator=_trial_dirname,
+                    # The folder is named after the trial's readable name, as its MLflow run is.
+                    trial_dirname_creator=TrialDirnamer(namer),
                     trial_name_creator=namer,
                 ),
                 run_config=tune.RunConfig(

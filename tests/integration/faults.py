@@ -248,11 +248,11 @@ def tune_checkpoints(study_dir: Path, *, newer_than: float = 0.0) -> dict[str, t
 def result_epochs(study_dir: Path) -> dict[str, list[int]]:
     """Every epoch each trial reported, in order, from Tune's result files (restarts included)."""
     out: dict[str, list[int]] = {}
-    for path in glob.glob(f"{study_dir}/**/trial_*/result.json", recursive=True):
-        trial_id = Path(path).parent.name.removeprefix("trial_")
-        out[trial_id] = [
-            int(json.loads(line)["epoch"]) for line in Path(path).read_text().splitlines() if line
-        ]
+    for path in glob.glob(f"{study_dir}/**/result.json", recursive=True):
+        # Trial folders are named after the trials' readable names: the id is in each result.
+        results = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+        if results:
+            out[str(results[0]["trial_id"])] = [int(r["epoch"]) for r in results]
     return out
 
 
@@ -270,11 +270,13 @@ def snapshot(study_dir: Path) -> dict[str, tuple[int, int]]:
     study directory except what the running study itself rewrites (its trials' directories and
     Tune's state files) and a report's own folder."""
     out = {}
+    # A trial's folder (named after the trial) is where Tune writes its params.json.
+    trial_dirs = {p.parent for p in study_dir.rglob("params.json")}
     for path in study_dir.rglob("*"):
         rel = path.relative_to(study_dir)
         if not path.is_file() or rel.parts[0] == "report":
             continue
-        if any(p.startswith("trial_") for p in rel.parts) or rel.name.startswith(STUDY_WRITES):
+        if trial_dirs.intersection(path.parents) or rel.name.startswith(STUDY_WRITES):
             continue
         stat = path.stat()
         out[str(rel)] = (stat.st_size, stat.st_mtime_ns)

@@ -312,6 +312,7 @@ def test_smoke_writes_every_output_and_is_exploratory(smoke: tuple[BatchSizeStud
 def test_status_report_and_resume_work_on_the_study_directory(
     smoke: tuple[BatchSizeStudySpec, StudyOutcome], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    import pandas as pd
     from mlflow import MlflowClient
 
     from studies import cli
@@ -323,9 +324,57 @@ def test_status_report_and_resume_work_on_the_study_directory(
     assert status["trials"] == status["expected_trials"] == spec.total_trials
     assert status["by_status"] == {"completed": spec.total_trials}
     assert status["study_verdict"] == out.verdict["study_verdict"]  # type: ignore[index]
+    # The text view: aligned counts per status and per phase, no Python dict, and a tuning trial's
+    # line shows its selection metric (validation), never the test set's.
+    assert cli.main(["status", study_dir]) == 0
+    text = capsys.readouterr().out
+    assert "{" not in text and "}" not in text, text
+    lines = text.splitlines()
+    assert f"trials: {spec.total_trials} of {spec.total_trials}" in lines
+    phase_table = [
+        ln.split() for ln in lines if ln.split()[:1] in (["phase"], ["tune-epochs"], ["confirm-epochs"])
+    ]
+    assert ["phase", "trials", "completed"] in phase_table
+    assert ["tune-epochs", str(spec.tuning_trials), str(spec.tuning_trials)] in phase_table
+    sections: dict[str, list[str]] = {}
+    current = None
+    for ln in lines:
+        if ln.startswith("phase ") and ln.endswith(":"):
+            current = ln.removeprefix("phase ").removesuffix(":")
+            sections[current] = []
+        elif current and ln.strip():
+            sections[current].append(ln)
+    assert set(sections) == {"tune-epochs", "confirm-epochs"}
+    tune_header, *tune_rows = sections["tune-epochs"]
+    assert "test_" not in "\n".join(sections["tune-epochs"]) and spec.lr_tuning.metric in tune_header.split()
+    assert len(tune_rows) == spec.tuning_trials
+    confirm_header = sections["confirm-epochs"][0].split()
+    assert spec.analysis.metric in confirm_header
+    # Columns line up: every row's cells start where the header's columns do.
+    start = sections["confirm-epochs"][0].index(spec.analysis.metric)
+    assert all(row[start - 1] == " " for row in sections["confirm-epochs"][1:])
+
+    original = pd.read_csv(Path(study_dir) / "trials.csv")
     assert cli.main(["report", study_dir]) == 0
+    printed = capsys.readouterr().out.splitlines()
     report = Path(study_dir) / "report"
     assert json.loads((report / "verdict.json").read_text())["verdict"] == out.verdict["verdict"]  # type: ignore[index]
+    # The verdict and one line per hypothesis, before the paths.
+    assert printed[0].startswith(f"study verdict: {out.verdict['study_verdict']}")  # type: ignore[index]
+    hypotheses = out.verdict["hypotheses"]  # type: ignore[index]
+    path_line = next(i for i, ln in enumerate(printed) if "report written to" in ln)
+    for name, h in hypotheses.items():
+        (row,) = [ln for ln in printed[:path_line] if ln.split()[:1] == [name]]
+        assert row.split()[1] == h["verdict"]
+    # A regenerated report keeps the run's MLflow run ids and wall time.
+    again = pd.read_csv(report / "trials.csv")
+    assert list(again.columns) == list(original.columns)
+    assert again["mlflow_run_id"].notna().all()
+    assert dict(zip(again["trial_id"], again["mlflow_run_id"])) == dict(
+        zip(original["trial_id"], original["mlflow_run_id"])
+    )
+    md = (report / "report.md").read_text()
+    assert "wall time: – min" not in md and "wall time: " in md
     assert cli.main(["resume", study_dir]) == 0  # finished: restores every phase, runs nothing
     client = MlflowClient(tracking_uri=out.tracking_uri)
     exp = client.get_run(out.parent_run_id).info.experiment_id  # type: ignore[arg-type]
@@ -471,6 +520,12 @@ def test_smoke_mlflow_one_tag_selects_the_study_and_summary_runs_draw_arms_again
     for r in by_role["phase"] + by_role["trial"] + by_role["summary"]:
         assert r.data.tags["autonorm.phase"] in folders
     assert "autonorm.phase" not in study.data.tags and "autonorm.budget" not in study.data.tags
+    # Trial folders are named after the trials' readable names (the run names).
+    for r in by_role["trial"]:
+        folder = Path(out.study_dir) / r.data.tags["autonorm.phase"] / r.info.run_name
+        assert (folder / "result.json").is_file(), folder
+    trial_dirs = {p.parent.name for p in Path(out.study_dir).rglob("params.json")}
+    assert trial_dirs == {r.info.run_name for r in by_role["trial"]}
 
     (confirm,) = [r for r in by_role["phase"] if r.info.run_name == "confirm-epochs"]
     table = pd.read_csv(Path(out.study_dir) / "trials.csv")

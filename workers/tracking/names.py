@@ -128,6 +128,29 @@ class TrialNamer:
         )
 
 
+_UNSAFE_DIRNAME = re.compile(r"[^A-Za-z0-9._=+-]+")
+
+
+class TrialDirnamer:
+    """Tune's ``trial_dirname_creator``: a trial's folder is named after its readable name (the
+    :class:`TrialNamer`'s, ``corrected-B32-s0``), characters a path cannot hold replaced by ``_``.
+    A name that rendered a missing field (``?``) or nothing gets ``_<trial id>`` appended, so two
+    trials never share a folder. Picklable: Tune stores it with the experiment."""
+
+    def __init__(self, namer: TrialNamer) -> None:
+        self.namer = namer
+
+    def __call__(self, trial: Any) -> str:
+        try:
+            name = str(self.namer(trial))
+        except Exception:
+            name = ""
+        clean = _UNSAFE_DIRNAME.sub("_", name).strip("._")[:200]
+        if not clean or "?" in name:
+            return f"{clean or 'trial'}_{trial.trial_id}"
+        return clean
+
+
 def trial_tag_templates(plan_tags: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """Split a plan's tags into ``(tags of the plan's run, tag templates of every trial run)``.
 

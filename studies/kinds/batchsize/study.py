@@ -20,6 +20,7 @@ finished trials are not repeated; MLflow runs re-attach by key.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
@@ -316,6 +317,9 @@ def _write_outputs(
     wall_time_s, cpu_hours, gpu_hours = spent
     from studies.kinds.batchsize.report import write_batchsize_report
 
+    # What the study cost, kept with the verdict so a regenerated report shows the run's wall time.
+    verdict["resources"] = {"wall_time_s": wall_time_s, "cpu_hours": cpu_hours, "gpu_hours": gpu_hours}
+
     protocol = spec.to_document()
     protocol["tuned_lr"] = {b: {k: r["lr"] for k, r in rec.items()} for b, rec in lr_records.items()}
     files = write_batchsize_report(
@@ -611,12 +615,44 @@ def status(spec: BatchSizeStudySpec) -> dict[str, Any]:
                 "batch_size": t.config["training"]["batch_size"],
                 "seed": t.config.get("seed"),
                 "lr": t.config["training"]["lr"],
-                spec.analysis.metric: t.metrics.get(spec.analysis.metric),
+                # A tuning trial shows what selects its η (validation), never the test set.
+                metric: t.metrics.get(metric),
             }
             for name, ts in phases.items()
+            for metric in [spec.lr_tuning.metric if name.startswith("tune-") else spec.analysis.metric]
             for t in ts
         ],
     }
+
+
+def _original_run(spec: BatchSizeStudySpec) -> tuple[dict[str, str], float]:
+    """What only the run itself knew, from the outputs it wrote to the study directory: each trial's
+    MLflow run id (its ``trials.csv``) and the study's wall time (its ``verdict.json``); empty / NaN
+    when the run wrote none yet."""
+    import io
+
+    import pandas as pd
+
+    from studies.study_dir import StudyDir
+
+    where = StudyDir.of(spec)
+    run_ids: dict[str, str] = {}
+    text = where.read_text("trials.csv")
+    if text:
+        df = pd.read_csv(io.StringIO(text), dtype={"trial_id": str, "mlflow_run_id": str})
+        if {"trial_id", "mlflow_run_id"} <= set(df.columns):
+            run_ids = {
+                str(t): str(r)
+                for t, r in zip(df["trial_id"], df["mlflow_run_id"])
+                if isinstance(r, str) and r
+            }
+    wall = math.nan
+    text = where.read_text("verdict.json")
+    if text:
+        value = (json.loads(text).get("resources") or {}).get("wall_time_s")
+        if isinstance(value, int | float) and math.isfinite(value):
+            wall = float(value)
+    return run_ids, wall
 
 
 def report(spec: BatchSizeStudySpec, out_dir: Path) -> Path:
@@ -624,6 +660,11 @@ def report(spec: BatchSizeStudySpec, out_dir: Path) -> Path:
     import pandas as pd
 
     phases = _phase_trials(spec)
+    run_ids, wall_time_s = _original_run(spec)
+    phases = {
+        name: [dataclasses.replace(t, mlflow_run_id=t.mlflow_run_id or run_ids.get(t.trial_id)) for t in ts]
+        for name, ts in phases.items()
+    }
     lr_records: dict[str, Any] = {}
     tables = []
     for budget in spec.budgets:
@@ -650,6 +691,6 @@ def report(spec: BatchSizeStudySpec, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     seconds = sum(float(t.metrics.get("time_total_s") or 0.0) for ts in phases.values() for t in ts)
     res = dict(spec.resources.as_plan())
-    spent = (math.nan, seconds * res.get("cpu", 0.0) / 3600, seconds * res.get("gpu", 0.0) / 3600)
+    spent = (wall_time_s, seconds * res.get("cpu", 0.0) / 3600, seconds * res.get("gpu", 0.0) / 3600)
     files = _write_outputs(spec, verdict, table, out_dir, lr_records, spent)
     return files.get("markdown", out_dir / "report.md")
