@@ -25,14 +25,17 @@ import yaml
 from markupsafe import Markup
 
 __all__ = [
+    "CAPTIONS",
     "COLORS",
     "Document",
     "Section",
+    "caption",
     "data_uri",
     "finite",
     "fmt",
     "fmt_ci",
     "json_safe",
+    "legend_handles",
     "md_fence",
     "md_table",
     "render_html",
@@ -45,14 +48,47 @@ __all__ = [
 
 COLORS: dict[str, str] = {
     "supported": "#1f5fa8",
-    "refuted": "#d9822b",
+    "refuted": "#c0392b",
     "inconclusive": "#8a8f94",
-    "none": "#8a8f94",
+    "none": "#c5c8cb",
     "stable": "#2a9d8f",
     "declines": "#d9822b",
-    "unclear": "#8a8f94",
+    "unclear": "#7b5ea7",
 }
-"""One colour per verdict or label, in every kind's tables, headlines and plots."""
+"""One colour per verdict or label (no two labels share one), in every kind's tables, headlines and
+plots; :func:`legend_handles` draws a legend of the labels that occur."""
+
+CAPTIONS: dict[str, str] = {
+    "metric_vs_batch_size": "The analysis metric against batch size (log scale), one line per arm: mean over "
+    "seeds with its confidence band; a falling line means the arm gets worse as the batch grows.",
+    "forest": "Each arm's slope per doubling of B (left) and its interaction with the control (right), "
+    "with confidence intervals, coloured by the arm's verdict or label; left of zero is a decline.",
+    "intervals_vs_seeds": "The anytime-valid confidence sequence of each hypothesis at every look, against "
+    "the seeds used so far.",
+    "claims_forest": "The paired contrasts behind the claims: per-seed differences (dots), their mean and "
+    "t-interval, coloured by the claim's verdict.",
+    "gate_entropy": "AutoNorm's gate entropy per sub-layer over training, per arm: how fast each gate "
+    "settles on one normalisation.",
+    "gate_entropy_per_layer": "AutoNorm's gate entropy per layer over training: how fast each gate "
+    "settles on one normalisation.",
+    "dyt_weight_vs_depth": "The weight AutoNorm's gate gives DyT at the end of training, by layer depth.",
+}
+"""What each plot shows, by file stem: the caption under it in every report (a kind may add more)."""
+
+
+def legend_handles(labels: Sequence[str], **line: Any) -> list[Any]:
+    """Legend handles (``matplotlib`` lines) of ``labels`` that have a colour, once each, in
+    :data:`COLORS` order: a legend shows only the labels that occur, each in its own colour."""
+    from matplotlib.lines import Line2D
+
+    used = set(labels)
+    return [Line2D([], [], color=c, label=name, **line) for name, c in COLORS.items() if name in used]
+
+
+def caption(plot: str | Path, captions: Mapping[str, str] | None = None) -> str:
+    """The caption of a plot file: ``captions`` (the document's own), else :data:`CAPTIONS`, else its name."""
+    stem = Path(plot).stem
+    return (captions or {}).get(stem) or CAPTIONS.get(stem) or stem.replace("_", " ")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -185,6 +221,11 @@ class Document:
         parts: the headline split into coloured pieces ``(label, text)`` after ``prefix`` (HTML only).
         banner: the exploratory / underpowered warning, or ``""``.
         intro: paragraphs after the title (``**bold**`` and ```code``` are kept in the HTML).
+        captions: what each plot shows, by file stem (over :data:`CAPTIONS`).
+        protocol: the resolved protocol as YAML, shown last.
+
+    Both renderings show before they tell: the verdict, the plots (captioned), the tables, the
+    method and resources, then the protocol.
     """
 
     headline: str
@@ -199,15 +240,23 @@ class Document:
     resources: Sequence[str] = ()
     protocol: str = ""
     plot_errors: Sequence[str] = ()
+    captions: Mapping[str, str] = field(default_factory=dict)
 
 
 def render_markdown(doc: Document, plots: Sequence[str | Path] = ()) -> str:
-    """The Markdown report: headline, banner, title, intro, sections, method, resources, protocol, plots."""
+    """The Markdown report: headline, banner, title, intro, plots (captioned), sections, method,
+    resources, protocol."""
     out = [f"**{doc.headline}**\n\n"]
     if doc.banner:
         out.append(f"> **{doc.banner}**\n\n")
     out.append(f"# {doc.title}\n\n")
     out += [f"{p}\n\n" for p in doc.intro]
+    if plots or doc.plot_errors:
+        out.append("## Plots\n\n")
+        out += [f"![{Path(p).stem}]({Path(p).name})\n\n*{caption(p, doc.captions)}*\n\n" for p in plots]
+        out += [f"- {e}\n" for e in doc.plot_errors]
+        if doc.plot_errors:
+            out.append("\n")
     for sec in doc.sections:
         out.append(f"## {sec.heading}\n\n")
         out += [f"{t}\n\n" for t in sec.text]
@@ -220,10 +269,6 @@ def render_markdown(doc: Document, plots: Sequence[str | Path] = ()) -> str:
         out.append("\n## Resources\n\n" + "".join(f"- {line}\n" for line in doc.resources))
     if doc.protocol:
         out.append("\n## Protocol\n\n" + md_fence(doc.protocol, "yaml"))
-    if plots or doc.plot_errors:
-        out.append("\n## Plots\n\n")
-        out += [f"![{Path(p).stem}]({Path(p).name})\n\n" for p in plots]
-        out += [f"- {e}\n" for e in doc.plot_errors]
     return "".join(out)
 
 
@@ -241,7 +286,10 @@ td:first-child,th:first-child{text-align:left}
 {% if doc.banner %}<p class="banner" id="exploratory">{{ doc.banner }}</p>
 {% endif %}<h1>{{ doc.title }}</h1>
 {% for p in doc.intro %}<p>{{ inline(p) }}</p>
-{% endfor %}{% for sec in doc.sections %}<h2>{{ sec.heading }}</h2>
+{% endfor %}{% if images or doc.plot_errors %}<h2 id="plots">Plots</h2>
+{% for name, uri, text in images %}<figure><img src="{{ uri }}" alt="{{ name }}"><figcaption>{{ text }}</figcaption></figure>
+{% endfor %}{% for e in doc.plot_errors %}<p>{{ e }}</p>
+{% endfor %}{% endif %}{% for sec in doc.sections %}<h2>{{ sec.heading }}</h2>
 {% for t in sec.text %}<p>{{ t }}</p>
 {% endfor %}{% for rows in sec.tables %}{% if rows %}<table>
 <tr>{% for col in rows[0] %}<th>{{ col }}</th>{% endfor %}</tr>
@@ -254,11 +302,8 @@ td:first-child,th:first-child{text-align:left}
 {% endif %}{% if doc.resources %}<h2>Resources</h2><ul>
 {% for line in doc.resources %}<li>{{ line }}</li>
 {% endfor %}</ul>
-{% endif %}{% if doc.protocol %}<h2>Protocol</h2><pre>{{ doc.protocol }}</pre>
-{% endif %}{% if images or doc.plot_errors %}<h2>Plots</h2>
-{% for name, uri in images %}<figure><img src="{{ uri }}" alt="{{ name }}"><figcaption>{{ name }}</figcaption></figure>
-{% endfor %}{% for e in doc.plot_errors %}<p>{{ e }}</p>
-{% endfor %}{% endif %}</body></html>
+{% endif %}{% if doc.protocol %}<h2 id="protocol">Protocol</h2><pre>{{ doc.protocol }}</pre>
+{% endif %}</body></html>
 """
 
 _ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
@@ -279,5 +324,5 @@ def render_html(doc: Document, images: Sequence[str | Path] = ()) -> str:
         doc=doc,
         colors=COLORS,
         inline=_inline,
-        images=[(Path(p).stem, data_uri(Path(p))) for p in images],
+        images=[(Path(p).stem, data_uri(Path(p)), caption(p, doc.captions)) for p in images],
     )

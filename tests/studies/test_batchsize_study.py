@@ -305,6 +305,25 @@ def test_smoke_writes_every_output_and_is_exploratory(smoke: tuple[BatchSizeStud
         assert "underpowered" in verdict["arms"][arm]["reasons"]
     md = (study_dir / "report.md").read_text()
     assert md.lstrip("# ").lower().startswith("study verdict") or "inconclusive" in md.splitlines()[0].lower()
+    # The protocol (last) shows what each phase ran: batch sizes, seeds and the rates actually used.
+    import pandas as pd
+    import yaml
+
+    assert md.index("## Plots") < md.index("## Protocol")
+    block = md[md.index("## Protocol") :].split("```yaml\n", 1)[1].rsplit("```", 1)[0]
+    protocol = yaml.safe_load(block)
+    phases = protocol["phases"]
+    assert list(phases) == ["tune-epochs", "confirm-epochs"]
+    assert phases["tune-epochs"]["batch_sizes"] == [spec.lr_tuning.reference_batch_size]
+    assert phases["tune-epochs"]["seeds"] == list(spec.lr_tuning.seeds)
+    assert phases["confirm-epochs"]["batch_sizes"] == sorted(spec.batch_sizes)
+    assert phases["confirm-epochs"]["seeds"] == sorted(spec.seeds)
+    table = pd.read_csv(study_dir / "trials.csv")
+    for row in table.itertuples():
+        assert phases["confirm-epochs"]["lr"][row.arm][str(row.batch_size)] == pytest.approx(row.lr)
+    lr_tuning = json.loads((study_dir / "lr_tuning.json").read_text())["epochs"]
+    assert phases["tune-epochs"]["tuned_lr"] == {k: v["lr"] for k, v in lr_tuning.items()}
+    assert "lr" not in protocol["training"] and "batch_size" not in protocol["training"]
 
 
 @pytest.mark.ray

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import math
@@ -26,6 +27,7 @@ from studies.report import (
     verdict_table,
     write_batchsize_report,
 )
+from studies.reporting import CAPTIONS, COLORS, legend_handles
 
 ARGS: dict[str, Any] = {
     "control": "linear",
@@ -114,6 +116,29 @@ def test_study_verdict_is_the_first_line(written) -> None:
     assert body.startswith('<p class="study" id="study-verdict">Study verdict: ' + result["study_verdict"])
     assert result["study_verdict"] == "supported"
     assert "Exploratory" not in md and 'id="exploratory"' not in page
+
+
+def test_the_report_shows_before_it_tells(written) -> None:
+    """Verdict, then the plots with captions saying what they show, then the tables, the protocol last."""
+    _, _, paths = written
+    md = paths["markdown"].read_text()
+    at = {name: md.index(f"## {name}") for name in ("Plots", "Method", "Protocol")}
+    first_table = md.index("\n| ")
+    assert md.index("Study verdict") < at["Plots"] < first_table < at["Method"] < at["Protocol"]
+    assert md.rstrip().endswith("```")  # the protocol's YAML block closes the report
+    for stem in ("metric_vs_batch_size", "forest"):
+        assert f"*{CAPTIONS[stem]}*" in md[at["Plots"] : first_table]
+    page = paths["html"].read_text()
+    assert page.index('id="plots"') < page.index("<table>") < page.index('id="protocol"')
+    captions = [html.unescape(c) for c in re.findall(r"<figcaption>([^<]*)</figcaption>", page)]
+    assert captions == [CAPTIONS["metric_vs_batch_size"], CAPTIONS["forest"]]
+
+
+def test_one_colour_per_label_and_legends_list_only_labels_that_occur() -> None:
+    assert len(set(COLORS.values())) == len(COLORS)  # refuted and declines no longer share orange
+    handles = legend_handles(["declines", "supported", "declines", "no-such-label"])
+    assert [h.get_label() for h in handles] == ["supported", "declines"]
+    assert [h.get_color() for h in handles] == [COLORS["supported"], COLORS["declines"]]
 
 
 def test_images_are_embedded_as_data_uris(written) -> None:

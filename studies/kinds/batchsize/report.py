@@ -26,7 +26,6 @@ import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 from scipy import stats
@@ -38,6 +37,7 @@ from studies.reporting import (
     Section,
     fmt,
     fmt_ci,
+    legend_handles,
     resources_lines,
     save_figure,
     to_yaml,
@@ -406,8 +406,8 @@ def plot_forest(result: Mapping[str, Any], path: str | Path) -> Path:
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(ypos)
     axes[0].set_yticklabels([name for name, _ in entries])
-    handles = [Line2D([], [], color=c, lw=2.2, label=v) for v, c in VERDICT_COLORS.items() if v != "unclear"]
-    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    handles = legend_handles([_outcome(r) for _, r in entries], lw=2.2)  # the labels that occur, once each
+    fig.legend(handles=handles, loc="lower center", ncol=max(1, len(handles)), fontsize=8, frameon=False)
     fig.suptitle(f"{result.get('confidence', 0.95):.0%} CIs over seeds (dotted: −δ)", fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     return save_figure(fig, path)
@@ -604,7 +604,8 @@ def _document(
 def render_markdown(result: Mapping[str, Any], *, plots: Sequence[str] = (), **options: Any) -> str:
     """The Markdown report. Its first line is the study verdict; then the exploratory banner (when
     any arm is underpowered), the hypothesis, per-arm, control, sensitivity and cell tables (per
-    budget when there are budgets), method, resources, protocol and plots. ``options``: ``title``,
+    budget when there are budgets), method, resources and the protocol; the plots (captioned) come
+    before the tables. ``options``: ``title``,
     ``protocol`` (shown as YAML), ``wall_time_s``, ``cpu_hours``, ``gpu_hours``."""
     return kit_markdown(_document(result, **options), plots)
 

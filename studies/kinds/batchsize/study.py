@@ -320,8 +320,9 @@ def _write_outputs(
     # What the study cost, kept with the verdict so a regenerated report shows the run's wall time.
     verdict["resources"] = {"wall_time_s": wall_time_s, "cpu_hours": cpu_hours, "gpu_hours": gpu_hours}
 
-    protocol = spec.to_document()
-    protocol["tuned_lr"] = {b: {k: r["lr"] for k, r in rec.items()} for b, rec in lr_records.items()}
+    doc = spec.to_document()
+    head = {k: doc.pop(k) for k in ("kind", "name") if k in doc}
+    protocol = {**head, "phases": _resolved_phases(spec, table, lr_records), **doc}
     files = write_batchsize_report(
         verdict,
         table,
@@ -335,6 +336,37 @@ def _write_outputs(
     (out_dir / "lr_tuning.json").write_text(json.dumps(lr_records, indent=2) + "\n", encoding="utf-8")
     files["lr_tuning"] = out_dir / "lr_tuning.json"
     return dict(files)
+
+
+def _resolved_phases(spec: BatchSizeStudySpec, table: Any, lr_records: Mapping[str, Any]) -> dict[str, Any]:
+    """What each phase actually ran (the protocol's first section): the tuning phase's batch sizes,
+    seeds, epochs and η grid (as extended), the tuned η per arm / cell; the confirmatory phase's batch
+    sizes, seeds and the η each arm used at each batch size (scaled for ``linear`` / ``sqrt``)."""
+    out: dict[str, Any] = {}
+    sizes = spec.batch_sizes if spec.lr_policy == "tuned" else (spec.lr_tuning.reference_batch_size,)
+    for budget in spec.budgets:
+        record = lr_records.get(budget) or {}
+        out[f"tune-{budget}"] = {
+            "batch_sizes": [int(b) for b in sizes],
+            "seeds": [int(x) for x in spec.lr_tuning.seeds],
+            "epochs": spec.lr_tuning.epochs or spec.training.epochs,
+            "lr_grid": {cell: [float(x) for x in rec.get("grid") or []] for cell, rec in record.items()},
+            "tuned_lr": {cell: rec.get("lr") for cell, rec in record.items()},
+        }
+        sub = (
+            table[table["budget"] == budget] if len(table) and "budget" in table.columns else table.iloc[0:0]
+        )
+        lrs: dict[str, dict[int, float]] = {}
+        for arm, b, lr in zip(sub.get("arm", []), sub.get("batch_size", []), sub.get("lr", [])):
+            lrs.setdefault(str(arm), {})[int(b)] = float(lr)
+        out[f"confirm-{budget}"] = {
+            "batch_sizes": sorted({int(b) for b in sub.get("batch_size", [])}),
+            "seeds": sorted({int(x) for x in sub.get("seed", [])}),
+            "epochs": spec.training.epochs if budget == "epochs" else None,
+            "lr_policy": spec.lr_policy,
+            "lr": {arm: dict(sorted(v.items())) for arm, v in sorted(lrs.items())},
+        }
+    return out
 
 
 def _extension_runner(

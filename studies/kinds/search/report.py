@@ -31,7 +31,6 @@ import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 from scipy import stats
@@ -44,6 +43,7 @@ from studies.reporting import (
     finite,
     fmt,
     fmt_ci,
+    legend_handles,
     render_html,
     render_markdown,
     resources_lines,
@@ -374,8 +374,9 @@ def plot_claims_forest(claims: Mapping[str, Mapping[str, Any]], path: str | Path
     ax.set_ylim(ypos.min() - 0.6, ypos.max() + 0.6)
     ax.set_xlabel("paired difference of the final test metric (per-seed dots; mean and 95 % t-CI)")
     ax.grid(axis="x", alpha=0.3)
-    handles = [Line2D([], [], color=col, lw=2.6, label=v) for v, col in VERDICT_COLORS.items()]
-    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    used = [str(claims[cid].get("verdict", "inconclusive")) for cid in ids]
+    handles = legend_handles(used, lw=2.6)  # the verdicts that occur, once each
+    fig.legend(handles=handles, loc="lower center", ncol=max(1, len(handles)), fontsize=8, frameon=False)
     ax.set_title("Paired contrasts over seeds (a, b one-sided greater; e two-sided)", fontsize=10)
     fig.tight_layout(rect=(0, 0.07, 0.86, 1))
     return save_figure(fig, Path(path))

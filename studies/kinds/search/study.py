@@ -345,7 +345,8 @@ def _claim_metrics(claims: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     ``ci_low/<claim>`` / ``ci_high/<claim>``, ``p_value/<claim>`` and ``p_value_holm/<claim>``."""
     out: dict[str, float] = {}
     for cid, c in claims.items():
-        ci = c.get("ci") if isinstance(c.get("ci"), list | tuple) and len(c["ci"]) == 2 else (None, None)
+        raw = c.get("ci")
+        ci: Sequence[Any] = raw if isinstance(raw, list | tuple) and len(raw) == 2 else (None, None)
         values = {
             "estimate": c.get("estimate"),
             "ci_low": ci[0],
