@@ -9,7 +9,11 @@ driven headless by Selenium, opens it the way a user would:
   runs, each nested (indented) under its parent, every trial name readable in full;
 * the study run's page: the verdict tags;
 * the artifact viewer: ``report.html`` rendered (in a sandboxed iframe from a blob URL) with every
-  plot loaded.
+  plot loaded, its figures before the protocol;
+* the experiment's own page: MLflow's training view (its runs table, the classic-ML side bar), not
+  the GenAI one;
+* the chart view of the confirmatory phase's summary runs: ``test_accuracy_mean`` drawn against the
+  batch size (the step), one line per arm. Its screenshot is docs/compare-in-mlflow.png.
 
 Every page is saved as a screenshot under the test's tmp dir.
 """
@@ -54,6 +58,8 @@ class Study:
     study_run: Any
     phases: dict[str, Any]  # run id -> run
     trials: dict[str, Any]  # run id -> run
+    summaries: dict[str, Any]  # run id -> run (one per arm under the confirmatory phase run)
+    arms: tuple[str, ...]
 
     def url(self, fragment: str) -> str:
         return f"{self.server.tracking_uri}/#/experiments/{self.experiment_id}{fragment}"
@@ -96,11 +102,15 @@ def study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                 [exp], filter_string="tags.`autonorm.role` = 'trial'", max_results=1000
             )
         }
-        assert len(phases) == 2 and len(trials) == spec.total_trials
+        summaries = {
+            r.info.run_id: r
+            for r in client.search_runs([exp], filter_string="tags.`autonorm.role` = 'summary'")
+        }
+        assert len(phases) == 2 and len(trials) == spec.total_trials and len(summaries) == len(spec.arms)
         with start_mlflow_server(
             backend, f"file://{storage}/mlartifacts", {}, directory=storage / "mlflow-server"
         ) as server:
-            yield Study(out, server, exp, study_run, phases, trials)
+            yield Study(out, server, exp, study_run, phases, trials, summaries, tuple(spec.arms))
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +174,8 @@ def test_runs_table_nests_phases_under_the_study_and_trials_under_their_phase(
     study: Study, browser: Any, tmp_path: Path
 ) -> None:
     driver = browser
-    total = 1 + len(study.phases) + len(study.trials)
+    children_of = {**study.trials, **study.summaries}
+    total = 1 + len(study.phases) + len(children_of)
     driver.get(study.url("/runs"))
     rows = wait_until(
         lambda: _visible_rows(driver),
@@ -196,7 +207,7 @@ def test_runs_table_nests_phases_under_the_study_and_trials_under_their_phase(
     _shot(driver, tmp_path / "2-runs-phases.png")
 
     for phase_id in study.phases:
-        children = {t for t, run in study.trials.items() if run.data.tags["mlflow.parentRunId"] == phase_id}
+        children = {t for t, run in children_of.items() if run.data.tags["mlflow.parentRunId"] == phase_id}
         assert children
         _expand(driver, phase_id, children, tmp_path / "x.png")
     rows = _visible_rows(driver)
@@ -204,7 +215,7 @@ def test_runs_table_nests_phases_under_the_study_and_trials_under_their_phase(
     assert len(rows) == total and {r["id"] for r in rows} == {
         study.out.parent_run_id,
         *study.phases,
-        *study.trials,
+        *children_of,
     }
     # Each trial row sits in the block of rows right under its own phase, one indent deeper.
     current_phase: dict[str, Any] | None = None
@@ -214,7 +225,7 @@ def test_runs_table_nests_phases_under_the_study_and_trials_under_their_phase(
             assert row["x"] > study_x
             continue
         assert current_phase is not None, f"trial {row['name']} shown above every phase"
-        assert study.trials[row["id"]].data.tags["mlflow.parentRunId"] == current_phase["id"], row["name"]
+        assert children_of[row["id"]].data.tags["mlflow.parentRunId"] == current_phase["id"], row["name"]
         assert row["x"] > current_phase["x"], f"trial {row['name']} is not indented under its phase"
 
 
@@ -237,8 +248,9 @@ def test_trial_run_names_are_readable(study: Study, browser: Any, tmp_path: Path
     wait_until(lambda: _visible_rows(driver), timeout=LOAD, what="the runs table", driver=driver)
     _close_assistant(driver)
     _expand(driver, study.out.parent_run_id, set(study.phases), tmp_path / "x.png")  # type: ignore[arg-type]
+    children_of = {**study.trials, **study.summaries}
     for phase_id in study.phases:
-        children = {t for t, run in study.trials.items() if run.data.tags["mlflow.parentRunId"] == phase_id}
+        children = {t for t, run in children_of.items() if run.data.tags["mlflow.parentRunId"] == phase_id}
         _expand(driver, phase_id, children, tmp_path / "x.png")
     # A user drags the Run Name column wider; then every name shows in full (no ellipsis).
     _widen_name_column(driver, 250)
@@ -370,8 +382,128 @@ def test_report_html_renders_with_every_plot_loaded(study: Study, browser: Any, 
             assert img["src"] == "data:image/png;base64,", img
             assert img["w"] > 0 and img["h"] > 0, f"plot {img['alt']} did not load"
             assert img["shown"] > 100, f"plot {img['alt']} is not shown at a readable size"
+        # It shows before it tells: every figure sits above the protocol, on the page as rendered.
+        tops = driver.execute_script(
+            "const y = e => e.getBoundingClientRect().top + window.scrollY;"
+            "return {images: Array.from(document.images).map(y),"
+            " protocol: y(document.getElementById('protocol')), first_table: y(document.querySelector('table'))};"
+        )
+        assert tops["images"] and max(tops["images"]) < tops["protocol"], tops
+        assert max(tops["images"]) < tops["first_table"], tops
         first = driver.find_element("css selector", "img[alt='metric_vs_batch_size']")
         driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", first)
     finally:
         driver.switch_to.default_content()
     _shot(driver, tmp_path / "7-report-plot.png")
+
+
+def test_experiment_opens_in_the_training_view(study: Study, browser: Any, tmp_path: Path) -> None:
+    """The link a study prints for its experiment (``mlflow_links``) opens MLflow's training view
+    ("Model training"): the runs table under the view's "Runs" heading, the side bar's Runs / Models
+    / Traces -- none of the GenAI view's Overview, Judges or Prompts."""
+    from workers.tracking import mlflow_links
+
+    driver = browser
+    (link,) = mlflow_links(study.server.tracking_uri, study.experiment_id)
+    assert study.experiment_id in link
+    driver.get(link)
+    wait_until(
+        lambda: _visible_rows(driver),
+        timeout=LOAD,
+        what="the training view's runs table",
+        driver=driver,
+        shot=tmp_path / "x.png",
+    )
+    _close_assistant(driver)
+    _shot(driver, tmp_path / "8-experiment.png")
+    assert re.search(rf"/experiments/{study.experiment_id}/runs\b", driver.current_url), driver.current_url
+    headings = [h.text.strip() for h in driver.find_elements("css selector", "h1, h2") if h.is_displayed()]
+    assert "Runs" in headings, headings
+    nav = driver.find_element("tag name", "body").text.splitlines()
+    for genai_only in ("Overview", "Judges", "Prompts", "Evaluation runs", "Training runs"):
+        assert genai_only not in nav, (genai_only, nav[:40])
+    assert {"Runs", "Models", "Traces"} <= set(nav)
+    rows = _visible_rows(driver)  # (rows expanded earlier stay expanded: the UI remembers them)
+    assert rows[0]["id"] == study.out.parent_run_id and {r["id"] for r in rows} <= {
+        study.out.parent_run_id,
+        *study.phases,
+        *study.trials,
+        *study.summaries,
+    }
+
+
+def test_summary_runs_chart_draws_one_line_per_arm_against_batch_size(
+    study: Study, browser: Any, tmp_path: Path
+) -> None:
+    """What docs/compare-in-mlflow.md tells a user to do: filter the summary runs of the confirmatory
+    phase, open the chart view, expand the phase's row; the ``test_accuracy_mean`` chart then draws
+    one line per arm, one point per batch size (the step). Its screenshot is the recipe's figure."""
+    from urllib.parse import quote
+
+    from workers.tracking import mlflow_links
+
+    driver = browser
+    (confirm,) = [r for r in study.phases.values() if r.info.run_name.startswith("confirm-")]
+    (link,) = mlflow_links(study.server.tracking_uri, study.experiment_id)
+    query = f"tags.`autonorm.role` = 'summary' and tags.`autonorm.phase` = '{confirm.info.run_name}'"
+    driver.get(f"{link}&searchFilter={quote(query)}&compareRunsMode=CHART")
+    # The filter matches the summary runs; the runs list shows them under their phase run, which a
+    # user expands (the UI remembers rows expanded before).
+    wait_until(
+        lambda: confirm.info.run_name in driver.find_element("tag name", "body").text.splitlines() or None,
+        timeout=LOAD,
+        what="the confirmatory phase's row",
+        driver=driver,
+        shot=tmp_path / "x.png",
+    )
+    _close_assistant(driver)
+
+    def listed() -> set[str]:
+        return set(driver.find_element("tag name", "body").text.splitlines())
+
+    if not set(study.arms) <= listed():
+        driver.find_element("css selector", EXPANDER).click()
+    wait_until(
+        lambda: set(study.arms) <= listed() or None,
+        timeout=LOAD,
+        what="the summary runs under their phase",
+        driver=driver,
+        shot=tmp_path / "x.png",
+    )
+    # The chart view has a section per metric prefix; the search box narrows it to the one chart.
+    search = wait_until(
+        lambda: driver.find_element("css selector", "input[placeholder='Search metric charts']"),
+        timeout=LOAD,
+        what="the chart search box",
+        driver=driver,
+        shot=tmp_path / "x.png",
+    )
+    search.send_keys("test_accuracy_mean")
+    card = "[data-testid='experiment-view-compare-runs-card']"
+
+    def chart() -> list[dict[str, Any]] | None:
+        found: list[dict[str, Any]] = driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]))"
+            ".filter(c => c.innerText.split('\\n')[0].trim() === 'test_accuracy_mean')"
+            ".map(c => ({text: c.innerText, card: c, lines: Array.from(c.querySelectorAll('.scatterlayer .trace'))"
+            ".map(t => t.querySelectorAll('.point').length).filter(n => n > 0)}));",
+            card,
+        )
+        return found if found and found[0]["lines"] else None
+
+    (shown,) = wait_until(
+        chart, timeout=LOAD, what="the chart of test_accuracy_mean", driver=driver, shot=tmp_path / "x.png"
+    )
+    # One line per arm (the phase run has no such metric: no line), each through every batch size.
+    n_sizes = len(study.out.verdict["batch_sizes"])  # type: ignore[index]
+    assert shown["lines"] == [n_sizes] * len(study.arms), shown["lines"]
+    for arm in study.arms:
+        assert f"{arm} (test_accuracy_mean)" in shown["text"], (arm, shown["text"])
+    full = tmp_path / "9-summary-chart.png"
+    _shot(driver, full)
+    from PIL import Image
+
+    with Image.open(full) as image:  # the runs list and the first row of charts: the recipe's figure
+        image.crop((0, 0, image.width, min(image.height, 1100))).save(
+            REPO_ROOT / "docs" / "compare-in-mlflow.png"
+        )

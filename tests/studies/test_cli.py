@@ -716,8 +716,12 @@ def test_end_of_study_prints_direct_mlflow_links(tmp_path: Path, capsys: pytest.
     _entry.print_where(outcome)
     out = capsys.readouterr().out
     assert f"results: {tmp_path / 's'}" in out
-    assert f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs\n" in out
-    assert f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}" in out
+    # The runs table of MLflow's training view ("Model training"), not the GenAI overview.
+    assert f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs?workflowType=machine_learning\n" in out
+    assert (
+        f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+        in out
+    )
     assert f"mlflow ui --backend-store-uri {uri}" in out
 
 

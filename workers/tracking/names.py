@@ -48,6 +48,8 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 """Every experiment a study creates or writes to carries ``mlflow.experimentKind=custom_model_development``:
 MLflow 3 opens it in its training view (runs table, charts), not the GenAI view."""
+TRAINING_VIEW = "machine_learning"
+"""The MLflow UI's ``workflowType`` of its training view ("Model training"), in every link we print."""
 TRIAL_TAG_PREFIX = "autonorm.trial_tag."
 """A plan tag ``autonorm.trial_tag.<name>`` is not put on the plan's run: each trial run gets the tag
 ``autonorm.<name>``, its value a :func:`render_run_name` template (``{model.layer.type}``)."""
@@ -210,13 +212,17 @@ def mlflow_links(tracking_uri: str, experiment_id: str, run_id: str | None = Non
     """Direct links into the MLflow UI: the experiment's runs table, then the run (when given).
 
     The tracking server's own address for ``http(s)://`` URIs, ``http://127.0.0.1:5000`` otherwise
-    (``mlflow ui --backend-store-uri <uri>`` serves it there). The runs table, not the experiment's
-    default page: MLflow 3 opens an experiment on its GenAI overview.
+    (``mlflow ui --backend-store-uri <uri>`` serves it there). The runs table of MLflow's training
+    view, not the experiment's default page: MLflow 3 opens an experiment on its GenAI overview, and
+    its UI (3.17) takes the view from its "GenAI / Model training" switch, which the
+    ``workflowType=machine_learning`` query sets (the experiment's ``mlflow.experimentKind`` tag says
+    the same to every other reader).
     """
     base = tracking_uri.rstrip("/") if urlparse(tracking_uri).scheme in ("http", "https") else DEFAULT_UI
-    links = [f"{base}/#/experiments/{experiment_id}/runs"]
+    view = f"?workflowType={TRAINING_VIEW}"
+    links = [f"{base}/#/experiments/{experiment_id}/runs{view}"]
     if run_id:
-        links.append(f"{base}/#/experiments/{experiment_id}/runs/{run_id}")
+        links.append(f"{base}/#/experiments/{experiment_id}/runs/{run_id}{view}")
     return links
 
 

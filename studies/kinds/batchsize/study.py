@@ -321,8 +321,8 @@ def _write_outputs(
     verdict["resources"] = {"wall_time_s": wall_time_s, "cpu_hours": cpu_hours, "gpu_hours": gpu_hours}
 
     doc = spec.to_document()
-    head = {k: doc.pop(k) for k in ("kind", "name") if k in doc}
-    protocol = {**head, "phases": _resolved_phases(spec, table, lr_records), **doc}
+    head: dict[str, Any] = {k: doc.pop(k) for k in ("kind", "name") if k in doc}
+    protocol: dict[str, Any] = {**head, "phases": _resolved_phases(spec, table, lr_records), **doc}
     files = write_batchsize_report(
         verdict,
         table,
