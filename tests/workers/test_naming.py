@@ -12,6 +12,7 @@ from workers.tracking import (
     SOURCE_GIT_COMMIT,
     SOURCE_NAME,
     SOURCE_TYPE,
+    TrialDirnamer,
     TrialNamer,
     mlflow_links,
     render_run_name,
@@ -102,11 +103,31 @@ def test_source_tags(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_mlflow_links_go_to_the_runs_table() -> None:
+    # The training view ("Model training"): MLflow 3.17's UI otherwise shows the GenAI view.
     assert mlflow_links("http://mlflow:5000/", "3", "abc") == [
-        "http://mlflow:5000/#/experiments/3/runs",
-        "http://mlflow:5000/#/experiments/3/runs/abc",
+        "http://mlflow:5000/#/experiments/3/runs?workflowType=machine_learning",
+        "http://mlflow:5000/#/experiments/3/runs/abc?workflowType=machine_learning",
     ]
-    assert mlflow_links("sqlite:////tmp/m.db", "1") == ["http://127.0.0.1:5000/#/experiments/1/runs"]
+    assert mlflow_links("sqlite:////tmp/m.db", "1") == [
+        "http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning"
+    ]
+
+
+class _Namer:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, trial: Any) -> str:
+        return self.name
+
+
+def test_trial_folders_are_named_after_the_readable_name() -> None:
+    trial = _Trial("5f3e1_00002", {})
+    assert TrialDirnamer(_Namer("corrected-B32-lr0.1-s0"))(trial) == "corrected-B32-lr0.1-s0"  # type: ignore[arg-type]
+    assert TrialDirnamer(_Namer("a b/c"))(trial) == "a_b_c"  # type: ignore[arg-type]
+    # A name with a field the config lacked (``?``), or none at all, keeps the trial id: never shared.
+    assert TrialDirnamer(_Namer("?-B32"))(trial) == "B32_5f3e1_00002"  # type: ignore[arg-type]
+    assert TrialDirnamer(_Namer(""))(trial) == "trial_5f3e1_00002"  # type: ignore[arg-type]
 
 
 # ---- real studies ------------------------------------------------------------------------------

@@ -147,7 +147,7 @@ class TrialDirnamer:
             name = str(self.namer(trial))
         except Exception:
             name = ""
-        clean = _UNSAFE_DIRNAME.sub("_", name).strip("._")[:200]
+        clean = _UNSAFE_DIRNAME.sub("_", name).strip("._-")[:200]
         if not clean or "?" in name:
             return f"{clean or 'trial'}_{trial.trial_id}"
         return clean
