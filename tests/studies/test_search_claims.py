@@ -183,6 +183,15 @@ def test_claims_end_to_end(local_ray: None, tmp_path: Path) -> None:
     names = {t.info.run_name for t in trials}
     assert {f"{arm}-s{seed}" for arm in _LEVEL for seed in seeds} <= names
     assert {"search-001", "search-002"} <= names
+    # A regenerated report keeps the confirmatory trials' MLflow run ids.
+    from studies.kinds import kind_for
+
+    kind_for(spec).report(spec, tmp_path / "again")
+    again = pd.read_csv(tmp_path / "again" / "claims" / "confirm_trials.csv")
+    assert again["mlflow_run_id"].notna().all()
+    assert dict(zip(again["trial_id"], again["mlflow_run_id"])) == dict(
+        zip(table["trial_id"], table["mlflow_run_id"])
+    )
     # The numbers each claim rests on, once each, on the study run.
     metrics = client.get_run(out.parent_run_id).data.metrics
     for cid in ("a", "b", "e"):

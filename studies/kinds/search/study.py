@@ -722,6 +722,24 @@ def report(spec: StudySpec, out_dir: Path) -> Path:
     return path
 
 
+def _original_run_ids(spec: StudySpec) -> dict[str, str]:
+    """``trial id -> MLflow run id`` of the confirmatory trials, from the ``confirm_trials.csv`` the
+    run wrote to the study directory (only the run knew them); empty before it wrote one."""
+    import io
+
+    import pandas as pd
+
+    from studies.study_dir import StudyDir
+
+    text = StudyDir.of(spec).read_text("confirm_trials.csv")
+    if not text:
+        return {}
+    df = pd.read_csv(io.StringIO(text), dtype={"trial_id": str, "mlflow_run_id": str})
+    if not {"trial_id", "mlflow_run_id"} <= set(df.columns):
+        return {}
+    return {str(t): str(r) for t, r in zip(df["trial_id"], df["mlflow_run_id"]) if isinstance(r, str) and r}
+
+
 def _claims_report(
     spec: StudySpec, plan: StudyPlan, trials: Sequence[TrialRecord], out_dir: Path
 ) -> dict[str, Any]:
@@ -732,7 +750,7 @@ def _claims_report(
 
     confirm = spec.confirm
     assert confirm is not None
-    table, gate_logs = _confirm_table(spec, {})
+    table, gate_logs = _confirm_table(spec, _original_run_ids(spec))
     tuned: dict[str, Any] = {}
     if confirm.lr_tuning is not None:
         where = StudyDir.of(spec)
