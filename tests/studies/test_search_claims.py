@@ -192,6 +192,10 @@ def test_claims_end_to_end(local_ray: None, tmp_path: Path) -> None:
     assert dict(zip(again["trial_id"], again["mlflow_run_id"])) == dict(
         zip(table["trial_id"], table["mlflow_run_id"])
     )
+    # ... and the run's wall time (kept in the run's verdict.json), not "–".
+    assert verdict["resources"]["wall_time_s"] > 0
+    md = (tmp_path / "again" / "claims" / "report.md").read_text()
+    assert "wall time: – min" not in md and "wall time: " in md
     # The numbers each claim rests on, once each, on the study run.
     metrics = client.get_run(out.parent_run_id).data.metrics
     for cid in ("a", "b", "e"):

@@ -694,6 +694,8 @@ def write_claims_report(
         "best_config": best_config,
         "tuned_lr": tuned_lr,
         **dict(sequential or {}),
+        # What the study cost, so a regenerated report shows the run's wall time.
+        "resources": {"wall_time_s": wall_time_s, "cpu_hours": cpu_hours, "gpu_hours": gpu_hours},
     }
     write_json(paths["verdict"], verdict)
     df.to_csv(paths["confirm_trials"], index=False)

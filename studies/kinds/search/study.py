@@ -740,6 +740,21 @@ def _original_run_ids(spec: StudySpec) -> dict[str, str]:
     return {str(t): str(r) for t, r in zip(df["trial_id"], df["mlflow_run_id"]) if isinstance(r, str) and r}
 
 
+def _original_wall_time(spec: StudySpec) -> float:
+    """The run's wall time, from the claims ``verdict.json`` it wrote (NaN before it wrote one)."""
+    import json
+
+    from studies.study_dir import StudyDir
+
+    text = StudyDir.of(spec).read_text("verdict.json")
+    value = (json.loads(text).get("resources") or {}).get("wall_time_s") if text else None
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else math.nan
+
+
+def _phase_names(spec: StudySpec) -> list[str]:
+    return [phase.name for phase in SearchKind().phases(spec)]
+
+
 def _claims_report(
     spec: StudySpec, plan: StudyPlan, trials: Sequence[TrialRecord], out_dir: Path
 ) -> dict[str, Any]:
@@ -751,6 +766,7 @@ def _claims_report(
     confirm = spec.confirm
     assert confirm is not None
     table, gate_logs = _confirm_table(spec, _original_run_ids(spec))
+    wall_time_s = _original_wall_time(spec)
     tuned: dict[str, Any] = {}
     if confirm.lr_tuning is not None:
         where = StudyDir.of(spec)
@@ -774,6 +790,15 @@ def _claims_report(
     best = best_trial(trials, plan.metric, plan.mode)
     verdict = analyse(table, spec, gate_logs=gate_logs, tuned=tuned, searched=best is not None)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = _write_claims(spec, verdict, table, gate_logs, out_dir, best, tuned)
+    where = StudyDir.of(spec)
+    phase_trials = [
+        t
+        for name in _phase_names(spec)
+        for t in (trials if name == SEARCH_PHASE else read_trials(where.phase_plan(name), history=False))
+    ]
+    seconds = sum(float(t.metrics.get("time_total_s") or 0.0) for t in phase_trials)
+    res = dict(spec.resources.as_plan())
+    spent = (wall_time_s, seconds * res.get("cpu", 0.0) / 3600, seconds * res.get("gpu", 0.0) / 3600)
+    files = _write_claims(spec, verdict, table, gate_logs, out_dir, best, tuned, spent)
     written: dict[str, Any] = json.loads(files["verdict"].read_text(encoding="utf-8"))
     return written
