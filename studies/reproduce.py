@@ -298,12 +298,19 @@ def _walk(a: Any, b: Any, path: tuple[str, ...]) -> Iterable[tuple[tuple[str, ..
         yield path, a, b
 
 
+NOT_EVIDENCE = {("resources",)}
+"""Fields of ``verdict.json`` that record what the run cost, not what it found: a re-analysis has no
+run time to report, and a rerun's differs."""
+
+
 def compare_verdicts(logged: Mapping[str, Any], recomputed: Mapping[str, Any]) -> list[Difference]:
     """Every leaf where two ``verdict.json`` documents differ (numbers to 1e-9), named by the
     hypothesis the path runs through (``study`` when none)."""
     hypotheses = set(logged.get("hypotheses") or {}) | set(recomputed.get("hypotheses") or {})
     out = []
     for path, a, b in _walk(logged, recomputed, ()):
+        if path[:1] in NOT_EVIDENCE:
+            continue
         if path[:1] == ("hypotheses",) and len(path) > 1:
             what, field = path[1], ".".join(path[2:]) or "(present)"
         else:

@@ -30,6 +30,7 @@ from studies.kinds import KINDS, StudyOutcome, load_study, run_study_spec
 from studies.provenance import data_files, data_fingerprint, git_dirty
 from studies.reproduce import Difference, _parse_target, compare_verdicts
 from tests.services import MlflowServer
+from workers.tracking.replay import read_trial_params
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSIONED = ("torch", "ray", "optuna", "mlflow", "numpy", "pydantic", "autonorm-studies")
@@ -61,6 +62,9 @@ def test_verdicts_compare_to_1e_9_and_name_the_hypothesis() -> None:
     assert Difference("study", "study_verdict", "inconclusive", "supported") in diffs
     assert len(diffs) == 4
     assert any(d.line().startswith("corrected: estimate: logged 0.1, recomputed 0.100001") for d in diffs)
+    # what the run cost is not what it found: a re-analysis has no wall time of its own
+    spent = json.loads(json.dumps(logged)) | {"resources": {"wall_time_s": 25.0, "cpu_hours": 0.01}}
+    assert compare_verdicts(spent, logged | {"resources": {"wall_time_s": None}}) == []
 
 
 def test_run_argument_forms(tmp_path: Path) -> None:
@@ -187,7 +191,7 @@ def test_study_run_carries_provenance(smoke: Smoke) -> None:
         )
         assert t.data.tags["autonorm.trial_status"] == "completed"
         assert t.data.tags["autonorm.phase"] in ("tune-epochs", "confirm-epochs")
-        assert json.loads(t.data.tags["autonorm.trial_params"])  # Tune's own parameters
+        assert read_trial_params(t.data.tags["autonorm.trial_params"])  # Tune's own parameters
         assert {"test_accuracy", "val_accuracy", "train_loss", "epoch"} <= set(t.data.metrics)
         steps = [m.step for m in client.get_metric_history(t.info.run_id, "test_accuracy")]
         assert steps == [1]  # one epoch, one step per epoch

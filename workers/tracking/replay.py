@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TAG_TRIAL_PARAMS",
     "TrackedTrials",
+    "read_trial_params",
     "replayed",
     "replaying",
     "trial_params_tag",
@@ -41,18 +42,35 @@ __all__ = [
 ]
 
 TAG_TRIAL_PARAMS = "autonorm.trial_params"
-"""Tune's parameters of the trial (``trial.config``: dotted path -> value) as JSON."""
+"""Tune's parameters of the trial (``trial.config``: dotted path -> value), as a query string of JSON
+values (``training.lr=0.1&model.layer.type=%22corrected%22``): no tag value holds a brace, so a
+filter or a check for an unfilled ``{template}`` never trips on it."""
 _MAX_TAG = 5000
 _STATUSES = ("completed", "diverged", "error", "pruned")
 
 
 def trial_params_tag(params: Mapping[str, Any] | None) -> dict[str, str]:
-    """``{TAG_TRIAL_PARAMS: json}`` for a trial run; empty when the JSON would not fit a tag."""
+    """``{TAG_TRIAL_PARAMS: encoded}`` for a trial run; empty when it would not fit a tag."""
+    from urllib.parse import urlencode
+
     try:
-        text = json.dumps(dict(params or {}), sort_keys=True, default=str)
+        text = urlencode(
+            [(str(k), json.dumps(v, sort_keys=True, default=str)) for k, v in sorted((params or {}).items())]
+        )
     except (TypeError, ValueError):
         return {}
     return {TAG_TRIAL_PARAMS: text} if len(text) <= _MAX_TAG else {}
+
+
+def read_trial_params(text: str | None) -> dict[str, Any]:
+    """The parameters :func:`trial_params_tag` wrote (a JSON object, as runs before it held, too)."""
+    from urllib.parse import parse_qsl
+
+    if not text:
+        return {}
+    if text.startswith("{"):
+        return dict(json.loads(text))
+    return {k: json.loads(v) for k, v in parse_qsl(text, keep_blank_values=True)}
 
 
 def _value(text: str) -> Any:
@@ -155,8 +173,7 @@ class TrackedTrials:
         status = tags.get(TAG_TRIAL_STATUS)
         if status not in _STATUSES:
             status = "error" if run.info.status == "FAILED" else "pruned"
-        params_text = tags.get(TAG_TRIAL_PARAMS)
-        params = json.loads(params_text) if params_text else {}
+        params = read_trial_params(tags.get(TAG_TRIAL_PARAMS))
         metrics: dict[str, Any] = {
             k: (int(v) if k == "epoch" and math.isfinite(v) and float(v).is_integer() else v)
             for k, v in run.data.metrics.items()
