@@ -54,6 +54,9 @@ COLORS: dict[str, str] = {
     "stable": "#2a9d8f",
     "declines": "#d9822b",
     "unclear": "#7b5ea7",
+    "better": "#1b9e4b",
+    "worse": "#8c2d04",
+    "equivalent": "#5aa9e6",
 }
 """One colour per verdict or label (no two labels share one), in every kind's tables, headlines and
 plots; :func:`legend_handles` draws a legend of the labels that occur."""

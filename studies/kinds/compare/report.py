@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 from matplotlib.transforms import blended_transform_factory
 
 from studies.reporting import (
@@ -24,6 +23,7 @@ from studies.reporting import (
     finite,
     fmt,
     fmt_ci,
+    legend_handles,
     render_html,
     render_markdown,
     resources_lines,
@@ -34,13 +34,8 @@ from studies.reporting import (
 
 __all__ = ["CONTRAST_COLORS", "plot_contrasts_forest", "write_compare_report"]
 
-CONTRAST_COLORS: dict[str, str] = {
-    "better": COLORS["supported"],
-    "worse": COLORS["refuted"],
-    "equivalent": COLORS["stable"],
-    "inconclusive": COLORS["inconclusive"],
-}
-"""One colour per contrast verdict (taken from the kit's palette)."""
+CONTRAST_COLORS: dict[str, str] = {v: COLORS[v] for v in ("better", "worse", "equivalent", "inconclusive")}
+"""One colour per contrast verdict: the kit's palette, where no two labels share a colour."""
 
 _BANNER = (
     "Exploratory — underpowered: at least one contrast has too few seeds to be decided at its Holm "
@@ -96,7 +91,7 @@ def plot_contrasts_forest(verdict: Mapping[str, Any], path: str | Path) -> Path:
         f"band ±margin {margin:g})"
     )
     ax.grid(axis="x", alpha=0.3)
-    handles = [Line2D([], [], color=col, lw=2.6, label=v) for v, col in CONTRAST_COLORS.items()]
+    handles = legend_handles([str(c.get("verdict")) for c in contrasts.values()], lw=2.6)
     fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
     ax.set_title("Paired contrasts over seeds (two-sided sign-flip p, Holm over the contrasts)", fontsize=10)
     fig.tight_layout(rect=(0, 0.07, 0.84, 1))
