@@ -29,14 +29,13 @@ Design choices that matter for validity:
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
+from studies.kinds.batchsize.seedstats import arm_rng, none_if_nan, row_slopes, row_spearman
 from studies.stats import (
     EXACT_PERMUTATION_LIMIT,
     holm,
@@ -200,45 +199,6 @@ def _sorted_rows(table: pd.DataFrame) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------------------------------
-# Per-seed statistics
-
-
-def _arm_rng(seed: int, salt: str, stream: int) -> np.random.Generator:
-    # Derived from the arm's name (not its position) so adding an arm does not change another's CI.
-    return np.random.default_rng([int(seed), zlib.crc32(salt.encode()), stream])
-
-
-def _row_slopes(x: np.ndarray, mat: np.ndarray) -> np.ndarray:
-    """OLS slope of each row of ``mat`` (seeds x batch sizes, NaN = no data) on ``x``; NaN when a row
-    has fewer than two points."""
-    out = np.full(mat.shape[0], np.nan)
-    for k, row in enumerate(mat):
-        m = np.isfinite(row)
-        if m.sum() >= 2:
-            out[k] = ols_slope(x[m], row[m])
-    return out
-
-
-def _row_spearman(mat: np.ndarray) -> np.ndarray:
-    """Spearman rho of each row vs the batch-size order (columns ascending in B); NaN below 3 points
-    or for a constant row."""
-    out = np.full(mat.shape[0], np.nan)
-    for k, row in enumerate(mat):
-        m = np.isfinite(row)
-        if m.sum() >= 3 and np.ptp(row[m]) > 0:
-            ry = stats.rankdata(row[m])
-            rx = np.arange(ry.size, dtype=float)
-            ry = ry - ry.mean()
-            rx = rx - rx.mean()
-            out[k] = float(rx @ ry / math.sqrt(float(rx @ rx) * float(ry @ ry)))
-    return out
-
-
-def _none_if_nan(v: float | None) -> float | None:
-    return None if v is None or not math.isfinite(v) else float(v)
-
-
-# --------------------------------------------------------------------------------------------------
 # One budget
 
 
@@ -259,19 +219,19 @@ def _arm_statistics(
     salt: str,
 ) -> dict[str, Any]:
     """Slope, Spearman and (with paired differences ``d``) interaction statistics of one arm."""
-    slopes = _row_slopes(x, v)
+    slopes = row_slopes(x, v)
     slope, slope_ci, ci_method = seed_interval(
-        slopes, confidence=confidence, n_boot=n_boot, rng=_arm_rng(seed, salt, 0)
+        slopes, confidence=confidence, n_boot=n_boot, rng=arm_rng(seed, salt, 0)
     )
     rho, rho_ci, _ = seed_interval(
-        _row_spearman(v), confidence=confidence, n_boot=n_boot, rng=_arm_rng(seed, salt, 1)
+        row_spearman(v), confidence=confidence, n_boot=n_boot, rng=arm_rng(seed, salt, 1)
     )
     out: dict[str, Any] = {
         "n_seeds": int(np.isfinite(slopes).sum()),
-        "slope": _none_if_nan(slope),
+        "slope": none_if_nan(slope),
         "slope_ci": slope_ci,
         "ci_method": ci_method,
-        "spearman_rho": _none_if_nan(rho),
+        "spearman_rho": none_if_nan(rho),
         "spearman_rho_ci": rho_ci,
         "interaction": None,
         "interaction_ci": None,
@@ -286,13 +246,13 @@ def _arm_statistics(
     if d is None:
         return out
     out["n_pairs"] = int(np.isfinite(d).sum())
-    d_slopes = _row_slopes(x, d)
+    d_slopes = row_slopes(x, d)
     inter, inter_ci, _ = seed_interval(
-        d_slopes, confidence=confidence, n_boot=n_boot, rng=_arm_rng(seed, salt, 2)
+        d_slopes, confidence=confidence, n_boot=n_boot, rng=arm_rng(seed, salt, 2)
     )
-    out["interaction"] = _none_if_nan(inter)
+    out["interaction"] = none_if_nan(inter)
     out["interaction_ci"] = inter_ci
-    out["interaction_by_seed"] = [_none_if_nan(float(v)) for v in d_slopes]
+    out["interaction_by_seed"] = [none_if_nan(float(v)) for v in d_slopes]
     rows = [(x[np.isfinite(r)], r[np.isfinite(r)]) for r in d]
     rows = [(xx, rr) for xx, rr in rows if xx.size >= 2]
     if rows:
@@ -305,7 +265,7 @@ def _arm_statistics(
             [rr for _, rr in rows],
             negative=negative,
             n_perm=n_perm,
-            rng=_arm_rng(seed, salt, 3),
+            rng=arm_rng(seed, salt, 3),
         )
         p_t = t_test_p(d_slopes, negative=negative)
         out.update(
@@ -491,7 +451,7 @@ def _analyse(
         r.update(
             p_value=h["p_value"],
             p_value_holm=h["p_value_holm"],
-            interaction_ci=[_none_if_nan(v) for v in h["ci"]],
+            interaction_ci=[none_if_nan(v) for v in h["ci"]],
             sequential=h["decision"],
         )
 
@@ -586,7 +546,7 @@ def _sequential_looks(
     )
     for look in looks:  # strict JSON: an unbounded interval (too few seeds) has None bounds
         for h in look["hypotheses"].values():
-            h["ci"] = [_none_if_nan(v) for v in h["ci"]]
+            h["ci"] = [none_if_nan(v) for v in h["ci"]]
     return looks
 
 
