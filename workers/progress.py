@@ -20,7 +20,7 @@ from ray.tune import Callback
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial
 
-__all__ = ["CHECKPOINT_LINE", "ProgressCallback", "format_eta", "quiet_checkpoint_logs"]
+__all__ = ["CHECKPOINT_LINE", "ProgressCallback", "SyncFailureOneLine", "format_eta", "quiet_checkpoint_logs"]
 
 CHECKPOINT_LINE = "Checkpoint successfully created"
 """Ray Train's INFO line (logger ``ray.train._internal.storage``) at every checkpoint a trial reports:
@@ -41,6 +41,38 @@ def _without_checkpoint_lines(handler: Callable[[Any], None]) -> Callable[[Any],
 
     handle._autonorm_quiet = True  # type: ignore[attr-defined]
     return handle
+
+
+class SyncFailureOneLine(logging.Filter):
+    """Ray Train's "Last sync command failed" warning, with its traceback, as one line.
+
+    Tune copies its driver files (experiment state, searcher state) to the study's storage in a
+    background sync; the study saves its state on every loop step, so a sync can list a state file
+    that Tune has renamed by the time it is copied (``FileNotFoundError``). The next sync copies the
+    files again and the last one at the end of every phase waits for its copy, so nothing is lost;
+    the warning stays (a sync that keeps failing is worth knowing), its traceback goes.
+    """
+
+    PREFIX = "Last sync command failed"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith(self.PREFIX):
+            last = [line.strip() for line in message.splitlines() if line.strip()][-1:]
+            record.msg = (
+                "Tune's sync of its driver files to the study's storage failed once "
+                f"({last[0] if last else 'no detail'}); the next sync copies them again"
+            )
+            record.args = ()
+            record.exc_info = record.exc_text = None
+        return True
+
+    @classmethod
+    def install(cls) -> None:
+        """On Ray Train's syncer logger, once per process."""
+        target = logging.getLogger("ray.train._internal.syncer")
+        if not any(isinstance(f, cls) for f in target.filters):
+            target.addFilter(cls())
 
 
 def quiet_checkpoint_logs(dispatcher: Any = None, *, environ: Mapping[str, str] | None = None) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from workers import interrupts
 from workers.errors import ResourceError, TrackingIncomplete
 from workers.plan import StudyPlan, expected_trials
-from workers.progress import ProgressCallback, quiet_checkpoint_logs
+from workers.progress import ProgressCallback, SyncFailureOneLine, quiet_checkpoint_logs
 from workers.search import FINAL_STATUSES, create_scheduler, create_searcher, grid_param_space
 from workers.session import ray_session
 from workers.storage import ResolvedStorage, resolve_storage
@@ -358,6 +358,7 @@ def run_study(
         check_resources(plan)
         _stop_credential_propagation()
         quiet_checkpoint_logs()
+        SyncFailureOneLine.install()
         trials, restored = _fit(
             plan,
             trial_fn,

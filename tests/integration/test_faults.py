@@ -84,6 +84,7 @@ class Chain:
     garbled: dict[str, str] = field(default_factory=dict)  # trial id -> checkpoint dir
     unfinished_with_checkpoint: set[str] = field(default_factory=set)
     epochs_before_final: dict[str, list[int]] = field(default_factory=dict)
+    worker_notices: list[str] = field(default_factory=list)  # "is unreadable" lines in Ray's worker logs
 
 
 CHAIN: dict[str, Chain] = {}
@@ -207,6 +208,9 @@ def chain(mlflow_server: MlflowServer) -> Iterator[Chain]:
                 result.garbled[trial_id] = checkpoint
         result.epochs_before_final = result_epochs(study_dir)
         step("rerun", None)
+        for log in sorted(ray_tmp.glob("**/session_*/logs/worker-*.err")):
+            text = log.read_text(errors="replace")
+            result.worker_notices += [line for line in text.splitlines() if "is unreadable" in line]
         for label, st in result.steps.items():
             record_figures(
                 label,
@@ -315,8 +319,11 @@ def test_sigkill_then_garbage_checkpoints_then_rerun(chain: Chain) -> None:
     _no_traceback(final.output)
     assert "held by another driver" not in final.output  # the dead driver's lease was broken at once
     for trial_id in chain.garbled:
+        # said once, in the driver's output (Ray forwards the trial worker's stderr); the worker's own
+        # log is the record when forwarding lost it under load (the line must be said either way)
         lines = [line for line in final.output.splitlines() if "is unreadable" in line and trial_id in line]
-        assert len(lines) == 1, (trial_id, final.output[-4000:])
+        logged = [line for line in chain.worker_notices if f"trial {trial_id}:" in line]
+        assert len(lines) == 1 or (not lines and len(logged) == 1), (trial_id, logged, final.output[-4000:])
 
 
 def test_the_study_completes_with_every_epoch_once(chain: Chain) -> None:

@@ -224,3 +224,29 @@ def test_optuna_export_copies_finished_trials_once(tmp_path: Path) -> None:
     assert [t.params["x"] for t in trials[:3]] == values
     assert loaded.direction == optuna.study.StudyDirection.MAXIMIZE
     assert loaded.best_value == max(values)
+
+
+def test_a_failed_background_sync_is_one_warning_line_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # What Ray Train logs when Tune renamed a state file while its background sync copied it.
+    import logging
+    import traceback
+
+    from workers.progress import SyncFailureOneLine
+
+    SyncFailureOneLine.install()
+    SyncFailureOneLine.install()  # once per process, however often a study starts
+    syncer = logging.getLogger("ray.train._internal.syncer")
+    assert sum(isinstance(f, SyncFailureOneLine) for f in syncer.filters) == 1
+    try:
+        raise FileNotFoundError("[Errno 2] Failed to open local file '.tmp-basic-variant-state.json'")
+    except FileNotFoundError:
+        text = traceback.format_exc()
+    with caplog.at_level(logging.WARNING, logger="ray.train._internal.syncer"):
+        syncer.warning(f"Last sync command failed with the following error:\n{text}")
+        syncer.warning("Last sync still in progress, skipping sync down of a to b")
+    first, other = (r.getMessage() for r in caplog.records)
+    assert "Traceback" not in first and "\n" not in first
+    assert "FileNotFoundError" in first and "next sync" in first
+    assert other == "Last sync still in progress, skipping sync down of a to b"  # other warnings untouched
