@@ -56,6 +56,8 @@ __all__ = [
     "StudyKind",
     "StudyOutcome",
     "hypothesis_entry",
+    "phase_status",
+    "read_phase_trials",
     "study_runner",
 ]
 
@@ -165,6 +167,54 @@ class StudyOutcome:
     summary: dict[str, Any] = field(default_factory=dict)
     verdict: dict[str, Any] | None = None
     files: dict[str, Path] = field(default_factory=dict)
+
+
+def read_phase_trials(kind: StudyKind, spec: Any, *, history: bool = False) -> dict[str, list[Any]]:
+    """Each phase's trials (``workers.runner.TrialRecord``) read back from the study directory, by
+    phase name in run order; an optional phase (an extension round, a later look) that never ran is
+    left out."""
+    from studies.study_dir import StudyDir
+    from workers.runner import read_trials
+
+    where = StudyDir.of(spec)
+    out = {}
+    for phase in kind.phases(spec):
+        trials = read_trials(where.phase_plan(phase.name), history=history)
+        if trials or not phase.optional:  # an extension round that never ran is not a phase
+            out[phase.name] = trials
+    return out
+
+
+def phase_status(
+    kind: StudyKind, kind_name: str, spec: Any, phases: Mapping[str, list[Any]]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The ``status`` fields a fixed-design kind shares (``study`` ... ``study_verdict``), from
+    :func:`read_phase_trials`'s ``phases``, and the study's ``verdict.json`` (None before there is
+    one) for the kind's own fields. ``expected_trials`` is ``spec.total_trials`` plus the trials of
+    the optional phases that ran (each raised the count)."""
+    import json
+    from collections import Counter
+
+    from studies.study_dir import StudyDir
+
+    optional = {p.name for p in kind.phases(spec) if p.optional}
+    every = [t for ts in phases.values() for t in ts]
+    text = StudyDir.of(spec).read_text("verdict.json")
+    verdict = json.loads(text) if text else None
+    fields = {
+        "study": spec.name,
+        "kind": kind_name,
+        "directory": StudyDir.of(spec).uri,
+        "expected_trials": spec.total_trials + sum(len(ts) for n, ts in phases.items() if n in optional),
+        "trials": len(every),
+        "by_status": dict(Counter(t.status for t in every)),
+        "phases": {
+            name: {"trials": len(ts), "by_status": dict(Counter(t.status for t in ts))}
+            for name, ts in phases.items()
+        },
+        "study_verdict": verdict.get("study_verdict") if verdict else None,
+    }
+    return fields, verdict
 
 
 class StudyKind(ABC):

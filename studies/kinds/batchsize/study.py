@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import StudyOutcome, hypothesis_entry, study_runner
+from studies.kinds.base import StudyOutcome, hypothesis_entry, phase_status, read_phase_trials, study_runner
 from studies.kinds.batchsize.kind import KIND_NAME, BatchSizeKind
 from studies.kinds.batchsize.power import pilot
 from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
@@ -604,39 +604,16 @@ def _print_verdict(
 
 
 def _phase_trials(spec: BatchSizeStudySpec, *, history: bool = False) -> dict[str, list[TrialRecord]]:
-    from studies.study_dir import StudyDir
-
-    where = StudyDir.of(spec)
-    out = {}
-    for phase in BatchSizeKind().phases(spec):
-        trials = read_trials(where.phase_plan(phase.name), history=history)
-        if trials or not phase.optional:  # an extension round that never ran is not a phase
-            out[phase.name] = trials
-    return out
+    return read_phase_trials(BatchSizeKind(), spec, history=history)
 
 
 def status(spec: BatchSizeStudySpec) -> dict[str, Any]:
     """Progress of every phase from the study directory."""
-    from studies.study_dir import StudyDir
-
     phases = _phase_trials(spec)
-    all_trials = [t for ts in phases.values() for t in ts]
-    verdict_text = StudyDir.of(spec).read_text("verdict.json")
-    verdict = json.loads(verdict_text) if verdict_text else None
+    # Extension rounds and looks that ran add their trials to expected_trials (each changes the count).
+    fields, verdict = phase_status(BatchSizeKind(), KIND_NAME, spec, phases)
     return {
-        "study": spec.name,
-        "kind": KIND_NAME,
-        "directory": StudyDir.of(spec).uri,
-        # Extension rounds and looks that ran add their trials (each changes the count).
-        "expected_trials": spec.total_trials
-        + sum(len(ts) for name, ts in phases.items() if "-ext" in name or "-look" in name),
-        "trials": len(all_trials),
-        "by_status": dict(Counter(t.status for t in all_trials)),
-        "phases": {
-            name: {"trials": len(ts), "by_status": dict(Counter(t.status for t in ts))}
-            for name, ts in phases.items()
-        },
-        "study_verdict": verdict.get("study_verdict") if verdict else None,
+        **fields,
         "verdict": verdict.get("verdict") if verdict else None,
         "rows": [
             {

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import StudyOutcome, hypothesis_entry, study_runner
+from studies.kinds.base import StudyOutcome, hypothesis_entry, phase_status, read_phase_trials, study_runner
 from studies.kinds.compare.kind import KIND_NAME, CompareKind
 from studies.kinds.compare.spec import CompareStudySpec
 from studies.tuning import RunPoints, TrialLike, tune
@@ -325,37 +325,15 @@ def _print_verdict(verdict: Mapping[str, Any], study_dir: str, run_id: str | Non
 
 
 def _phase_trials(spec: CompareStudySpec) -> dict[str, list[TrialRecord]]:
-    from studies.study_dir import StudyDir
-
-    where = StudyDir.of(spec)
-    out = {}
-    for phase in CompareKind().phases(spec):
-        trials = read_trials(where.phase_plan(phase.name), history=False)
-        if trials or not phase.optional:  # an extension round that never ran is not a phase
-            out[phase.name] = trials
-    return out
+    return read_phase_trials(CompareKind(), spec)
 
 
 def status(spec: CompareStudySpec) -> dict[str, Any]:
     """Progress of every phase from the study directory."""
-    from studies.study_dir import StudyDir
-
     phases = _phase_trials(spec)
-    every = [t for ts in phases.values() for t in ts]
-    text = StudyDir.of(spec).read_text("verdict.json")
-    verdict = json.loads(text) if text else None
+    fields, verdict = phase_status(CompareKind(), KIND_NAME, spec, phases)
     return {
-        "study": spec.name,
-        "kind": KIND_NAME,
-        "directory": StudyDir.of(spec).uri,
-        "expected_trials": spec.total_trials + sum(len(ts) for n, ts in phases.items() if "-ext" in n),
-        "trials": len(every),
-        "by_status": dict(Counter(t.status for t in every)),
-        "phases": {
-            name: {"trials": len(ts), "by_status": dict(Counter(t.status for t in ts))}
-            for name, ts in phases.items()
-        },
-        "study_verdict": verdict.get("study_verdict") if verdict else None,
+        **fields,
         "contrasts": {n: c.get("verdict") for n, c in (verdict.get("contrasts") or {}).items()}
         if verdict
         else None,
