@@ -31,12 +31,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 __all__ = [
+    "GridTuning",
     "LRGrid",
     "TrialLike",
     "extension_trials_max",
     "round_lr",
     "select_lr",
     "tune",
+    "tuned_rates",
 ]
 
 Side = Literal["low", "high"]
@@ -249,6 +251,43 @@ def tune(
             current[cell] = current[cell].extended(side)
         out = records()
     return out, every
+
+
+class GridTuning(Protocol):
+    """A kind's ``lr_tuning`` section as :func:`tuned_rates` reads it (one absolute grid for every cell)."""
+
+    @property
+    def metric(self) -> str: ...
+    @property
+    def mode(self) -> Literal["min", "max"]: ...
+    @property
+    def max_extensions(self) -> int: ...
+    def lr_grid(self) -> LRGrid: ...
+
+
+def tuned_rates(
+    cells: Sequence[str],
+    trials: Sequence[TrialLike],
+    *,
+    cell_of: Callable[[TrialLike], str],
+    tuning: GridTuning,
+    run_points: RunPoints | None = None,
+) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """:func:`tune` with ``tuning``'s grid, metric, mode and extension limit for every one of
+    ``cells``: the tuned rate per cell and the record per cell, a cell with no winner (no trial
+    completed) left out of both."""
+    grid = tuning.lr_grid()
+    record, _ = tune(
+        {cell: grid for cell in cells},
+        trials,
+        cell_of=cell_of,
+        metric=tuning.metric,
+        mode=tuning.mode,
+        max_extensions=tuning.max_extensions,
+        run_points=run_points,
+    )
+    record = {cell: rec for cell, rec in record.items() if rec["lr"] is not None}
+    return {cell: float(rec["lr"]) for cell, rec in record.items()}, record
 
 
 def extension_trials_max(grids: Sequence[LRGrid], seeds: int, max_extensions: int) -> int:

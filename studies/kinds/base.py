@@ -58,6 +58,7 @@ __all__ = [
     "hypothesis_entry",
     "phase_status",
     "read_phase_trials",
+    "stored_rounds",
     "study_runner",
 ]
 
@@ -183,6 +184,20 @@ def read_phase_trials(kind: StudyKind, spec: Any, *, history: bool = False) -> d
         if trials or not phase.optional:  # an extension round that never ran is not a phase
             out[phase.name] = trials
     return out
+
+
+def stored_rounds(spec: Any, prefix: str) -> Any:
+    """A :data:`studies.tuning.RunPoints` that reads range-extension round ``k`` back from the study
+    directory (the phase ``<prefix><k>``, e.g. ``tune-ext2``) instead of running it (report, status)."""
+    from studies.study_dir import StudyDir
+    from workers.runner import read_trials
+
+    where = StudyDir.of(spec)
+
+    def read_points(round_: int, lrs: Mapping[str, float]) -> Any:
+        return read_trials(where.phase_plan(f"{prefix}{round_}"), history=False)
+
+    return read_points
 
 
 def phase_status(

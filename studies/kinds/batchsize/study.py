@@ -28,11 +28,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import StudyOutcome, hypothesis_entry, phase_status, read_phase_trials, study_runner
+from studies.kinds.base import (
+    StudyOutcome,
+    hypothesis_entry,
+    phase_status,
+    read_phase_trials,
+    stored_rounds,
+    study_runner,
+)
 from studies.kinds.batchsize.kind import KIND_NAME, BatchSizeKind
 from studies.kinds.batchsize.power import pilot
 from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
-from studies.tuning import RunPoints, tune
+from studies.tuning import RunPoints, tuned_rates
 from workers.runner import TrialRecord, read_trials
 
 __all__ = [
@@ -92,19 +99,9 @@ def select_learning_rates(
     table and a JSON-able record per arm/cell (every η's mean score, the winner, the final grid,
     whether the winner still sits on its edge, trials completed / failed).
     """
-    tuning = spec.lr_tuning
-    grid = tuning.lr_grid()
-    record, _ = tune(
-        {cell: grid for cell in spec.tuning_cells},
-        trials,
-        cell_of=_cell_of(spec),
-        metric=tuning.metric,
-        mode=tuning.mode,
-        max_extensions=tuning.max_extensions,
-        run_points=run_points,
+    return tuned_rates(
+        spec.tuning_cells, trials, cell_of=_cell_of(spec), tuning=spec.lr_tuning, run_points=run_points
     )
-    record = {cell: rec for cell, rec in record.items() if rec["lr"] is not None}
-    return {cell: float(rec["lr"]) for cell, rec in record.items()}, record
 
 
 def trials_table(
@@ -472,14 +469,7 @@ def _run_looks(
 
 def _extension_reader(spec: BatchSizeStudySpec, budget: str) -> RunPoints:
     """Reads range-extension round ``k`` back from the study directory (report, status)."""
-    from studies.study_dir import StudyDir
-
-    where = StudyDir.of(spec)
-
-    def read_points(round_: int, lrs: Mapping[str, float]) -> Sequence[TrialRecord]:
-        return read_trials(where.phase_plan(f"tune-{budget}-ext{round_}"), history=False)
-
-    return read_points
+    return stored_rounds(spec, f"tune-{budget}-ext")
 
 
 def run(

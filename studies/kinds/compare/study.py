@@ -25,11 +25,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import StudyOutcome, hypothesis_entry, phase_status, read_phase_trials, study_runner
+from studies.kinds.base import (
+    StudyOutcome,
+    hypothesis_entry,
+    phase_status,
+    read_phase_trials,
+    stored_rounds,
+    study_runner,
+)
 from studies.kinds.compare.kind import KIND_NAME, CompareKind
 from studies.kinds.compare.spec import CompareStudySpec
-from studies.tuning import RunPoints, TrialLike, tune
-from workers.runner import TrialRecord, read_trials
+from studies.tuning import RunPoints, TrialLike, tuned_rates
+from workers.runner import TrialRecord
 
 __all__ = [
     "analyse",
@@ -62,19 +69,7 @@ def select_learning_rates(
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """The tuned η per arm from the tuning trials (:func:`studies.tuning.tune`), extending edge
     winners through ``run_points`` (``None``: no extension); the table and a record per arm."""
-    tuning = spec.lr_tuning
-    grid = tuning.lr_grid()
-    record, _ = tune(
-        {arm: grid for arm in spec.arm_names},
-        trials,
-        cell_of=_arm,
-        metric=tuning.metric,
-        mode=tuning.mode,
-        max_extensions=tuning.max_extensions,
-        run_points=run_points,
-    )
-    record = {arm: rec for arm, rec in record.items() if rec["lr"] is not None}
-    return {arm: float(rec["lr"]) for arm, rec in record.items()}, record
+    return tuned_rates(spec.arm_names, trials, cell_of=_arm, tuning=spec.lr_tuning, run_points=run_points)
 
 
 def trials_table(trials: Sequence[TrialRecord], *, metric: str, lr_record: Mapping[str, Any]) -> Any:
@@ -224,14 +219,7 @@ def _extension_runner(spec: CompareStudySpec, runner: Any, environ: Mapping[str,
 
 def _extension_reader(spec: CompareStudySpec) -> RunPoints:
     """Reads range-extension round ``k`` back from the study directory (report, status)."""
-    from studies.study_dir import StudyDir
-
-    where = StudyDir.of(spec)
-
-    def read_points(round_: int, lrs: Mapping[str, float]) -> Sequence[TrialRecord]:
-        return read_trials(where.phase_plan(f"tune-ext{round_}"), history=False)
-
-    return read_points
+    return stored_rounds(spec, "tune-ext")
 
 
 def run(

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import StudyOutcome, hypothesis_entry, study_runner
+from studies.kinds.base import StudyOutcome, hypothesis_entry, stored_rounds, study_runner
 from studies.kinds.search.claims import CONFIRM_COLUMNS
 from studies.kinds.search.kind import (
     KIND_NAME,
@@ -775,9 +775,6 @@ def _claims_report(
             if best_lr is None:
                 continue
 
-            def read_points(round_: int, lrs: Mapping[str, float], arm: str = arm) -> Any:
-                return read_trials(where.phase_plan(f"confirm-tune-{arm}-ext{round_}"), history=False)
-
             tuned[arm] = tune_arm_lr(
                 confirm,
                 arm,
@@ -785,7 +782,7 @@ def _claims_report(
                 read_trials(where.phase_plan(f"confirm-tune-{arm}")),
                 metric=plan.metric,
                 mode=plan.mode,
-                run_points=read_points,
+                run_points=stored_rounds(spec, f"confirm-tune-{arm}-ext"),
             )
     best = best_trial(trials, plan.metric, plan.mode)
     verdict = analyse(table, spec, gate_logs=gate_logs, tuned=tuned, searched=best is not None)
