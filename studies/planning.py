@@ -52,7 +52,7 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,7 @@ __all__ = [
     "format_pilot",
     "format_plan",
     "load_calibration",
+    "paired_seed_needs",
     "phases_of",
     "pilot_power",
     "plan_study",
@@ -747,6 +748,59 @@ def per_seed_need(
     min_effect = kwargs.get("min_effect")
     effect = abs(float(min_effect)) if min_effect is not None else float(arr.mean())
     return seeds_needed(values, **kwargs), effect, float(arr.std(ddof=1)), None
+
+
+def paired_seed_needs(
+    table: Any,
+    scored: Any,
+    contrasts: Sequence[tuple[str, str, str, str]],
+    *,
+    alpha: float,
+    power: float,
+    min_effect: float | None,
+    differences: Callable[[list[float], list[float], str], list[float]] | None = None,
+) -> dict[str, Any]:
+    """Seeds each paired contrast of a pilot needs (:func:`per_seed_need`), from its confirmatory
+    ``table`` (columns ``arm``, ``seed``) and each row's ``scored`` value (a failed trial's stand-in
+    already in it). ``contrasts``: ``(name, arm, reference, alternative)``; a contrast's per-seed
+    values are ``differences(arm values, reference values, alternative)`` over the seeds both arms
+    scored finitely (default ``arm − reference``). Returns ``seeds_needed``, ``per_seed``, ``effect``,
+    ``sd`` by contrast name and ``problems`` (a contrast that cannot be planned, and why)."""
+    cells: dict[str, dict[str, float]] = {}
+    for arm, seed, v in zip(table["arm"].astype(str), table["seed"].astype(str), scored):
+        cells.setdefault(arm, {})[seed] = float(v)
+    out: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "problems": {}}
+    for name, arm_a, arm_b, alternative in contrasts:
+        a_cells, b_cells = cells.get(arm_a, {}), cells.get(arm_b, {})
+        seeds = sorted(
+            (
+                s
+                for s in set(a_cells) & set(b_cells)
+                if math.isfinite(a_cells[s]) and math.isfinite(b_cells[s])
+            ),
+            key=lambda s: (len(s), s),
+        )
+        a_values, b_values = [a_cells[s] for s in seeds], [b_cells[s] for s in seeds]
+        diffs = (
+            [a - b for a, b in zip(a_values, b_values)]
+            if differences is None
+            else differences(a_values, b_values, alternative)
+        )
+        k, effect, sd, problem = per_seed_need(
+            diffs,
+            alpha=alpha,
+            family_size=len(contrasts),
+            power=power,
+            min_effect=min_effect,
+            alternative=alternative,
+        )
+        out["seeds_needed"][name] = k
+        out["per_seed"][name] = diffs
+        out["effect"][name] = effect
+        out["sd"][name] = sd
+        if problem:
+            out["problems"][name] = f"{arm_a} - {arm_b}: {problem}"
+    return out
 
 
 def pilot_power(

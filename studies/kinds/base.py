@@ -248,6 +248,8 @@ class StudyKind(ABC):
             contract suite (``tests/studies/test_kinds_contract.py``) starts from.
         tiny: ``--set`` overrides over ``example`` for the contract suite's one run: the cheapest
             fixed design (no optional phase fires) that still runs every phase.
+        decidability: the module whose ``undecidable(spec)`` the default :meth:`undecidable` calls
+            (imported on use; ``None``: a kind without hypotheses).
     """
 
     name: ClassVar[str]
@@ -258,6 +260,7 @@ class StudyKind(ABC):
     module: ClassVar[str]
     example: ClassVar[tuple[str, str | None]]
     tiny: ClassVar[tuple[str, ...]] = ()
+    decidability: ClassVar[str | None] = None
 
     def spec_class(self) -> type[BaseModel]:
         """The pydantic spec class (``extra="forbid"``, frozen, a ``kind: Literal[name]`` field)."""
@@ -344,8 +347,12 @@ class StudyKind(ABC):
     def undecidable(self, spec: Any) -> list[Any]:
         """The hypotheses the design can never decide, whatever the data (``studies.decidability.
         Undecidable`` each): by ``validate``, ``plan``, ``run`` and ``submit``, which refuse such a design
-        (exit 2) unless it is exploratory. Default: none (a kind without hypotheses)."""
-        return []
+        (exit 2) unless it is exploratory. Default: :attr:`decidability`'s ``undecidable(spec)``; none
+        without one (a kind without hypotheses)."""
+        if self.decidability is None:
+            return []
+        found: list[Any] = importlib.import_module(self.decidability).undecidable(spec)
+        return found
 
     def with_seeds(self, spec: Any, k: int) -> Any:
         """``spec`` with ``k`` confirmatory seeds, re-validated (``plan --pilot`` prices it)."""

@@ -38,6 +38,7 @@ class BatchSizeKind(StudyKind):
     title = "Batch-size studies"
     summary = "The affine-divergence batch-size protocol, e.g. `studies/specs/batchsize_correlation.yaml`."
     module = "studies.kinds.batchsize.study"
+    decidability = "studies.kinds.batchsize.decidability"
     example = ("studies/specs/batchsize_correlation.yaml", "smoke")
     tiny = (
         "training.epochs=1",
@@ -75,11 +76,6 @@ class BatchSizeKind(StudyKind):
         from studies.kinds.batchsize.study import extended_spec
 
         return extended_spec(spec, seeds, verdict)
-
-    def undecidable(self, spec: Any) -> list[Any]:
-        from studies.kinds.batchsize.decidability import undecidable
-
-        return undecidable(spec)
 
     def alpha(self, spec: Any) -> float:
         return float(spec.analysis.alpha)

@@ -29,6 +29,7 @@ class CompareKind(StudyKind):
         "e.g. `studies/specs/affine_divergence_table.yaml`."
     )
     module = "studies.kinds.compare.study"
+    decidability = "studies.kinds.compare.decidability"
     example = ("studies/specs/affine_divergence_table.yaml", "smoke")
     tiny = (
         "training.epochs=1",
@@ -57,11 +58,6 @@ class CompareKind(StudyKind):
             f"({', '.join(spec.contrast_specs)}); {self.total_trials(spec)} trials in all phases, "
             f"storage {spec.storage_path}"
         )
-
-    def undecidable(self, spec: Any) -> list[Any]:
-        from studies.kinds.compare.decidability import undecidable
-
-        return undecidable(spec)
 
     def alpha(self, spec: Any) -> float:
         return float(spec.analysis.alpha)

@@ -369,7 +369,7 @@ def pilot(
     import numpy as np
     import pandas as pd
 
-    from studies.planning import per_seed_need
+    from studies.planning import paired_seed_needs
 
     path = Path(study_dir) / TABLE_FILE
     if not path.is_file():
@@ -383,32 +383,16 @@ def pilot(
     values = pd.to_numeric(table[metric], errors="coerce").to_numpy(dtype=float)
     ok = (table["status"].astype(str).str.lower() == "completed").to_numpy() & np.isfinite(values)
     scored = np.where(ok, values, np.nan if failed_value is None else failed_value)
-    cells: dict[str, dict[str, float]] = {}
-    for arm, seed, v in zip(table["arm"].astype(str), table["seed"].astype(str), scored):
-        cells.setdefault(arm, {})[seed] = float(v)
     contrasts = spec.contrast_specs
     m = len(contrasts)
-    out: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "problems": {}}
-    for name, c in contrasts.items():
-        a_cells, r_cells = cells.get(c.arm, {}), cells.get(c.reference, {})
-        seeds = sorted(
-            (
-                s
-                for s in set(a_cells) & set(r_cells)
-                if math.isfinite(a_cells[s]) and math.isfinite(r_cells[s])
-            ),
-            key=lambda s: (len(s), s),
-        )
-        diffs = [a_cells[s] - r_cells[s] for s in seeds]
-        k, effect, sd, problem = per_seed_need(
-            diffs, alpha=alpha, family_size=m, power=power, min_effect=min_effect, alternative="two-sided"
-        )
-        out["seeds_needed"][name] = k
-        out["per_seed"][name] = diffs
-        out["effect"][name] = effect
-        out["sd"][name] = sd
-        if problem:
-            out["problems"][name] = f"{c.arm} - {c.reference}: {problem}"
+    out = paired_seed_needs(
+        table,
+        scored,
+        [(name, c.arm, c.reference, "two-sided") for name, c in contrasts.items()],
+        alpha=alpha,
+        power=power,
+        min_effect=min_effect,
+    )
     out.update(
         quantity=f"per-seed paired difference of {metric}",
         metric=metric,

@@ -154,6 +154,7 @@ class SearchKind(StudyKind):
     title = "Search studies"
     summary = "One Optuna (or grid) search under Ray Tune, e.g. `studies/specs/autonorm_search.yaml`."
     module = "studies.kinds.search.study"
+    decidability = "studies.kinds.search.decidability"
     example = ("studies/specs/autonorm_search.yaml", "smoke")
     tiny = (
         "training.epochs=2",
@@ -203,11 +204,6 @@ class SearchKind(StudyKind):
             f"{plan.scheduler.type}, {self.total_trials(spec)} trials ({plan.max_concurrent} at a time), metric "
             f"{plan.metric} ({plan.mode}), storage {plan.storage.path}"
         )
-
-    def undecidable(self, spec: Any) -> list[Any]:
-        from studies.kinds.search.decidability import undecidable
-
-        return undecidable(spec)
 
     def alpha(self, spec: Any) -> float:
         return float(getattr(spec.confirm, "alpha", 0.05))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ def pilot(
     import numpy as np
     import pandas as pd
 
-    from studies.planning import chance_accuracy, per_seed_need
+    from studies.planning import chance_accuracy, paired_seed_needs
     from studies.stats import paired_contrast
 
     path = study_dir / "confirm_trials.csv"
@@ -51,36 +50,16 @@ def pilot(
         values
     )
     scored = np.where(ok, values, chance)
-    cells: dict[str, dict[str, float]] = {}
-    for arm, seed, v in zip(table["arm"].astype(str), table["seed"].astype(str), scored):
-        cells.setdefault(arm, {})[seed] = float(v)
-    out: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "problems": {}}
-    for name, arm_a, arm_b, alternative in contrasts:
-        a_cells, b_cells = cells.get(arm_a, {}), cells.get(arm_b, {})
-        seeds = sorted(
-            (
-                s
-                for s in set(a_cells) & set(b_cells)
-                if math.isfinite(a_cells[s]) and math.isfinite(b_cells[s])
-            ),
-            key=lambda s: (len(s), s),
-        )
-        diffs: list[float] = []
-        if len(seeds) >= 2:
-            diffs = paired_contrast(
-                [a_cells[s] for s in seeds],
-                [b_cells[s] for s in seeds],
-                alternative=alternative,
-            )["differences"]
-        k, effect, sd, problem = per_seed_need(
-            diffs, alpha=alpha, family_size=m, power=power, min_effect=min_effect, alternative=alternative
-        )
-        out["seeds_needed"][name] = k
-        out["per_seed"][name] = diffs
-        out["effect"][name] = effect
-        out["sd"][name] = sd
-        if problem:
-            out["problems"][name] = f"{arm_a} - {arm_b}: {problem}"
+
+    def differences(a: list[float], b: list[float], alternative: Any) -> list[float]:
+        if len(a) < 2:
+            return []
+        found: list[float] = paired_contrast(a, b, alternative=alternative)["differences"]
+        return found
+
+    out = paired_seed_needs(
+        table, scored, contrasts, alpha=alpha, power=power, min_effect=min_effect, differences=differences
+    )
     out.update(
         quantity="per-seed paired difference of test_accuracy",
         metric="test_accuracy",
