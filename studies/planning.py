@@ -72,6 +72,7 @@ __all__ = [
     "pilot_power",
     "plan_study",
     "save_calibration",
+    "seed_needs",
     "timing_key",
 ]
 
@@ -769,7 +770,9 @@ def paired_seed_needs(
     cells: dict[str, dict[str, float]] = {}
     for arm, seed, v in zip(table["arm"].astype(str), table["seed"].astype(str), scored):
         cells.setdefault(arm, {})[seed] = float(v)
-    out: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "problems": {}}
+    per_seed: dict[str, list[float]] = {}
+    alternatives: dict[str, str] = {}
+    labels: dict[str, str] = {}
     for name, arm_a, arm_b, alternative in contrasts:
         a_cells, b_cells = cells.get(arm_a, {}), cells.get(arm_b, {})
         seeds = sorted(
@@ -786,20 +789,43 @@ def paired_seed_needs(
             if differences is None
             else differences(a_values, b_values, alternative)
         )
+        per_seed[name] = diffs
+        alternatives[name] = alternative
+        labels[name] = f"{arm_a} - {arm_b}: "
+    return seed_needs(
+        per_seed, alternatives=alternatives, alpha=alpha, power=power, min_effect=min_effect, labels=labels
+    )
+
+
+def seed_needs(
+    per_seed: Mapping[str, Sequence[float]],
+    *,
+    alternatives: Mapping[str, str],
+    alpha: float,
+    power: float,
+    min_effect: float | None,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """:func:`per_seed_need` for each test of a family (Holm over ``len(per_seed)`` tests), from each
+    test's per-seed values and its ``alternatives[name]``. Returns ``seeds_needed``, ``per_seed``,
+    ``effect``, ``sd`` by test name and ``problems`` (a test that cannot be planned, and why, after
+    ``labels[name]`` where given)."""
+    out: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "problems": {}}
+    for name, values in per_seed.items():
         k, effect, sd, problem = per_seed_need(
-            diffs,
+            values,
             alpha=alpha,
-            family_size=len(contrasts),
+            family_size=len(per_seed),
             power=power,
             min_effect=min_effect,
-            alternative=alternative,
+            alternative=alternatives[name],
         )
         out["seeds_needed"][name] = k
-        out["per_seed"][name] = diffs
+        out["per_seed"][name] = values
         out["effect"][name] = effect
         out["sd"][name] = sd
         if problem:
-            out["problems"][name] = f"{arm_a} - {arm_b}: {problem}"
+            out["problems"][name] = f"{(labels or {}).get(name, '')}{problem}"
     return out
 
 

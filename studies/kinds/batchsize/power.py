@@ -55,7 +55,7 @@ def pilot(
     import pandas as pd
 
     from studies.kinds.batchsize.analysis import normalize_table
-    from studies.planning import chance_accuracy, per_seed_need
+    from studies.planning import chance_accuracy, seed_needs
 
     path = study_dir / "trials.csv"
     if not path.is_file():
@@ -74,24 +74,13 @@ def pilot(
     by_budget: dict[str, Any] = {}
     for budget in budgets:
         sub = df[df["budget"] == budget]
-        entry: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "problems": {}}
-        for arm in fix_arms:
-            values = interaction_slopes(sub, fix=arm, control=spec.control, chance=chance)
-            k, effect, sd, problem = per_seed_need(
-                values,
-                alpha=alpha,
-                family_size=m,
-                power=power,
-                min_effect=min_effect,
-                alternative=alternative,
-            )
-            entry["seeds_needed"][arm] = k
-            entry["per_seed"][arm] = values
-            entry["effect"][arm] = effect
-            entry["sd"][arm] = sd
-            if problem:
-                entry["problems"][arm] = problem
-        by_budget[budget or "all"] = entry
+        by_budget[budget or "all"] = seed_needs(
+            {arm: interaction_slopes(sub, fix=arm, control=spec.control, chance=chance) for arm in fix_arms},
+            alternatives=dict.fromkeys(fix_arms, alternative),
+            alpha=alpha,
+            power=power,
+            min_effect=min_effect,
+        )
     # Per arm, the budget that needs the most seeds (None, i.e. unreachable, wins).
     out: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "binding_budget": {}}
     for arm in fix_arms:
