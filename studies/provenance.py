@@ -41,6 +41,7 @@ __all__ = [
     "data_fingerprint",
     "data_sets",
     "git_dirty",
+    "git_output",
     "machine",
     "phase_seeds",
     "study_provenance",
@@ -56,6 +57,18 @@ _FILE_KEYS = ("path", "test_path")
 # ---- git -------------------------------------------------------------------------------------------
 
 
+def git_output(root: Path | str, *args: str, timeout: float) -> str | None:
+    """``git -C root <args>``'s stripped standard output; ``None`` when git is missing, times out or
+    fails (non-zero exit)."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
 def git_dirty(environ: Mapping[str, str] | None = None, root: Path | str = _REPO_ROOT) -> str:
     """``true`` when a tracked file of the checkout at ``root`` is modified (staged or not),
     ``false`` when none is, ``unknown`` without git. ``AUTONORM_GIT_DIRTY`` wins (a Ray job's
@@ -64,19 +77,10 @@ def git_dirty(environ: Mapping[str, str] | None = None, root: Path | str = _REPO
     given = env.get("AUTONORM_GIT_DIRTY")
     if given in ("true", "false"):
         return given
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
+    out = git_output(root, "status", "--porcelain", "--untracked-files=no", timeout=20)
+    if out is None:
         return "unknown"
-    if out.returncode != 0:
-        return "unknown"
-    return "true" if out.stdout.strip() else "false"
+    return "true" if out else "false"
 
 
 # ---- machine ---------------------------------------------------------------------------------------

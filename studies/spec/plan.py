@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -43,17 +42,9 @@ def git_commit(environ: Mapping[str, str]) -> str:
     # A Ray job's uploaded working dir has no .git: `autonorm-study submit` passes the commit along.
     if environ.get("AUTONORM_GIT_COMMIT"):
         return environ["AUTONORM_GIT_COMMIT"]
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(_REPO_ROOT), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+    from studies.provenance import git_output
+
+    return git_output(_REPO_ROOT, "rev-parse", "HEAD", timeout=10) or "unknown"
 
 
 def _versions() -> list[tuple[str, str]]:
