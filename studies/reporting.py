@@ -31,6 +31,7 @@ __all__ = [
     "Section",
     "caption",
     "data_uri",
+    "draw_contrast_row",
     "finite",
     "fmt",
     "fmt_ci",
@@ -180,6 +181,24 @@ def md_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def draw_contrast_row(
+    ax: Any, trans: Any, y: float, contrast: Mapping[str, Any], color: str, note: str
+) -> None:
+    """One paired contrast's row ``y`` of a forest plot: its per-seed ``differences`` (small jittered
+    dots), its ``ci`` (bar), its ``estimate`` (dot, when finite) and ``note`` right of the axes
+    (``trans``: axes x, data y)."""
+    diffs = [float(d) for d in contrast.get("differences") or [] if finite(d)]
+    if diffs:
+        jitter = np.linspace(-0.15, 0.15, len(diffs)) if len(diffs) > 1 else np.zeros(1)
+        ax.scatter(diffs, y + jitter, s=10, color=color, alpha=0.35, linewidths=0)
+    est, ci = contrast.get("estimate"), contrast.get("ci") or [None, None]
+    if finite(ci[0]) and finite(ci[1]):
+        ax.plot([ci[0], ci[1]], [y, y], color=color, lw=2.6)
+    if finite(est):
+        ax.plot([est], [y], "o", color=color, ms=7)
+    ax.text(1.01, y, note, transform=trans, va="center", fontsize=7.5, color=color)
 
 
 def save_figure(fig: Any, path: str | Path) -> Path:

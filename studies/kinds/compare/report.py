@@ -20,6 +20,7 @@ from studies.reporting import (
     COLORS,
     Document,
     Section,
+    draw_contrast_row,
     finite,
     fmt,
     fmt_ci,
@@ -58,26 +59,10 @@ def plot_contrasts_forest(verdict: Mapping[str, Any], path: str | Path) -> Path:
         c = contrasts[name]
         labels.append(f"{name}\n{c['arm']} − {c['reference']}")
         color = CONTRAST_COLORS.get(str(c.get("verdict")), "black")
-        est, ci = c.get("estimate"), c.get("ci") or [None, None]
-        diffs = [float(d) for d in c.get("differences") or [] if finite(d)]
-        if diffs:
-            jitter = np.linspace(-0.15, 0.15, len(diffs)) if len(diffs) > 1 else np.zeros(1)
-            ax.scatter(diffs, y + jitter, s=10, color=color, alpha=0.35, linewidths=0)
-        if finite(ci[0]) and finite(ci[1]):
-            ax.plot([ci[0], ci[1]], [y, y], color=color, lw=2.6)
-        if finite(est):
-            ax.plot([est], [y], "o", color=color, ms=7)
-        else:
+        note = f"{c.get('verdict')} (pred. {c.get('predicted')})\np(Holm) {fmt(c.get('p_value_holm'))}"
+        draw_contrast_row(ax, trans, y, c, color, note)
+        if not finite(c.get("estimate")):
             ax.text(0.02, y, "n/a (no paired seeds)", transform=trans, va="center", fontsize=8, color="gray")
-        ax.text(
-            1.01,
-            y,
-            f"{c.get('verdict')} (pred. {c.get('predicted')})\np(Holm) {fmt(c.get('p_value_holm'))}",
-            transform=trans,
-            va="center",
-            fontsize=7.5,
-            color=color,
-        )
     if margin > 0:
         ax.axvspan(-margin, margin, color=COLORS["stable"], alpha=0.12, lw=0)
     ax.axvline(0.0, color="black", lw=0.9, ls="--")

@@ -40,6 +40,7 @@ from studies.reporting import (
     COLORS,
     Document,
     Section,
+    draw_contrast_row,
     finite,
     fmt,
     fmt_ci,
@@ -346,28 +347,12 @@ def plot_claims_forest(claims: Mapping[str, Mapping[str, Any]], path: str | Path
         labels.append(f"{cid}: {arms[0]} − {arms[1]}")
         verdict = str(c.get("verdict", "inconclusive"))
         color = VERDICT_COLORS.get(verdict, "black")
-        est, ci = c.get("estimate"), c.get("ci") or [None, None]
-        if not finite(est):
+        if not finite(c.get("estimate")):
             reason = "; ".join(str(r) for r in c.get("reasons") or []) or "no estimate"
             ax.text(0.02, y, f"n/a ({reason})", transform=trans, va="center", fontsize=8, color="gray")
             continue
-        diffs = [float(d) for d in c.get("differences") or [] if finite(d)]
-        if diffs:
-            jitter = np.linspace(-0.15, 0.15, len(diffs)) if len(diffs) > 1 else np.zeros(1)
-            ax.scatter(diffs, y + jitter, s=10, color=color, alpha=0.35, linewidths=0)
-        if finite(ci[0]) and finite(ci[1]):
-            ax.plot([ci[0], ci[1]], [y, y], color=color, lw=2.6)
-        ax.plot([est], [y], "o", color=color, ms=7)
         p = c.get("p_value_holm") if c.get("p_value_holm") is not None else c.get("p_value")
-        ax.text(
-            1.01,
-            y,
-            f"{_verdict_text(cid, verdict)}\np(Holm) {fmt(p)}",
-            transform=trans,
-            va="center",
-            fontsize=7.5,
-            color=color,
-        )
+        draw_contrast_row(ax, trans, y, c, color, f"{_verdict_text(cid, verdict)}\np(Holm) {fmt(p)}")
     ax.axvline(0.0, color="black", lw=0.9, ls="--")
     ax.set_yticks(ypos)
     ax.set_yticklabels(labels, fontsize=8.5)
