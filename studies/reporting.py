@@ -29,6 +29,7 @@ __all__ = [
     "COLORS",
     "Document",
     "Section",
+    "begin_report",
     "caption",
     "data_uri",
     "draw_contrast_row",
@@ -138,6 +139,24 @@ def json_safe(obj: Any) -> Any:
     if obj is None or isinstance(obj, str | int | float | bool):
         return obj
     return str(obj)
+
+
+def begin_report(out_dir: str | Path, verdict: Any, table: Any, **plots: str) -> dict[str, Path]:
+    """The output paths of a fixed-design kind's report in ``out_dir`` (made if missing): ``verdict``
+    (``verdict.json``), ``trials`` (``trials.csv``), ``markdown``, ``html`` and each of ``plots``
+    (name -> file name); writes ``verdict.json`` (NaN as null) and ``trials.csv`` (``table``) now."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "verdict": out / "verdict.json",
+        "trials": out / "trials.csv",
+        "markdown": out / "report.md",
+        "html": out / "report.html",
+        **{name: out / file for name, file in plots.items()},
+    }
+    write_json(paths["verdict"], verdict)
+    table.to_csv(paths["trials"], index=False)
+    return paths
 
 
 def write_json(path: Path, data: Any) -> Path:

@@ -35,13 +35,13 @@ from studies.reporting import (
     COLORS,
     Document,
     Section,
+    begin_report,
     fmt,
     fmt_ci,
     legend_handles,
     resources_lines,
     save_figure,
     to_yaml,
-    write_json,
 )
 from studies.reporting import render_html as kit_html
 from studies.reporting import render_markdown as kit_markdown
@@ -645,18 +645,9 @@ def write_batchsize_report(
         ``plot_forest`` and, for a sequential design, ``plot_looks`` (``intervals_vs_seeds.png``:
         each hypothesis's confidence sequence against the seeds).
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "verdict": out / "verdict.json",
-        "trials": out / "trials.csv",
-        "markdown": out / "report.md",
-        "html": out / "report.html",
-        "plot_metric": out / "metric_vs_batch_size.png",
-        "plot_forest": out / "forest.png",
-    }
-    write_json(paths["verdict"], verdict)
-    table.to_csv(paths["trials"], index=False)
+    paths = begin_report(
+        out_dir, verdict, table, plot_metric="metric_vs_batch_size.png", plot_forest="forest.png"
+    )
     plot_metric_vs_batch_size(
         table,
         paths["plot_metric"],
@@ -670,7 +661,7 @@ def write_batchsize_report(
     if verdict.get("looks"):
         from studies.sequential import plot_intervals
 
-        paths["plot_looks"] = out / "intervals_vs_seeds.png"
+        paths["plot_looks"] = Path(out_dir) / "intervals_vs_seeds.png"
         plots.append(plot_intervals(verdict, paths["plot_looks"]))
     common: dict[str, Any] = {
         "title": title,

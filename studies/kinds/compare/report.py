@@ -20,6 +20,7 @@ from studies.reporting import (
     COLORS,
     Document,
     Section,
+    begin_report,
     draw_contrast_row,
     finite,
     fmt,
@@ -30,7 +31,6 @@ from studies.reporting import (
     resources_lines,
     save_figure,
     to_yaml,
-    write_json,
 )
 
 __all__ = ["CONTRAST_COLORS", "plot_contrasts_forest", "write_compare_report"]
@@ -214,17 +214,7 @@ def write_compare_report(
     """Write ``verdict.json`` (verbatim, NaN as null), ``trials.csv``, ``forest.png``, ``report.md``
     and ``report.html`` into ``out_dir``; returns name -> path (``verdict``, ``trials``,
     ``plot_forest``, ``markdown``, ``html``)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "verdict": out / "verdict.json",
-        "trials": out / "trials.csv",
-        "plot_forest": out / "forest.png",
-        "markdown": out / "report.md",
-        "html": out / "report.html",
-    }
-    write_json(paths["verdict"], verdict)
-    table.to_csv(paths["trials"], index=False)
+    paths = begin_report(out_dir, verdict, table, plot_forest="forest.png")
     plots = [plot_contrasts_forest(verdict, paths["plot_forest"])]
     doc = _document(
         verdict,
