@@ -38,6 +38,7 @@ __all__ = [
     "round_lr",
     "select_lr",
     "tune",
+    "tuned_lines",
     "tuned_rates",
 ]
 
@@ -288,6 +289,17 @@ def tuned_rates(
     )
     record = {cell: rec for cell, rec in record.items() if rec["lr"] is not None}
     return {cell: float(rec["lr"]) for cell, rec in record.items()}, record
+
+
+def tuned_lines(record: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per cell of :func:`tune`'s record: its rate, the extension rounds it took and whether
+    it still sits on the edge of its grid."""
+    lines = []
+    for cell, rec in record.items():
+        edge = " (on the edge of the range!)" if rec["at_range_edge"] else ""
+        grown = f" after {rec['extensions']} range extension(s)" if rec["extensions"] else ""
+        lines.append(f"  {cell}: lr={rec['lr']:.4g}{grown}{edge}")
+    return lines
 
 
 def extension_trials_max(grids: Sequence[LRGrid], seeds: int, max_extensions: int) -> int:

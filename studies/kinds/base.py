@@ -59,6 +59,7 @@ __all__ = [
     "phase_status",
     "read_phase_trials",
     "stored_rounds",
+    "study_outcome",
     "study_runner",
 ]
 
@@ -230,6 +231,44 @@ def phase_status(
         "study_verdict": verdict.get("study_verdict") if verdict else None,
     }
     return fields, verdict
+
+
+def study_outcome(
+    kind_name: str,
+    spec: Any,
+    runner: Any,
+    verdict: dict[str, Any],
+    table: Any,
+    files: dict[str, Path],
+    *,
+    verdicts: Mapping[str, Any],
+    tuned_lr: Any,
+) -> StudyOutcome:
+    """The :class:`StudyOutcome` of a fixed-design kind's finished ``run``: its summary is the study,
+    its ``study_verdict``, the kind's ``verdicts`` (e.g. per arm or per contrast), the trials by
+    status (``table``'s ``status`` column), ``tuned_lr`` and where the run lives."""
+    from collections import Counter
+
+    counts = Counter(str(s) for s in table["status"]) if not table.empty else Counter()
+    return StudyOutcome(
+        kind=kind_name,
+        name=spec.name,
+        study_dir=runner.study_uri,
+        tracking_uri=runner.tracking_uri,
+        parent_run_id=runner.run_id,
+        summary={
+            "study": spec.name,
+            "study_verdict": verdict.get("study_verdict"),
+            **verdicts,
+            "trials": dict(counts),
+            "tuned_lr": tuned_lr,
+            "parent_run_id": runner.run_id,
+            "tracking_uri": runner.tracking_uri,
+            "study_dir": runner.study_uri,
+        },
+        verdict=verdict,
+        files=files,
+    )
 
 
 class StudyKind(ABC):

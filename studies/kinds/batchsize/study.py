@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,12 +33,13 @@ from studies.kinds.base import (
     phase_status,
     read_phase_trials,
     stored_rounds,
+    study_outcome,
     study_runner,
 )
 from studies.kinds.batchsize.kind import KIND_NAME, BatchSizeKind
 from studies.kinds.batchsize.power import pilot
 from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
-from studies.tuning import RunPoints, tuned_rates
+from studies.tuning import RunPoints, tuned_lines, tuned_rates
 from workers.runner import TrialRecord, read_trials
 
 __all__ = [
@@ -499,10 +499,8 @@ def run(
                 spec, tuned.trials, run_points=_extension_runner(spec, runner, budget, environ)
             )
             lr_records[budget] = record
-            for key, rec in record.items():
-                edge = " (on the edge of the range!)" if rec["at_range_edge"] else ""
-                grown = f" after {rec['extensions']} range extension(s)" if rec["extensions"] else ""
-                _say(f"  {key}: lr={rec['lr']:.4g}{grown}{edge}")
+            for line in tuned_lines(record):
+                _say(line)
             tuned_lr[budget] = lr
             if spec.sequential is None:
                 tables.append(_confirm(spec, runner, budget, lr, record, look=1, environ=environ))
@@ -524,26 +522,15 @@ def run(
         )
     _print_verdict(spec, verdict, runner.study_uri, runner.run_id, runner.tracking_uri)
     _say(f"wall time {runner.wall_time_s / 60:.1f} min, {cpu_h:.3f} CPU h, {gpu_h:.3f} GPU h")
-    counts = Counter(str(s) for s in table["status"]) if not table.empty else Counter()
-    return StudyOutcome(
-        kind=KIND_NAME,
-        name=spec.name,
-        study_dir=runner.study_uri,
-        tracking_uri=runner.tracking_uri,
-        parent_run_id=runner.run_id,
-        summary={
-            "study": spec.name,
-            "study_verdict": verdict.get("study_verdict"),
-            "verdict": verdict.get("verdict"),
-            "controls": verdict.get("controls"),
-            "trials": dict(counts),
-            "tuned_lr": {b: {k: r["lr"] for k, r in rec.items()} for b, rec in lr_records.items()},
-            "parent_run_id": runner.run_id,
-            "tracking_uri": runner.tracking_uri,
-            "study_dir": runner.study_uri,
-        },
-        verdict=verdict,
-        files=files,
+    return study_outcome(
+        KIND_NAME,
+        spec,
+        runner,
+        verdict,
+        table,
+        files,
+        verdicts={"verdict": verdict.get("verdict"), "controls": verdict.get("controls")},
+        tuned_lr={b: {k: r["lr"] for k, r in rec.items()} for b, rec in lr_records.items()},
     )
 
 

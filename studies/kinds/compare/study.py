@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,11 +30,12 @@ from studies.kinds.base import (
     phase_status,
     read_phase_trials,
     stored_rounds,
+    study_outcome,
     study_runner,
 )
 from studies.kinds.compare.kind import KIND_NAME, CompareKind
 from studies.kinds.compare.spec import CompareStudySpec
-from studies.tuning import RunPoints, TrialLike, tuned_rates
+from studies.tuning import RunPoints, TrialLike, tuned_lines, tuned_rates
 from workers.runner import TrialRecord
 
 __all__ = [
@@ -240,10 +240,8 @@ def run(
         lr, record = select_learning_rates(
             spec, tuned.trials, run_points=_extension_runner(spec, runner, environ)
         )
-        for arm, rec in record.items():
-            edge = " (on the edge of the range!)" if rec["at_range_edge"] else ""
-            grown = f" after {rec['extensions']} range extension(s)" if rec["extensions"] else ""
-            _say(f"  {arm}: lr={rec['lr']:.4g}{grown}{edge}")
+        for line in tuned_lines(record):
+            _say(line)
         missing = [a for a in spec.arm_names if a not in lr]
         if missing:  # no trial of these arms came back: nothing to confirm them with
             raise RuntimeError(f"lr tuning gave no learning rate for {missing}; see the tune phase's trials")
@@ -271,25 +269,15 @@ def run(
             params={"analysis_metric": spec.analysis.metric},
         )
     _print_verdict(verdict, runner.study_uri, runner.run_id, runner.tracking_uri)
-    counts = Counter(str(s) for s in table["status"]) if not table.empty else Counter()
-    return StudyOutcome(
-        kind=KIND_NAME,
-        name=spec.name,
-        study_dir=runner.study_uri,
-        tracking_uri=runner.tracking_uri,
-        parent_run_id=runner.run_id,
-        summary={
-            "study": spec.name,
-            "study_verdict": verdict["study_verdict"],
-            "contrasts": {n: c["verdict"] for n, c in verdict["contrasts"].items()},
-            "trials": dict(counts),
-            "tuned_lr": {arm: rec["lr"] for arm, rec in record.items()},
-            "parent_run_id": runner.run_id,
-            "tracking_uri": runner.tracking_uri,
-            "study_dir": runner.study_uri,
-        },
-        verdict=verdict,
-        files=files,
+    return study_outcome(
+        KIND_NAME,
+        spec,
+        runner,
+        verdict,
+        table,
+        files,
+        verdicts={"contrasts": {n: c["verdict"] for n, c in verdict["contrasts"].items()}},
+        tuned_lr={arm: rec["lr"] for arm, rec in record.items()},
     )
 
 
