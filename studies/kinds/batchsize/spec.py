@@ -51,7 +51,6 @@ from studies.spec import (
     build_plan,
     check_search_space,
     dump_yaml,
-    metric_issues,
     plan_settings,
     spec_hash,
 )
@@ -61,6 +60,7 @@ from studies.spec.sections import (
     FashionMNISTSpec,
     TableDataSpec,
     data_task,
+    tuned_design_issues,
 )
 from studies.tuning import LRGrid, extension_trials_max
 from workers.dotted import ROOT
@@ -329,32 +329,7 @@ class BatchSizeStudySpec(BaseModel):
                     "list at least max_seeds confirmatory seeds (they are taken in order)",
                 )
             )
-        overlap = sorted(set(self.lr_tuning.seeds) & set(self.seeds))
-        if overlap:
-            issues.append(
-                SpecIssue(
-                    "lr_tuning.seeds",
-                    f"tuning seeds {overlap} are also confirmatory seeds; tune on held-out seeds",
-                )
-            )
-        if not issues:
-            issues += metric_issues(
-                self.lr_tuning.metric,
-                self.lr_tuning.mode,
-                model=self.model,
-                data=self.data,
-                metric_path="lr_tuning.metric",
-                mode_path="lr_tuning.mode",
-            )
-            issues += metric_issues(
-                self.analysis.metric,
-                "max" if self.analysis.higher_is_better else "min",
-                model=self.model,
-                data=self.data,
-                metric_path="analysis.metric",
-                mode_path="analysis.higher_is_better",
-                allow_test=True,
-            )
+        issues += tuned_design_issues(self, issues)
         if not issues:
             # Every (arm, batch size) trial must be valid on its own: data fits model, budgets, ...
             issues += check_search_space(

@@ -48,11 +48,10 @@ from studies.spec import (
     build_plan,
     check_search_space,
     dump_yaml,
-    metric_issues,
     plan_settings,
     spec_hash,
 )
-from studies.spec.sections import FROZEN, FashionMNISTSpec, data_task
+from studies.spec.sections import FROZEN, FashionMNISTSpec, data_task, tuned_design_issues
 from studies.tuning import LRGrid, extension_trials_max
 from workers.dotted import ROOT
 from workers.plan import StudyPlan
@@ -310,32 +309,7 @@ class CompareStudySpec(BaseModel):
                     f"the compare study analyses classification, but {self.data.type!r} is a regression",
                 )
             )
-        overlap = sorted(set(self.lr_tuning.seeds) & set(self.seeds))
-        if overlap:
-            issues.append(
-                SpecIssue(
-                    "lr_tuning.seeds",
-                    f"tuning seeds {overlap} are also confirmatory seeds; tune on held-out seeds",
-                )
-            )
-        if not issues:
-            issues += metric_issues(
-                self.lr_tuning.metric,
-                self.lr_tuning.mode,
-                model=self.model,
-                data=self.data,
-                metric_path="lr_tuning.metric",
-                mode_path="lr_tuning.mode",
-            )
-            issues += metric_issues(
-                self.analysis.metric,
-                "max" if self.analysis.higher_is_better else "min",
-                model=self.model,
-                data=self.data,
-                metric_path="analysis.metric",
-                mode_path="analysis.higher_is_better",
-                allow_test=True,
-            )
+        issues += tuned_design_issues(self, issues)
         if not issues:  # every arm's trial must be valid on its own (data fits model, ...)
             found = check_search_space(
                 (CategoricalParam(name="model.layer.type", choices=tuple(self.arm_names)),),
