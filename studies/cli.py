@@ -420,14 +420,8 @@ def format_status(spec: Any, status: Mapping[str, Any]) -> list[str]:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     """Trials per phase, calibrated cost and wall time before launch; with ``--pilot``, seeds needed."""
-    from studies.planning import (
-        format_pilot,
-        format_plan,
-        load_calibration,
-        pilot_power,
-        plan_study,
-        save_calibration,
-    )
+    from studies.pilot import format_pilot, pilot_power
+    from studies.planning import format_plan, load_calibration, plan_study, save_calibration
 
     if args.history:
         return _plan_history(args)

@@ -25,7 +25,7 @@ When each method is called:
   (default: :meth:`StudyKind.report` with ``read_trials`` answering from MLflow).
 * :meth:`StudyKind.status` — by ``status``, during a run and after it.
 * :meth:`StudyKind.power` / :meth:`StudyKind.with_seeds` / :meth:`StudyKind.alpha` — by
-  ``plan --pilot`` (:func:`studies.planning.pilot_power`).
+  ``plan --pilot`` (:func:`studies.pilot.pilot_power`).
 * :meth:`StudyKind.undecidable` — by ``validate``, ``plan``, ``run`` and ``submit``
   (:func:`studies.decidability.check_decidable`): hypotheses the design can never decide.
 
@@ -373,7 +373,7 @@ class StudyKind(ABC):
     ) -> dict[str, Any]:
         """Seeds each confirmatory test needs, from a finished pilot in ``study_dir``:
         ``{"seeds_needed": {test: K | None}, "per_seed", "effect", "sd", "quantity", "family_size",
-        "min_seeds", ...}`` (:func:`studies.planning.pilot_power` adds the cost)."""
+        "min_seeds", ...}`` (:func:`studies.pilot.pilot_power` adds the cost)."""
         result: dict[str, Any] = self.impl().pilot(
             spec, study_dir, power=power, min_effect=min_effect, alpha=alpha
         )

@@ -208,7 +208,7 @@ def chain(mlflow_server: MlflowServer) -> Iterator[Chain]:
                 result.garbled[trial_id] = checkpoint
         result.epochs_before_final = result_epochs(study_dir)
         step("rerun", None)
-        for log in sorted(ray_tmp.glob("**/session_*/logs/worker-*.err")):
+        for log in sorted(ray_tmp.rglob("worker-*.err")):
             text = log.read_text(errors="replace")
             result.worker_notices += [line for line in text.splitlines() if "is unreadable" in line]
         for label, st in result.steps.items():

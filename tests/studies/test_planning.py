@@ -12,7 +12,8 @@ import pytest
 
 from studies.analysis import ols_slope
 from studies.kinds import KINDS, load_study
-from studies.planning import phases_of, pilot_power, plan_study, timing_key
+from studies.pilot import pilot_power
+from studies.planning import phases_of, plan_study, timing_key
 from studies.power import seeds_needed
 
 SPECS = Path(__file__).resolve().parents[2] / "studies" / "specs"

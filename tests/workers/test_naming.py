@@ -128,6 +128,10 @@ def test_trial_folders_are_named_after_the_readable_name() -> None:
     # A name with a field the config lacked (``?``), or none at all, keeps the trial id: never shared.
     assert TrialDirnamer(_Namer("?-B32"))(trial) == "B32_5f3e1_00002"  # type: ignore[arg-type]
     assert TrialDirnamer(_Namer(""))(trial) == "trial_5f3e1_00002"  # type: ignore[arg-type]
+    # A name from the trial's index is not unique once a study is restored: it keeps the id too.
+    indexed = TrialNamer("", plan_name="search", base_config={})
+    assert TrialDirnamer(indexed)(trial) == f"{indexed(trial)}_5f3e1_00002"
+    assert TrialDirnamer(indexed)(trial).startswith("search-003")
 
 
 # ---- real studies ------------------------------------------------------------------------------

@@ -136,8 +136,11 @@ _UNSAFE_DIRNAME = re.compile(r"[^A-Za-z0-9._=+-]+")
 class TrialDirnamer:
     """Tune's ``trial_dirname_creator``: a trial's folder is named after its readable name (the
     :class:`TrialNamer`'s, ``corrected-B32-s0``), characters a path cannot hold replaced by ``_``.
-    A name that rendered a missing field (``?``) or nothing gets ``_<trial id>`` appended, so two
-    trials never share a folder. Picklable: Tune stores it with the experiment."""
+    A name that rendered a missing field (``?``) or nothing gets ``_<trial id>`` appended, and so does
+    one built from the trial's ``{index}``: Tune restores its trial counter from the last saved search
+    state, so after a driver killed between creating a trial and saving that state a new trial gets an
+    index (and a name) an earlier trial has. Two trials never share a folder (they would share, and
+    overwrite, each other's checkpoints). Picklable: Tune stores it with the experiment."""
 
     def __init__(self, namer: TrialNamer) -> None:
         self.namer = namer
@@ -148,7 +151,7 @@ class TrialDirnamer:
         except Exception:
             name = ""
         clean = _UNSAFE_DIRNAME.sub("_", name).strip("._-")[:200]
-        if not clean or "?" in name:
+        if not clean or "?" in name or "{index" in str(getattr(self.namer, "template", "")):
             return f"{clean or 'trial'}_{trial.trial_id}"
         return clean
 

@@ -55,7 +55,7 @@ def pilot(
     import pandas as pd
 
     from studies.kinds.batchsize.analysis import normalize_table
-    from studies.planning import chance_accuracy, seed_needs
+    from studies.pilot import chance_accuracy, seed_needs
 
     path = study_dir / "trials.csv"
     if not path.is_file():

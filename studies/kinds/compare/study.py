@@ -348,7 +348,7 @@ def pilot(
     spec: CompareStudySpec, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
 ) -> dict[str, Any]:
     """``plan --pilot``: per contrast, the per-seed paired differences in ``<study_dir>/trials.csv``
-    (failed trials scored as in the analysis) and the seeds :func:`studies.planning.per_seed_need`
+    (failed trials scored as in the analysis) and the seeds :func:`studies.pilot.per_seed_need`
     asks for over the family (two-sided, Holm over the spec's contrasts).
 
     Raises:
@@ -357,7 +357,7 @@ def pilot(
     import numpy as np
     import pandas as pd
 
-    from studies.planning import paired_seed_needs
+    from studies.pilot import paired_seed_needs
 
     path = Path(study_dir) / TABLE_FILE
     if not path.is_file():

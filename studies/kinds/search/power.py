@@ -25,7 +25,7 @@ def pilot(
     import numpy as np
     import pandas as pd
 
-    from studies.planning import chance_accuracy, paired_seed_needs
+    from studies.pilot import chance_accuracy, paired_seed_needs
     from studies.stats import paired_contrast
 
     path = study_dir / "confirm_trials.csv"
