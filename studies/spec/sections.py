@@ -543,41 +543,6 @@ def _always_gated(model: Any, space: Sequence[Any]) -> bool:
     return False
 
 
-def tuned_design_issues(spec: Any, earlier: Sequence[SpecIssue]) -> list[SpecIssue]:
-    """The checks a fixed design with an ``lr_tuning`` and an ``analysis`` section shares: tuning
-    seeds held out from the confirmatory ``seeds``, then (only when neither that nor ``earlier``
-    found an issue) :func:`metric_issues` of ``lr_tuning.metric`` / ``lr_tuning.mode`` and of
-    ``analysis.metric`` / ``analysis.higher_is_better`` (a test metric allowed there)."""
-    issues: list[SpecIssue] = []
-    overlap = sorted(set(spec.lr_tuning.seeds) & set(spec.seeds))
-    if overlap:
-        issues.append(
-            SpecIssue(
-                "lr_tuning.seeds",
-                f"tuning seeds {overlap} are also confirmatory seeds; tune on held-out seeds",
-            )
-        )
-    if not issues and not earlier:
-        issues += metric_issues(
-            spec.lr_tuning.metric,
-            spec.lr_tuning.mode,
-            model=spec.model,
-            data=spec.data,
-            metric_path="lr_tuning.metric",
-            mode_path="lr_tuning.mode",
-        )
-        issues += metric_issues(
-            spec.analysis.metric,
-            "max" if spec.analysis.higher_is_better else "min",
-            model=spec.model,
-            data=spec.data,
-            metric_path="analysis.metric",
-            mode_path="analysis.higher_is_better",
-            allow_test=True,
-        )
-    return issues
-
-
 def metric_issues(
     metric: str,
     mode: str | None,

@@ -50,7 +50,7 @@ def test_a_bad_npz_is_refused_with_exit_2_naming_both_arrays(
     # Float targets are a regression, which the batch-size study (an accuracy analysis) refuses.
     np.savez(tmp_path / "reg.npz", x_train=x, y_train=x[:, 0])
     assert _validate(f"data={{type: arrays, path: {tmp_path / 'reg.npz'}}}") == 2
-    assert "analyses accuracy" in capsys.readouterr().err
+    assert "analyses classification accuracy" in capsys.readouterr().err
     # Feature rows do not fit the CNN variant; images (N, C, H, W) do.
     np.savez(tmp_path / "ok.npz", x_train=x, y_train=y)
     assert (

@@ -20,50 +20,33 @@ defaults.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, StrictBool, model_validator
+from pydantic import BaseModel, Field, StrictBool
 
 from studies.kinds.batchsize.analysis import HYPOTHESIS
 from studies.sequential import SequentialSpec, look_seeds
 from studies.spec import (
     CategoricalParam,
-    DataSpec,
-    FIFOSpec,
-    GridSpec,
-    MLPSpec,
-    ModelSpec,
     NonNegInt,
-    PosFloat,
     PosInt,
-    ResourcesSpec,
-    SearchSpec,
-    Seed,
-    SpecError,
     SpecIssue,
-    StoragePath,
-    StorageSpec,
-    TrackingSpec,
     TrainingSpec,
-    TrialSections,
-    build_plan,
     check_search_space,
-    dump_yaml,
-    plan_settings,
-    spec_hash,
+)
+from studies.spec.arms import (
+    CNN_ARMS,
+    MLP_ARMS,
+    Arm,
+    ArmStudySpec,
+    GridLRTuningSpec,
+    PlainSGDTrainingSpec,
 )
 from studies.spec.sections import (
     FROZEN,
-    ArraysDataSpec,
-    FashionMNISTSpec,
-    TableDataSpec,
-    data_task,
-    tuned_design_issues,
 )
-from studies.tuning import LRGrid, extension_trials_max
-from workers.dotted import ROOT
+from studies.tuning import extension_trials_max
 from workers.plan import StudyPlan
 
 __all__ = [
@@ -82,29 +65,6 @@ _CONTROLS_BY_MODEL = {
     "cnn": ("conv", "conv_batchnorm", "conv_layernorm"),
 }
 """The arms the claim says do NOT decline with B (plain affine, + BatchNorm, + LayerNorm)."""
-_BATCHNORM_ARMS = frozenset({"linear_batchnorm", "conv_batchnorm"})
-
-Arm = Literal[
-    "linear",
-    "linear_batchnorm",
-    "linear_layernorm",
-    "prenorm_l2",
-    "prenorm_rms",
-    "corrected",
-    "conv",
-    "conv_batchnorm",
-    "conv_layernorm",
-    "patchnorm",
-]
-"""Every arm: the MLP's hidden-layer types, then the CNN's convolution types."""
-
-MLP_ARMS: tuple[str, ...] = get_args(Arm)[:6]
-"""Hidden-layer types of the MLP variant; ``linear`` is the control."""
-
-CNN_ARMS: tuple[str, ...] = get_args(Arm)[6:]
-"""Convolution types of the CNN variant; ``conv`` is the control."""
-
-_ARMS_BY_MODEL = {"mlp": MLP_ARMS, "cnn": CNN_ARMS}
 
 
 def cell_key(arm: str, batch_size: int) -> str:
@@ -123,70 +83,19 @@ SET_BY_STUDY: dict[str, str] = {
 given, left out of the spec reference (``scripts/gen_spec_reference.py``)."""
 
 
-class BatchSizeTrainingSpec(TrainingSpec):
-    """:class:`TrainingSpec` with the protocol's plain-SGD defaults.
+class BatchSizeTrainingSpec(PlainSGDTrainingSpec):
+    """The batch-size study's training section: :class:`PlainSGDTrainingSpec` (the protocol's plain
+    SGD); the fields in :data:`SET_BY_STUDY` are set by the study and refused here."""
 
-    The divergence derivation assumes vanilla gradient descent; momentum, Adam, weight decay,
-    clipping and schedules are ablations a spec can switch on. The fields in :data:`SET_BY_STUDY`
-    are set by the study and refused here.
+
+class LRTuningSpec(GridLRTuningSpec):
+    """How each arm's learning rate is chosen before the confirmatory grid: :class:`GridLRTuningSpec`.
+
+    Policies ``constant`` / ``linear`` / ``sqrt`` tune at ``reference_batch_size`` (one η per arm,
+    then held fixed or scaled with B); ``tuned`` tunes every (arm, B) cell.
     """
 
-    epochs: PosInt = 10
-    lr: Annotated[float, Field(strict=True, gt=0, le=10, allow_inf_nan=False)] = (
-        0.05  # never trained with: a placeholder for cost estimates before lr_tuning has run
-    )
-    optimizer: Literal["adamw", "sgd"] = "sgd"
-    weight_decay: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] = 0.0
-    schedule: Literal["cosine", "constant"] = "constant"
-    warmup_fraction: Annotated[float, Field(strict=True, ge=0, lt=1, allow_inf_nan=False)] = 0.0
-    grad_clip: PosFloat | None = None
-    label_smoothing: Annotated[float, Field(strict=True, ge=0, lt=1, allow_inf_nan=False)] = 0.0
-
-
-class LRTuningSpec(BaseModel):
-    """How each arm's learning rate is chosen before the confirmatory grid.
-
-    The arms learn at very different speeds under one η (a plain layer moves its activations by
-    −ηg(‖x‖²+1), a corrected one by −ηg), so a shared η compares a trained arm with an untrained
-    one. Each arm's η is therefore tuned: a log-spaced grid of ``points`` learning rates in
-    [``low``, ``high``], each trained on every tuning seed (held out from the confirmatory seeds), the
-    η with the best mean ``metric`` (a validation metric) wins. A grid rather than a sequential
-    sampler: every candidate is scored on the same seeds, the phase resumes trial by trial, and
-    "the best η sits on the edge of the range" is exact. Such a winner extends the grid by one point
-    of its ratio in that direction, up to ``max_extensions`` times (:mod:`studies.tuning`); an arm
-    still on the edge after that is ``lr-at-range-edge`` (inconclusive). Policies ``constant``/``linear``/``sqrt`` tune at ``reference_batch_size``
-    (one η per arm, then held fixed or scaled with B); ``tuned`` tunes every (arm, B) cell.
-    """
-
-    model_config = FROZEN
-
-    low: PosFloat = 1e-3
-    high: PosFloat = 1e2  # wide enough for every arm: corrected layers need ~‖x‖²+1 times plain η
-    points: Annotated[int, Field(strict=True, ge=3, le=64)] = 11  # log-spaced grid points
-    seeds: Annotated[tuple[Seed, ...], Field(min_length=2)] = (1000, 1001)
     reference_batch_size: PosInt = 64
-    epochs: PosInt | None = None  # tuning budget; None: the confirmatory training.epochs
-    metric: Annotated[str, Field(min_length=1)] = "val_accuracy"
-    mode: Literal["min", "max"] = "max"
-    max_extensions: Annotated[int, Field(strict=True, ge=0, le=20)] = 3  # edge extensions (studies.tuning)
-
-    @model_validator(mode="after")
-    def _range(self) -> LRTuningSpec:
-        if self.low >= self.high:
-            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
-        if self.metric.startswith("test_"):
-            raise ValueError(f"metric {self.metric!r} selects on the test split; use a validation metric")
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"tuning seeds must be distinct, got {list(self.seeds)}")
-        return self
-
-    def lr_grid(self) -> LRGrid:
-        """The grid before any extension."""
-        return LRGrid.absolute(self.low, self.high, self.points)
-
-    def grid(self) -> tuple[float, ...]:
-        """The candidate learning rates, log-spaced from ``low`` to ``high`` (both included)."""
-        return self.lr_grid().points
 
 
 class AnalysisSpec(BaseModel):
@@ -212,60 +121,36 @@ class AnalysisSpec(BaseModel):
 Budget = Literal["epochs", "updates"]
 
 
-class BatchSizeStudySpec(BaseModel):
+class BatchSizeStudySpec(ArmStudySpec):
     """The batch-size correlation study (``studies/specs/batchsize_correlation.yaml``).
 
     ``model`` is an ``mlp`` or ``cnn`` whose ``layer`` the arms replace; every other section is
     shared with the search studies.
     """
 
-    model_config = FROZEN
-
     kind: Literal["batchsize"] = "batchsize"
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")] = "batchsize_correlation"
-    description: str = ""
     hypothesis: str = HYPOTHESIS
-    model: ModelSpec = MLPSpec()
-    data: DataSpec = FashionMNISTSpec()
     training: BatchSizeTrainingSpec = BatchSizeTrainingSpec()
     arms: Annotated[tuple[Arm, ...], Field(min_length=2)] = MLP_ARMS  # type: ignore[assignment]
+    lr_tuning: LRTuningSpec = LRTuningSpec()
+    analysis: AnalysisSpec = AnalysisSpec()
     control: Arm = "linear"  # the arm each fix arm's interaction is measured against
     controls: tuple[Arm, ...] | None = None  # arms the claim says do NOT decline; None: the model's
     batch_sizes: Annotated[tuple[PosInt, ...], Field(min_length=2)] = (8, 16, 32, 64, 128, 256, 512)
-    seeds: Annotated[tuple[Seed, ...], Field(min_length=2)] = (0, 1, 2, 3, 4, 5, 6, 7)
     budgets: Annotated[tuple[Budget, ...], Field(min_length=1)] = ("epochs", "updates")
     lr_policy: Literal["constant", "linear", "sqrt", "tuned"] = "constant"
-    lr_tuning: LRTuningSpec = LRTuningSpec()
     sequential: SequentialSpec | None = None  # seeds in looks (studies.sequential); None: fixed design
-    analysis: AnalysisSpec = AnalysisSpec()
-    resources: ResourcesSpec = ResourcesSpec()
-    max_concurrent: PosInt = 2  # trials at once (Tune's max_concurrent_trials)
-    retries: NonNegInt = 2  # FailureConfig(max_failures) per trial
-    tracking: TrackingSpec = TrackingSpec()
-    storage_path: StoragePath = "runs"  # local dir or s3://bucket/prefix
-    storage: StorageSpec = StorageSpec()
-    exploratory: StrictBool = False  # run a design that cannot decide (report marked exploratory)
 
-    @model_validator(mode="after")
-    def _cross(self) -> BatchSizeStudySpec:
+    study_label: ClassVar[str] = "batch-size study"
+    set_by_study: ClassVar[Mapping[str, str]] = SET_BY_STUDY
+
+    def design_issues(self) -> list[SpecIssue]:
+        """The control and the controls among the arms, at least one fix arm; distinct batch sizes and
+        budgets; no BatchNorm arm at batch size 1; ``max_updates`` only with the updates budget; a
+        sequential design's ``max_seeds`` within ``seeds``."""
         issues: list[SpecIssue] = []
-        valid_arms = _ARMS_BY_MODEL.get(self.model.type)
-        if valid_arms is None:
-            issues.append(
-                SpecIssue(
-                    "model.type",
-                    f"the batch-size study needs model type 'mlp' or 'cnn', got {self.model.type!r}",
-                )
-            )
-        else:
-            for i, arm in enumerate(self.arms):
-                if arm not in valid_arms:
-                    issues.append(
-                        SpecIssue(
-                            f"arms.{i}",
-                            f"{arm!r} is not a layer of model type {self.model.type!r} (valid: {', '.join(valid_arms)})",
-                        )
-                    )
+        if self.takes_arms:
             if self.control not in self.arms:
                 issues.append(
                     SpecIssue(
@@ -283,43 +168,13 @@ class BatchSizeStudySpec(BaseModel):
                 issues.append(
                     SpecIssue("arms", "no fix arm: every arm is a control, so there is no claim to test")
                 )
-            if getattr(self.model, "layer", None) is not None and "layer" in self.model.model_fields_set:
-                issues.append(
-                    SpecIssue("model.layer", "the arms set the layer type; list them under 'arms' instead")
-                )
-        for field, values in (
-            ("arms", self.arms),
-            ("batch_sizes", self.batch_sizes),
-            ("seeds", self.seeds),
-            ("budgets", self.budgets),
-        ):
+        for field, values in (("batch_sizes", self.batch_sizes), ("budgets", self.budgets)):
             if len(set(values)) != len(values):
                 issues.append(SpecIssue(field, f"{field} must be distinct, got {list(values)}"))
-        if _BATCHNORM_ARMS & set(self.arms) and 1 in self.batch_sizes:
-            issues.append(
-                SpecIssue(
-                    "batch_sizes", "batch size 1 leaves BatchNorm undefined; drop it or the BatchNorm arms"
-                )
-            )
-        for path, why in SET_BY_STUDY.items():
-            if path.removeprefix("training.") in self.training.model_fields_set:
-                issues.append(SpecIssue(path, why))
+        issues += self.batchnorm_issues("batch_sizes", self.batch_sizes)
         if "updates" not in self.budgets and self.training.max_updates is not None:
             issues.append(
                 SpecIssue("training.max_updates", "only used when budgets include 'updates'; drop it")
-            )
-        task = data_task(self.data)
-        if task == "regression":  # (text sets do not fit the model: refused below, naming data.type)
-            issues.append(
-                SpecIssue(
-                    "data",
-                    f"the batch-size study analyses accuracy, but {self.data.type!r} is a regression data set"
-                    + (
-                        " (float targets); give integer class labels"
-                        if isinstance(self.data, (ArraysDataSpec, TableDataSpec))
-                        else ""
-                    ),
-                )
             )
         if self.sequential is not None and len(self.seeds) < self.sequential.max_seeds:
             issues.append(
@@ -329,19 +184,17 @@ class BatchSizeStudySpec(BaseModel):
                     "list at least max_seeds confirmatory seeds (they are taken in order)",
                 )
             )
-        issues += tuned_design_issues(self, issues)
-        if not issues:
-            # Every (arm, batch size) trial must be valid on its own: data fits model, budgets, ...
-            issues += check_search_space(
-                self._grid_params(), self.base_config(), sampler="grid", seeds=self.seeds, prefix="<grid>"
-            )
-            issues = [
-                SpecIssue(_grid_issue_path(i.path, self.arms, self.batch_sizes), i.message, i.line, i.source)
-                for i in issues
-            ]
-        if issues:
-            raise SpecError(issues)
-        return self
+        return issues
+
+    def trial_issues(self) -> list[SpecIssue]:
+        """Every (arm, batch size) trial must be valid on its own: data fits model, budgets, ..."""
+        found = check_search_space(
+            self._grid_params(), self.base_config(), sampler="grid", seeds=self.seeds, prefix="<grid>"
+        )
+        return [
+            SpecIssue(_grid_issue_path(i.path, self.arms, self.batch_sizes), i.message, i.line, i.source)
+            for i in found
+        ]
 
     # ---- arms -----------------------------------------------------------------------------------
 
@@ -381,14 +234,7 @@ class BatchSizeStudySpec(BaseModel):
         self, *, arm: str | None = None, seed: int | None = None, budget: str | None = None
     ) -> dict[str, Any]:
         """The trial config of ``arm`` (the control by default) at the first seed."""
-        model = self.model.model_copy(update={"layer": _layer(self.model.type, arm or self.control)})
-        sections = TrialSections(
-            model=model,
-            data=self.data,
-            training=self.training_section(budget),
-            seed=self.seeds[0] if seed is None else seed,
-        )
-        return sections.trial_config()
+        return self.arm_config(arm or self.control, self.training_section(budget), seed=seed)
 
     def _grid_params(self) -> tuple[CategoricalParam, ...]:
         return (
@@ -453,19 +299,10 @@ class BatchSizeStudySpec(BaseModel):
     def to_document(self) -> dict[str, Any]:
         """The resolved spec as plain data, loadable again (``study_spec.yaml``): the fields the study
         derives (the layer type from the arms, lr scaling and budget per plan) are left out."""
-        doc = self.model_dump(mode="json")
-        doc["model"].pop("layer", None)
+        doc = super().to_document()
         if doc.get("sequential") is None:  # a fixed design's document stays what it was
             doc.pop("sequential", None)
-        for path in SET_BY_STUDY:
-            doc["training"].pop(path.removeprefix("training."), None)
         return doc
-
-    def to_yaml(self) -> str:
-        return dump_yaml(self.to_document())
-
-    def hash(self) -> str:
-        return spec_hash(self.to_document())
 
     def _plan(
         self,
@@ -478,41 +315,26 @@ class BatchSizeStudySpec(BaseModel):
         epochs: int | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> StudyPlan:
-        """A FIFO grid plan over ``cells`` (``@`` axis: arm, batch size, lr together) x ``seeds``."""
+        """Phase ``name``: a FIFO grid plan over ``cells`` (arm, batch size, lr together) x ``seeds``."""
         base = self.base_config(budget=budget)
         if epochs is not None and budget == "epochs":
             base["training"]["epochs"] = int(epochs)
-        search = SearchSpec(
-            metric=self.lr_tuning.metric,
-            mode=self.lr_tuning.mode,
-            sampler=GridSpec(),
-            scheduler=FIFOSpec(),
-            space=(),
-            num_samples=1,
-            max_concurrent=self.max_concurrent,
-        )
-        plan = build_plan(
-            name=name,
-            base_config=base,
-            search=search,
-            seeds=(seeds[0],),
-            **plan_settings(self),
-            extra_tags=(
-                ("autonorm.phase", name),
-                ("autonorm.budget", budget),
-            ),
-            extra_params=self._plan_params(),
-            environ=environ,
-        )
-        grid = ((ROOT, tuple(dict(c) for c in cells)), ("seed", tuple(int(s) for s in seeds)))
         # Readable trial names (MLflow legends, run lists): the arm, the batch size, the seed.
-        name = (
+        run_name = (
             "{model.layer.type}-B{training.batch_size}"
             + ("-lr{training.lr:g}" if phase == "lr_tuning" else "")
             + "-s{seed}"
         )
-        tags = (*plan.tags, ("autonorm.trial_tag.arm", "{model.layer.type}"))
-        return dataclasses.replace(plan, grid=grid, run_name=name, tags=tags)
+        return self.phase_plan(
+            name,
+            cells,
+            seeds,
+            base_config=base,
+            run_name=run_name,
+            extra_tags=(("autonorm.budget", budget),),
+            extra_params=self._plan_params(),
+            environ=environ,
+        )
 
     def tuning_plan(self, budget: str, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
         """Phase 1: every arm (x batch size for ``tuned``) x the LR grid x the tuning seeds."""
@@ -589,19 +411,10 @@ class BatchSizeStudySpec(BaseModel):
         )
 
     def study_plan(self, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
-        """A plan carrying the study-level settings (name, storage, tracking, tags, params, spec)."""
+        """A plan carrying the study-level settings (name, storage, tracking, tags, params, spec); the
+        study run has no one budget."""
         plan = self.tuning_plan(self.budgets[0], environ=environ)
-        return dataclasses.replace(
-            plan,
-            name=self.name,
-            # The study run is no phase and has no one budget; trial-tag templates are for trial runs.
-            tags=tuple(
-                (k, v)
-                for k, v in plan.tags
-                if k not in ("autonorm.phase", "autonorm.budget") and not k.startswith("autonorm.trial_tag.")
-            ),
-            tracking=dataclasses.replace(plan.tracking, experiment=self.tracking.experiment or self.name),
-        )
+        return self.study_level_plan(plan, phase_tags=("autonorm.budget",))
 
     def _plan_params(self) -> tuple[tuple[str, str], ...]:
         return (
@@ -618,14 +431,6 @@ class BatchSizeStudySpec(BaseModel):
 
 def _cell(arm: str, batch_size: int, lr: float) -> dict[str, Any]:
     return {"model": {"layer": {"type": arm}}, "training": {"batch_size": int(batch_size), "lr": float(lr)}}
-
-
-def _layer(model_type: str, arm: str) -> Any:
-    """The layer spec of ``arm`` for the model type (validated through the model's own union)."""
-    from studies.spec import CNNSpec, MLPSpec
-
-    cls = MLPSpec if model_type == "mlp" else CNNSpec
-    return cls.model_validate({"type": model_type, "layer": {"type": arm}}).layer
 
 
 def _grid_issue_path(path: str, arms: Sequence[str], batch_sizes: Sequence[int]) -> str:

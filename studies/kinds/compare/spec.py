@@ -19,48 +19,26 @@ vanilla gradient descent); momentum, Adam, weight decay are ablations a spec can
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, StrictBool, model_validator
+from pydantic import BaseModel, Field, StrictBool
 
 from studies.spec import (
     CategoricalParam,
-    DataSpec,
-    FIFOSpec,
-    GridSpec,
-    MLPSpec,
-    ModelSpec,
     NonNegInt,
-    PosFloat,
-    PosInt,
-    ResourcesSpec,
-    SearchSpec,
-    Seed,
-    SpecError,
     SpecIssue,
-    StoragePath,
-    StorageSpec,
-    TrackingSpec,
     TrainingSpec,
-    TrialSections,
-    build_plan,
     check_search_space,
-    dump_yaml,
-    plan_settings,
-    spec_hash,
 )
-from studies.spec.sections import FROZEN, FashionMNISTSpec, data_task, tuned_design_issues
-from studies.tuning import LRGrid, extension_trials_max
-from workers.dotted import ROOT
+from studies.spec.arms import Arm, ArmStudySpec, GridLRTuningSpec, PlainSGDTrainingSpec
+from studies.spec.sections import FROZEN
+from studies.tuning import extension_trials_max
 from workers.plan import StudyPlan
 
 __all__ = [
     "CLAIM",
-    "CNN_ARMS",
     "DEFAULT_CONTRASTS",
-    "MLP_ARMS",
     "SET_BY_STUDY",
     "CompareAnalysisSpec",
     "CompareStudySpec",
@@ -74,24 +52,6 @@ CLAIM = (
     "not scale invariant, outperforms BatchNorm and LayerNorm, and both of these outperform no "
     "normalisation: scale invariance is not what makes normalisation work."
 )
-
-Arm = Literal[
-    "linear",
-    "linear_batchnorm",
-    "linear_layernorm",
-    "prenorm_l2",
-    "prenorm_rms",
-    "corrected",
-    "conv",
-    "conv_batchnorm",
-    "conv_layernorm",
-    "patchnorm",
-]
-"""Every arm: the MLP's hidden-layer types, then the CNN's convolution types."""
-
-MLP_ARMS: tuple[str, ...] = get_args(Arm)[:6]
-CNN_ARMS: tuple[str, ...] = get_args(Arm)[6:]
-_ARMS_BY_MODEL = {"mlp": MLP_ARMS, "cnn": CNN_ARMS}
 
 _DEFAULT_ARMS = {
     "mlp": ("corrected", "linear_batchnorm", "linear_layernorm", "linear", "prenorm_l2"),
@@ -129,58 +89,14 @@ given, left out of the spec reference (``scripts/gen_spec_reference.py``)."""
 _NAME = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")]
 
 
-class CompareTrainingSpec(TrainingSpec):
-    """:class:`TrainingSpec` with plain-SGD defaults (no momentum, weight decay, schedule, warm-up,
-    clipping or label smoothing); the fields in :data:`SET_BY_STUDY` are set by the study."""
-
-    epochs: PosInt = 10
-    lr: Annotated[float, Field(strict=True, gt=0, le=10, allow_inf_nan=False)] = (
-        0.05  # never trained with: a placeholder for cost estimates before lr_tuning has run
-    )
-    optimizer: Literal["adamw", "sgd"] = "sgd"
-    weight_decay: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] = 0.0
-    schedule: Literal["cosine", "constant"] = "constant"
-    warmup_fraction: Annotated[float, Field(strict=True, ge=0, lt=1, allow_inf_nan=False)] = 0.0
-    grad_clip: PosFloat | None = None
-    label_smoothing: Annotated[float, Field(strict=True, ge=0, lt=1, allow_inf_nan=False)] = 0.0
+class CompareTrainingSpec(PlainSGDTrainingSpec):
+    """The compare study's training section: :class:`PlainSGDTrainingSpec`; the fields in
+    :data:`SET_BY_STUDY` are set by the study and refused here."""
 
 
-class LRTuningSpec(BaseModel):
-    """How each arm's learning rate is chosen before the confirmatory phase.
-
-    A log-spaced grid of ``points`` rates in [``low``, ``high``], every point trained on every tuning
-    seed (held out from the confirmatory seeds); the rate with the best mean ``metric`` (a validation
-    metric; a failed trial scores the worst value) wins. A winner on the grid's edge extends the grid
-    by one point in that direction, up to ``max_extensions`` times (:mod:`studies.tuning`); an arm
-    still on the edge afterwards is ``lr-at-range-edge`` (its contrasts inconclusive).
-    """
-
-    model_config = FROZEN
-
-    low: PosFloat = 1e-3
-    high: PosFloat = 1e2  # corrected layers need roughly ‖x‖²+1 times the plain layer's η
-    points: Annotated[int, Field(strict=True, ge=3, le=64)] = 11
-    seeds: Annotated[tuple[Seed, ...], Field(min_length=2)] = (1000, 1001)
-    epochs: PosInt | None = None  # tuning budget; None: training.epochs
-    metric: Annotated[str, Field(min_length=1)] = "val_accuracy"
-    mode: Literal["min", "max"] = "max"
-    max_extensions: Annotated[int, Field(strict=True, ge=0, le=20)] = 3
-
-    @model_validator(mode="after")
-    def _range(self) -> LRTuningSpec:
-        if self.low >= self.high:
-            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
-        if self.metric.startswith("test_"):
-            raise ValueError(f"metric {self.metric!r} selects on the test split; use a validation metric")
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"tuning seeds must be distinct, got {list(self.seeds)}")
-        return self
-
-    def lr_grid(self) -> LRGrid:
-        return LRGrid.absolute(self.low, self.high, self.points)
-
-    def grid(self) -> tuple[float, ...]:
-        return self.lr_grid().points
+class LRTuningSpec(GridLRTuningSpec):
+    """How each arm's learning rate is chosen before the ``confirm`` phase: :class:`GridLRTuningSpec`,
+    at ``training.batch_size`` (one batch size for every arm)."""
 
 
 class ContrastSpec(BaseModel):
@@ -212,59 +128,33 @@ class CompareAnalysisSpec(BaseModel):
     seed: NonNegInt = 0
 
 
-class CompareStudySpec(BaseModel):
+class CompareStudySpec(ArmStudySpec):
     """The compare study (``studies/specs/affine_divergence_table.yaml``).
 
     ``model`` is an ``mlp`` or ``cnn`` whose ``layer`` the arms replace; ``arms`` and ``contrasts``
     default to the paper's table for that model type.
     """
 
-    model_config = FROZEN
-
     kind: Literal["compare"] = "compare"
     name: _NAME = "affine_divergence_table"
-    description: str = ""
     hypothesis: str = CLAIM
-    model: ModelSpec = MLPSpec()
-    data: DataSpec = FashionMNISTSpec()
     training: CompareTrainingSpec = CompareTrainingSpec()
     arms: Annotated[tuple[Arm, ...], Field(min_length=2)] | None = None  # None: the model's table
+    lr_tuning: LRTuningSpec = LRTuningSpec()
+    analysis: CompareAnalysisSpec = CompareAnalysisSpec()
     contrasts: dict[_NAME, ContrastSpec] | None = (
         None  # name -> {arm, reference, predicted: better | worse}; None: the paper's, among the arms
     )
-    seeds: Annotated[tuple[Seed, ...], Field(min_length=2)] = (0, 1, 2, 3, 4, 5, 6, 7)
-    lr_tuning: LRTuningSpec = LRTuningSpec()
-    analysis: CompareAnalysisSpec = CompareAnalysisSpec()
-    resources: ResourcesSpec = ResourcesSpec()
-    max_concurrent: PosInt = 2
-    retries: NonNegInt = 2
-    tracking: TrackingSpec = TrackingSpec()
-    storage_path: StoragePath = "runs"
-    storage: StorageSpec = StorageSpec()
-    exploratory: StrictBool = False  # run a design that cannot decide (report marked exploratory)
 
-    @model_validator(mode="after")
-    def _cross(self) -> CompareStudySpec:
+    study_label: ClassVar[str] = "compare study"
+    set_by_study: ClassVar[Mapping[str, str]] = SET_BY_STUDY
+
+    def design_issues(self) -> list[SpecIssue]:
+        """Contrasts between two distinct arms of the study, at least one, no pair twice; no BatchNorm
+        arm at batch size 1."""
+        if not self.takes_arms:
+            return []
         issues: list[SpecIssue] = []
-        valid = _ARMS_BY_MODEL.get(self.model.type)
-        if valid is None:
-            issues.append(
-                SpecIssue(
-                    "model.type",
-                    f"the compare study needs model type 'mlp' or 'cnn', got {self.model.type!r}",
-                )
-            )
-            raise SpecError(issues)
-        for i, arm in enumerate(self.arms or ()):
-            if arm not in valid:
-                issues.append(
-                    SpecIssue(
-                        f"arms.{i}",
-                        f"{arm!r} is not a layer of model type {self.model.type!r} (valid: {', '.join(valid)})",
-                    )
-                )
-        if self.arms is not None and len(set(self.arms)) != len(self.arms):
-            issues.append(SpecIssue("arms", f"arms must be distinct, got {list(self.arms)}"))
         arms = set(self.arm_names)
         for name, c in (self.contrasts or {}).items():
             for field in ("arm", "reference"):
@@ -287,44 +177,20 @@ class CompareStudySpec(BaseModel):
         pairs = [(c.arm, c.reference) for c in self.contrast_specs.values()]
         if len(set(pairs)) != len(pairs):
             issues.append(SpecIssue("contrasts", "two contrasts test the same (arm, reference) pair"))
-        if getattr(self.model, "layer", None) is not None and "layer" in self.model.model_fields_set:
-            issues.append(
-                SpecIssue("model.layer", "the arms set the layer type; list them under 'arms' instead")
-            )
-        if len(set(self.seeds)) != len(self.seeds):
-            issues.append(SpecIssue("seeds", f"seeds must be distinct, got {list(self.seeds)}"))
-        if {"linear_batchnorm", "conv_batchnorm"} & arms and self.training.batch_size == 1:
-            issues.append(
-                SpecIssue(
-                    "training.batch_size", "batch size 1 leaves BatchNorm undefined; drop the BatchNorm arms"
-                )
-            )
-        for path, why in SET_BY_STUDY.items():
-            if path.removeprefix("training.") in self.training.model_fields_set:
-                issues.append(SpecIssue(path, why))
-        if data_task(self.data) == "regression":
-            issues.append(
-                SpecIssue(
-                    "data",
-                    f"the compare study analyses classification, but {self.data.type!r} is a regression",
-                )
-            )
-        issues += tuned_design_issues(self, issues)
-        if not issues:  # every arm's trial must be valid on its own (data fits model, ...)
-            found = check_search_space(
-                (CategoricalParam(name="model.layer.type", choices=tuple(self.arm_names)),),
-                self.base_config(),
-                sampler="grid",
-                seeds=self.seeds,
-                prefix="<arms>",
-            )
-            issues += [
-                SpecIssue(_arms_path(i.path, self.arms is not None), i.message, i.line, i.source)
-                for i in found
-            ]
-        if issues:
-            raise SpecError(issues)
-        return self
+        return issues + self.batchnorm_issues("training.batch_size", (self.training.batch_size,))
+
+    def trial_issues(self) -> list[SpecIssue]:
+        """Every arm's trial must be valid on its own (data fits model, ...)."""
+        found = check_search_space(
+            (CategoricalParam(name="model.layer.type", choices=tuple(self.arm_names)),),
+            self.base_config(),
+            sampler="grid",
+            seeds=self.seeds,
+            prefix="<arms>",
+        )
+        return [
+            SpecIssue(_arms_path(i.path, self.arms is not None), i.message, i.line, i.source) for i in found
+        ]
 
     # ---- arms and contrasts ------------------------------------------------------------------------
 
@@ -379,31 +245,16 @@ class CompareStudySpec(BaseModel):
         """The trial config of ``arm`` at the first seed; by default the model's plain layer, whose only
         field is its type, so that each arm's cell sets the type alone and keeps that arm's defaults."""
         plain = "conv" if self.model.type == "cnn" else "linear"
-        model = self.model.model_copy(update={"layer": _layer(self.model.type, arm or plain)})
-        sections = TrialSections(
-            model=model,
-            data=self.data,
-            training=TrainingSpec.model_validate(self.training.model_dump()),
-            seed=self.seeds[0] if seed is None else seed,
-        )
-        return sections.trial_config()
+        training = TrainingSpec.model_validate(self.training.model_dump())
+        return self.arm_config(arm or plain, training, seed=seed)
 
     def to_document(self) -> dict[str, Any]:
         """The resolved spec as plain data, loadable again (``study_spec.yaml``): arms and contrasts
         resolved, the fields the study sets itself left out."""
-        doc = self.model_dump(mode="json")
-        doc["model"].pop("layer", None)
+        doc = super().to_document()
         doc["arms"] = list(self.arm_names)
         doc["contrasts"] = {name: c.model_dump(mode="json") for name, c in self.contrast_specs.items()}
-        for path in SET_BY_STUDY:
-            doc["training"].pop(path.removeprefix("training."), None)
         return doc
-
-    def to_yaml(self) -> str:
-        return dump_yaml(self.to_document())
-
-    def hash(self) -> str:
-        return spec_hash(self.to_document())
 
     # ---- plans -----------------------------------------------------------------------------------
 
@@ -416,38 +267,26 @@ class CompareStudySpec(BaseModel):
         tuning: bool,
         environ: Mapping[str, str] | None = None,
     ) -> StudyPlan:
-        """A FIFO grid plan over ``cells`` (``@`` axis: arm and lr together) x ``seeds``."""
+        """Phase ``name``: a FIFO grid plan over ``cells`` (arm and lr together) x ``seeds``."""
         base = self.base_config()
         if tuning and self.lr_tuning.epochs is not None:
             base["training"]["epochs"] = int(self.lr_tuning.epochs)
-        search = SearchSpec(
-            metric=self.lr_tuning.metric,
-            mode=self.lr_tuning.mode,
-            sampler=GridSpec(),
-            scheduler=FIFOSpec(),
-            space=(),
-            num_samples=1,
-            max_concurrent=self.max_concurrent,
-        )
-        plan = build_plan(
-            name=name,
+        contrasts = ",".join(f"{n}={c.arm}:{c.reference}" for n, c in self.contrast_specs.items())
+        return self.phase_plan(
+            name,
+            cells,
+            seeds,
             base_config=base,
-            search=search,
-            seeds=(seeds[0],),
-            **plan_settings(self),
-            extra_tags=(("autonorm.study", "compare"), ("autonorm.phase", name)),
+            run_name="{model.layer.type}" + ("-lr{training.lr:g}" if tuning else "") + "-s{seed}",
+            extra_tags=(("autonorm.study", "compare"),),
             extra_params=(
                 ("arms", ",".join(self.arm_names)),
-                ("contrasts", ",".join(f"{n}={c.arm}:{c.reference}" for n, c in self.contrast_specs.items())),
+                ("contrasts", contrasts),
                 ("seeds", ",".join(str(s) for s in self.seeds)),
                 ("optimizer", self.training.optimizer),
             ),
             environ=environ,
         )
-        grid = ((ROOT, tuple(dict(c) for c in cells)), ("seed", tuple(int(s) for s in seeds)))
-        run_name = "{model.layer.type}" + ("-lr{training.lr:g}" if tuning else "") + "-s{seed}"
-        tags = (*plan.tags, ("autonorm.trial_tag.arm", "{model.layer.type}"))
-        return dataclasses.replace(plan, grid=grid, run_name=run_name, tags=tags)
 
     def tuning_plan(self, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
         """Phase ``tune``: every arm x the LR grid x the tuning seeds."""
@@ -479,25 +318,11 @@ class CompareStudySpec(BaseModel):
 
     def study_plan(self, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
         """A plan carrying the study-level settings (name, storage, tracking, tags, params, spec)."""
-        plan = self.tuning_plan(environ=environ)
-        return dataclasses.replace(
-            plan,
-            name=self.name,
-            tags=tuple((k, v) for k, v in plan.tags if k != "autonorm.phase"),
-            tracking=dataclasses.replace(plan.tracking, experiment=self.tracking.experiment or self.name),
-        )
+        return self.study_level_plan(self.tuning_plan(environ=environ))
 
 
 def _cell(arm: str, lr: float) -> dict[str, Any]:
     return {"model": {"layer": {"type": arm}}, "training": {"lr": float(lr)}}
-
-
-def _layer(model_type: str, arm: str) -> Any:
-    """The layer spec of ``arm`` for the model type (validated through the model's own union)."""
-    from studies.spec import CNNSpec
-
-    cls = MLPSpec if model_type == "mlp" else CNNSpec
-    return cls.model_validate({"type": model_type, "layer": {"type": arm}}).layer
 
 
 def _arms_path(path: str, explicit: bool) -> str:

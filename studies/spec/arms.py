@@ -1,0 +1,384 @@
+"""Fixed designs over layer *arms*: what the kinds whose arms are values of ``model.layer.type`` share.
+
+A kind of this shape (the batch-size and the compare kinds) names arms of an ``mlp`` or ``cnn``,
+tunes each arm's learning rate on a log-spaced grid on held-out seeds, then trains every arm on the
+same confirmatory seeds with its tuned rate, each phase a FIFO grid plan. This module holds the parts
+that do not depend on the kind: the arms per model type, plain-SGD training defaults, the tuning
+section (:class:`GridLRTuningSpec`), the validation shared by the kinds' spec classes and the grid
+plan of one phase. It never imports a kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, ClassVar, Literal, get_args
+
+from pydantic import BaseModel, Field, StrictBool, model_validator
+
+from studies.spec import sections
+from studies.spec.errors import SpecError, SpecIssue
+from studies.spec.plan import build_plan, plan_settings, spec_hash
+from studies.spec.reading import dump_yaml
+from studies.spec.sampling import FIFOSpec, GridSpec, SearchSpec
+from studies.spec.sections import (
+    FROZEN,
+    CNNSpec,
+    DataSpec,
+    FashionMNISTSpec,
+    MLPSpec,
+    ModelSpec,
+    NonNegInt,
+    PosFloat,
+    PosInt,
+    ResourcesSpec,
+    Seed,
+    StorageSpec,
+    TrackingSpec,
+    TrainingSpec,
+    TrialSections,
+    data_task,
+    metric_issues,
+)
+from studies.spec.urls import StoragePath
+from studies.tuning import LRGrid
+from workers.dotted import ROOT
+from workers.plan import StudyPlan
+
+__all__ = [
+    "ARMS_BY_MODEL",
+    "BATCHNORM_ARMS",
+    "CNN_ARMS",
+    "MLP_ARMS",
+    "Arm",
+    "ArmStudySpec",
+    "GridLRTuningSpec",
+    "PlainSGDTrainingSpec",
+    "arm_issues",
+    "arm_layer",
+    "set_by_study_issues",
+    "tuned_design_issues",
+]
+
+Arm = Literal[
+    "linear",
+    "linear_batchnorm",
+    "linear_layernorm",
+    "prenorm_l2",
+    "prenorm_rms",
+    "corrected",
+    "conv",
+    "conv_batchnorm",
+    "conv_layernorm",
+    "patchnorm",
+]
+"""Every arm: the MLP's hidden-layer types, then the CNN's convolution types."""
+
+MLP_ARMS: tuple[str, ...] = get_args(Arm)[:6]
+"""Hidden-layer types of the MLP variant; ``linear`` is the plain affine map."""
+
+CNN_ARMS: tuple[str, ...] = get_args(Arm)[6:]
+"""Convolution types of the CNN variant; ``conv`` is the plain convolution."""
+
+ARMS_BY_MODEL: dict[str, tuple[str, ...]] = {"mlp": MLP_ARMS, "cnn": CNN_ARMS}
+"""The arms each model type takes."""
+
+BATCHNORM_ARMS = frozenset({"linear_batchnorm", "conv_batchnorm"})
+"""The arms that batch size 1 leaves undefined."""
+
+
+class PlainSGDTrainingSpec(TrainingSpec):
+    """:class:`TrainingSpec` with plain-SGD defaults: no momentum, weight decay, schedule, warm-up,
+    clipping or label smoothing (the divergence derivation assumes vanilla gradient descent; each is
+    an ablation a spec can switch on)."""
+
+    epochs: PosInt = 10
+    lr: Annotated[float, Field(strict=True, gt=0, le=10, allow_inf_nan=False)] = (
+        0.05  # never trained with: a placeholder for cost estimates before lr_tuning has run
+    )
+    optimizer: Literal["adamw", "sgd"] = "sgd"
+    weight_decay: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] = 0.0
+    schedule: Literal["cosine", "constant"] = "constant"
+    warmup_fraction: Annotated[float, Field(strict=True, ge=0, lt=1, allow_inf_nan=False)] = 0.0
+    grad_clip: PosFloat | None = None
+    label_smoothing: Annotated[float, Field(strict=True, ge=0, lt=1, allow_inf_nan=False)] = 0.0
+
+
+class GridLRTuningSpec(BaseModel):
+    """How each arm's learning rate is chosen before the confirmatory phase.
+
+    The arms learn at very different speeds under one η (a plain layer moves its activations by
+    −ηg(‖x‖²+1), a corrected one by −ηg), so a shared η would compare a trained arm with an untrained
+    one. Each arm's η is therefore tuned: a log-spaced grid of ``points`` rates in [``low``,
+    ``high``], every point trained on every tuning seed (held out from the confirmatory seeds); the
+    rate with the best mean ``metric`` (a validation metric; a failed trial scores the worst value)
+    wins. A grid rather than a sequential sampler: every candidate is scored on the same seeds, the
+    phase resumes trial by trial, and "the best η sits on the edge of the range" is exact. Such a
+    winner extends the grid by one point of its ratio in that direction, up to ``max_extensions``
+    times (:mod:`studies.tuning`); an arm still on the edge afterwards is ``lr-at-range-edge`` (its
+    claims inconclusive).
+    """
+
+    model_config = FROZEN
+
+    low: PosFloat = 1e-3
+    high: PosFloat = 1e2  # wide enough for every arm: corrected layers need ~‖x‖²+1 times plain η
+    points: Annotated[int, Field(strict=True, ge=3, le=64)] = 11  # log-spaced grid points
+    seeds: Annotated[tuple[Seed, ...], Field(min_length=2)] = (1000, 1001)
+    epochs: PosInt | None = None  # tuning budget; None: the confirmatory training.epochs
+    metric: Annotated[str, Field(min_length=1)] = "val_accuracy"
+    mode: Literal["min", "max"] = "max"
+    max_extensions: Annotated[int, Field(strict=True, ge=0, le=20)] = 3  # edge extensions (studies.tuning)
+
+    @model_validator(mode="after")
+    def _range(self) -> GridLRTuningSpec:
+        if self.low >= self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        if self.metric.startswith("test_"):
+            raise ValueError(f"metric {self.metric!r} selects on the test split; use a validation metric")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"tuning seeds must be distinct, got {list(self.seeds)}")
+        return self
+
+    def lr_grid(self) -> LRGrid:
+        """The grid before any extension."""
+        return LRGrid.absolute(self.low, self.high, self.points)
+
+    def grid(self) -> tuple[float, ...]:
+        """The candidate learning rates, log-spaced from ``low`` to ``high`` (both included)."""
+        return self.lr_grid().points
+
+
+def arm_layer(model_type: str, arm: str) -> Any:
+    """The layer spec of ``arm`` for the model type (validated through the model's own union)."""
+    cls = MLPSpec if model_type == "mlp" else CNNSpec
+    return cls.model_validate({"type": model_type, "layer": {"type": arm}}).layer
+
+
+def arm_issues(model: Any, arms: Sequence[str] | None, *, study: str) -> list[SpecIssue]:
+    """The model type takes arms, each of ``arms`` is one of its layers (``None``: the kind's default
+    arms, not checked here), the arms are distinct and ``model.layer`` is left to them. An unsupported
+    model type is the one issue returned (nothing else can be checked against it)."""
+    valid = ARMS_BY_MODEL.get(model.type)
+    if valid is None:
+        return [SpecIssue("model.type", f"the {study} needs model type 'mlp' or 'cnn', got {model.type!r}")]
+    issues = [
+        SpecIssue(
+            f"arms.{i}",
+            f"{arm!r} is not a layer of model type {model.type!r} (valid: {', '.join(valid)})",
+        )
+        for i, arm in enumerate(arms or ())
+        if arm not in valid
+    ]
+    if arms is not None and len(set(arms)) != len(arms):
+        issues.append(SpecIssue("arms", f"arms must be distinct, got {list(arms)}"))
+    if getattr(model, "layer", None) is not None and "layer" in model.model_fields_set:
+        issues.append(SpecIssue("model.layer", "the arms set the layer type; list them under 'arms' instead"))
+    return issues
+
+
+def set_by_study_issues(training: BaseModel, set_by_study: Mapping[str, str]) -> list[SpecIssue]:
+    """One issue per ``training.<field>`` of ``set_by_study`` (path -> what to do instead) the spec
+    sets: the kind sets those fields itself."""
+    return [
+        SpecIssue(path, why)
+        for path, why in set_by_study.items()
+        if path.removeprefix("training.") in training.model_fields_set
+    ]
+
+
+def tuned_design_issues(spec: Any, earlier: Sequence[SpecIssue]) -> list[SpecIssue]:
+    """The checks a fixed design with an ``lr_tuning`` and an ``analysis`` section shares: tuning
+    seeds held out from the confirmatory ``seeds``, then (only when neither that nor ``earlier``
+    found an issue) :func:`metric_issues` of ``lr_tuning.metric`` / ``lr_tuning.mode`` and of
+    ``analysis.metric`` / ``analysis.higher_is_better`` (a test metric allowed there)."""
+    issues: list[SpecIssue] = []
+    overlap = sorted(set(spec.lr_tuning.seeds) & set(spec.seeds))
+    if overlap:
+        issues.append(
+            SpecIssue(
+                "lr_tuning.seeds",
+                f"tuning seeds {overlap} are also confirmatory seeds; tune on held-out seeds",
+            )
+        )
+    if not issues and not earlier:
+        issues += metric_issues(
+            spec.lr_tuning.metric,
+            spec.lr_tuning.mode,
+            model=spec.model,
+            data=spec.data,
+            metric_path="lr_tuning.metric",
+            mode_path="lr_tuning.mode",
+        )
+        issues += metric_issues(
+            spec.analysis.metric,
+            "max" if spec.analysis.higher_is_better else "min",
+            model=spec.model,
+            data=spec.data,
+            metric_path="analysis.metric",
+            mode_path="analysis.higher_is_better",
+            allow_test=True,
+        )
+    return issues
+
+
+class ArmStudySpec(BaseModel):
+    """The fields and methods every arm design's spec class shares; a kind's class subclasses it,
+    narrowing ``kind``, ``training``, ``arms``, ``lr_tuning`` and ``analysis`` and adding its own
+    design fields (which follow these in the spec reference and in ``study_spec.yaml``)."""
+
+    model_config = FROZEN
+
+    kind: str
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")] = "study"
+    description: str = ""
+    hypothesis: str = ""  # the claim under test, in words (the kind's by default)
+    model: ModelSpec = MLPSpec()
+    data: DataSpec = FashionMNISTSpec()
+    training: PlainSGDTrainingSpec = PlainSGDTrainingSpec()
+    arms: Annotated[tuple[Arm, ...], Field(min_length=2)] | None = None
+    seeds: Annotated[tuple[Seed, ...], Field(min_length=2)] = (0, 1, 2, 3, 4, 5, 6, 7)  # confirmatory
+    lr_tuning: GridLRTuningSpec = GridLRTuningSpec()
+    analysis: Any = None
+    resources: ResourcesSpec = ResourcesSpec()
+    max_concurrent: PosInt = 2  # trials at once (Tune's max_concurrent_trials)
+    retries: NonNegInt = 2  # FailureConfig(max_failures) per trial
+    tracking: TrackingSpec = TrackingSpec()
+    storage_path: StoragePath = "runs"  # local dir or s3://bucket/prefix
+    storage: StorageSpec = StorageSpec()
+    exploratory: StrictBool = False  # run a design that cannot decide (report marked exploratory)
+
+    study_label: ClassVar[str] = "study"
+    """The kind's study in words, for messages (``"batch-size study"``)."""
+    set_by_study: ClassVar[Mapping[str, str]] = {}
+    """``training.<field>`` -> what to set instead, for the fields the kind sets itself (refused)."""
+
+    @model_validator(mode="after")
+    def _check_design(self) -> ArmStudySpec:
+        issues = arm_issues(self.model, self.arms, study=self.study_label)
+        issues += self.design_issues()
+        if len(set(self.seeds)) != len(self.seeds):
+            issues.append(SpecIssue("seeds", f"seeds must be distinct, got {list(self.seeds)}"))
+        issues += set_by_study_issues(self.training, self.set_by_study)
+        if data_task(self.data) == "regression":  # (a text set does not fit the model: trial_issues says so)
+            hint = (
+                " (float targets); give integer class labels"
+                if isinstance(self.data, (sections.ArraysDataSpec, sections.TableDataSpec))
+                else ""
+            )
+            issues.append(
+                SpecIssue(
+                    "data",
+                    f"the {self.study_label} analyses classification accuracy, but {self.data.type!r} is a "
+                    f"regression data set{hint}",
+                )
+            )
+        issues += tuned_design_issues(self, issues)
+        if not issues:  # every trial must be valid on its own: data fits model, budgets, ...
+            issues += self.trial_issues()
+        if issues:
+            raise SpecError(issues)
+        return self
+
+    @property
+    def takes_arms(self) -> bool:
+        """Whether the model type has arms (``mlp``, ``cnn``); nothing about arms can be checked else."""
+        return self.model.type in ARMS_BY_MODEL
+
+    def batchnorm_issues(self, path: str, batch_sizes: Sequence[int]) -> list[SpecIssue]:
+        """Batch size 1 among ``batch_sizes`` (the field ``path``) with a BatchNorm arm: undefined."""
+        if BATCHNORM_ARMS & set(self.arms or ()) and 1 in batch_sizes:
+            return [SpecIssue(path, "batch size 1 leaves BatchNorm undefined; drop it or the BatchNorm arms")]
+        return []
+
+    def design_issues(self) -> list[SpecIssue]:
+        """The kind's checks of its own design fields (the model type may be one without arms)."""
+        return []
+
+    def trial_issues(self) -> list[SpecIssue]:
+        """Problems of the kind's trials themselves (:func:`check_search_space` over its grid), with
+        the spec's field paths; run only when nothing else was found."""
+        return []
+
+    def to_document(self) -> dict[str, Any]:
+        """The resolved spec as plain data, loadable again (``study_spec.yaml``): the layer type (set
+        by the arms) and the fields the study sets itself are left out."""
+        doc = self.model_dump(mode="json")
+        doc["model"].pop("layer", None)
+        for path in self.set_by_study:
+            doc["training"].pop(path.removeprefix("training."), None)
+        return doc
+
+    def to_yaml(self) -> str:
+        return dump_yaml(self.to_document())
+
+    def hash(self) -> str:
+        return spec_hash(self.to_document())
+
+    def arm_config(self, arm: str, training: TrainingSpec, *, seed: int | None = None) -> dict[str, Any]:
+        """The trial config of ``arm`` under ``training`` at ``seed`` (the first seed by default)."""
+        model = self.model.model_copy(update={"layer": arm_layer(self.model.type, arm)})
+        sections = TrialSections(
+            model=model,
+            data=self.data,
+            training=training,
+            seed=self.seeds[0] if seed is None else seed,
+        )
+        return sections.trial_config()
+
+    def phase_plan(
+        self,
+        name: str,
+        cells: Sequence[Mapping[str, Any]],
+        seeds: Sequence[int],
+        *,
+        base_config: Mapping[str, Any],
+        run_name: str,
+        extra_tags: Sequence[tuple[str, str]] = (),
+        extra_params: Sequence[tuple[str, str]] = (),
+        environ: Mapping[str, str] | None = None,
+    ) -> StudyPlan:
+        """Phase ``name``: a FIFO grid plan over ``cells`` (one ``@`` axis: each cell sets the arm, the
+        learning rate and what else varies together) x ``seeds`` on ``base_config``, selected on
+        ``lr_tuning.metric``, ``max_concurrent`` at once. Its phase tag is ``name``; every trial run
+        is tagged with its arm and named by ``run_name`` (a template over the trial config)."""
+        search = SearchSpec(
+            metric=self.lr_tuning.metric,
+            mode=self.lr_tuning.mode,
+            sampler=GridSpec(),
+            scheduler=FIFOSpec(),
+            space=(),
+            num_samples=1,
+            max_concurrent=self.max_concurrent,
+        )
+        plan = build_plan(
+            name=name,
+            base_config=dict(base_config),
+            search=search,
+            seeds=(seeds[0],),
+            **plan_settings(self),
+            extra_tags=(("autonorm.phase", name), *extra_tags),
+            extra_params=tuple(extra_params),
+            environ=environ,
+        )
+        grid = ((ROOT, tuple(dict(c) for c in cells)), ("seed", tuple(int(s) for s in seeds)))
+        tags = (*plan.tags, ("autonorm.trial_tag.arm", "{model.layer.type}"))
+        return dataclasses.replace(plan, grid=grid, run_name=run_name, tags=tags)
+
+    def study_level_plan(self, phase_plan: StudyPlan, *, phase_tags: Sequence[str] = ()) -> StudyPlan:
+        """``phase_plan`` as the plan of the study run (its name, storage, tracking, params, spec): the
+        study run is no phase (no ``autonorm.phase`` tag, nor the ``phase_tags``) and trial-tag
+        templates are for trial runs only."""
+        drop = {"autonorm.phase", *phase_tags}
+        return dataclasses.replace(
+            phase_plan,
+            name=self.name,
+            tags=tuple(
+                (k, v)
+                for k, v in phase_plan.tags
+                if k not in drop and not k.startswith("autonorm.trial_tag.")
+            ),
+            tracking=dataclasses.replace(
+                phase_plan.tracking, experiment=self.tracking.experiment or self.name
+            ),
+        )
