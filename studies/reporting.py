@@ -220,6 +220,54 @@ def draw_contrast_row(
     ax.text(1.01, y, note, transform=trans, va="center", fontsize=7.5, color=color)
 
 
+class ForestPlot:
+    """A forest plot of paired contrasts, one row per label from the top (``ypos[i]`` is row ``i``):
+    :meth:`row` draws a contrast, :meth:`note` writes grey text in a row, :meth:`save` adds the zero
+    line, the labels, a legend of the verdicts that occur and the title, then writes the PNG."""
+
+    def __init__(self, labels: Sequence[str], *, width: float) -> None:
+        from matplotlib.figure import Figure
+        from matplotlib.transforms import blended_transform_factory
+
+        self.labels = list(labels)
+        self.fig = Figure(figsize=(width, 0.8 * max(len(self.labels), 1) + 1.8))
+        self.ax = self.fig.subplots()
+        self.ypos = np.arange(len(self.labels))[::-1].astype(float)
+        self.trans = blended_transform_factory(self.ax.transAxes, self.ax.transData)
+
+    def row(self, y: float, contrast: Mapping[str, Any], color: str, note: str) -> None:
+        draw_contrast_row(self.ax, self.trans, y, contrast, color, note)
+
+    def note(self, y: float, text: str) -> None:
+        self.ax.text(0.02, y, text, transform=self.trans, va="center", fontsize=8, color="gray")
+
+    def save(
+        self,
+        path: str | Path,
+        *,
+        xlabel: str,
+        title: str,
+        verdicts: Sequence[str],
+        label_size: float = 8.0,
+        right: float = 0.84,
+    ) -> Path:
+        ax = self.ax
+        ax.axvline(0.0, color="black", lw=0.9, ls="--")
+        ax.set_yticks(self.ypos)
+        ax.set_yticklabels(self.labels, fontsize=label_size)
+        if len(self.labels):
+            ax.set_ylim(self.ypos.min() - 0.6, self.ypos.max() + 0.6)
+        ax.set_xlabel(xlabel)
+        ax.grid(axis="x", alpha=0.3)
+        handles = legend_handles(verdicts, lw=2.6)  # the verdicts that occur, once each
+        self.fig.legend(
+            handles=handles, loc="lower center", ncol=max(1, len(handles)), fontsize=8, frameon=False
+        )
+        ax.set_title(title, fontsize=10)
+        self.fig.tight_layout(rect=(0, 0.07, right, 1))
+        return save_figure(self.fig, Path(path))
+
+
 def save_figure(fig: Any, path: str | Path) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -55,9 +55,14 @@ __all__ = [
     "Phase",
     "StudyKind",
     "StudyOutcome",
+    "arm_of",
     "hypothesis_entry",
+    "log_study_outputs",
+    "metric_value",
     "phase_status",
     "read_phase_trials",
+    "spent",
+    "status_row",
     "stored_rounds",
     "study_outcome",
     "study_runner",
@@ -231,6 +236,55 @@ def phase_status(
         "study_verdict": verdict.get("study_verdict") if verdict else None,
     }
     return fields, verdict
+
+
+def arm_of(trial: Any) -> str:
+    """The arm of an arm design's trial: its ``model.layer.type``."""
+    return str(trial.config["model"]["layer"]["type"])
+
+
+def metric_value(trial: Any, metric: str) -> float:
+    """A trial's last reported ``metric`` as a float (NaN when it reported none, or a non-number)."""
+    v = trial.metrics.get(metric)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else float("nan")
+
+
+def status_row(phase: str, trial: Any, **fields: Any) -> dict[str, Any]:
+    """One row of an arm design's ``status`` table: phase, trial, status, arm, seed, lr, then ``fields``."""
+    return {
+        "phase": phase,
+        "trial": trial.trial_id,
+        "status": trial.status,
+        "arm": arm_of(trial),
+        "seed": trial.config.get("seed"),
+        "lr": trial.config["training"]["lr"],
+        **fields,
+    }
+
+
+def spent(spec: Any, phases: Mapping[str, list[Any]], wall_time_s: float) -> tuple[float, float, float]:
+    """``(wall s, CPU h, GPU h)`` of a study from its trials' ``time_total_s`` and the per-trial
+    resources of ``spec`` (what the report shows; the wall time is the run's own, NaN if unknown)."""
+    seconds = sum(float(t.metrics.get("time_total_s") or 0.0) for ts in phases.values() for t in ts)
+    res = dict(spec.resources.as_plan())
+    return wall_time_s, seconds * res.get("cpu", 0.0) / 3600, seconds * res.get("gpu", 0.0) / 3600
+
+
+def log_study_outputs(
+    runner: Any,
+    spec: Any,
+    files: Mapping[str, Path],
+    *,
+    tags: Mapping[str, str],
+    metrics: Mapping[str, float],
+) -> None:
+    """A finished study's output files into its directory (when remote) and onto its MLflow run, with
+    the verdict ``tags`` and ``metrics`` and the analysed metric as a param (the wall time and the
+    resource hours are the runner's own ``actual_*`` metrics)."""
+    runner.publish(files.values())
+    runner.log_outputs(
+        files=files.values(), tags=tags, metrics=metrics, params={"analysis_metric": spec.analysis.metric}
+    )
 
 
 def study_outcome(

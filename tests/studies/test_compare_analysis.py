@@ -427,3 +427,32 @@ def test_report_shows_every_contrast_every_arm_and_the_tuned_rates(tmp_path: Pat
     assert files["plot_forest"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert 'src="data:image/png;base64,' in files["html"].read_text()
     assert len(pd.read_csv(files["trials"])) == len(table)
+
+
+def test_the_analysis_section_passes_each_of_its_settings_to_compare_arms() -> None:
+    # analyse() forwards spec.analysis as compare_arms' keyword arguments: a field added to the
+    # section without a parameter of that name would fail every run; a changed setting must reach it.
+    import inspect
+
+    from studies.kinds.compare.spec import CompareAnalysisSpec
+
+    params = inspect.signature(compare_arms).parameters
+    assert set(CompareAnalysisSpec.model_fields) <= {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    rng = np.random.default_rng(0)
+    rows = [
+        {
+            "arm": arm,
+            "seed": s,
+            "status": "completed",
+            "test_accuracy": 0.8 + shift + 0.05 * rng.standard_normal(),
+        }
+        for arm, shift in (("corrected", 0.03), ("linear_batchnorm", 0.0), ("linear", 0.0))
+        for s in SEEDS
+    ]
+    doc = {"contrasts": TWO, "arms": ["corrected", "linear_batchnorm", "linear"]}
+    default = analyse(pd.DataFrame(rows), CompareStudySpec.model_validate(doc))
+    wide = analyse(pd.DataFrame(rows), CompareStudySpec.model_validate({**doc, "analysis": {"margin": 0.5}}))
+    # A margin of 0.5 accuracy puts the noisy no-difference interval inside ±margin; 0.01 does not.
+    assert (default["margin"], wide["margin"]) == (0.01, 0.5)
+    assert default["contrasts"]["batchnorm_vs_plain"]["verdict"] != "equivalent"
+    assert wide["contrasts"]["batchnorm_vs_plain"]["verdict"] == "equivalent"

@@ -29,9 +29,14 @@ from typing import Any
 
 from studies.kinds.base import (
     StudyOutcome,
+    arm_of,
     hypothesis_entry,
+    log_study_outputs,
+    metric_value,
     phase_status,
     read_phase_trials,
+    spent,
+    status_row,
     stored_rounds,
     study_outcome,
     study_runner,
@@ -65,21 +70,12 @@ def total_trials(spec: BatchSizeStudySpec) -> int:
     return spec.total_trials
 
 
-def _arm(t: TrialRecord) -> str:
-    return str(t.config["model"]["layer"]["type"])
-
-
-def _value(t: TrialRecord, metric: str) -> float:
-    v = t.metrics.get(metric)
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
-
-
 def _cell_of(spec: BatchSizeStudySpec) -> Any:
     def cell(t: TrialRecord) -> str:
         return (
-            cell_key(_arm(t), int(t.config["training"]["batch_size"]))
+            cell_key(arm_of(t), int(t.config["training"]["batch_size"]))
             if spec.lr_policy == "tuned"
-            else _arm(t)
+            else arm_of(t)
         )
 
     return cell
@@ -122,7 +118,7 @@ def trials_table(
 
     rows = []
     for t in trials:
-        arm = _arm(t)
+        arm = arm_of(t)
         b = int(t.config["training"]["batch_size"])
         rec = lr_record.get(cell_key(arm, b) if lr_policy == "tuned" else arm, {})
         rows.append(
@@ -132,13 +128,13 @@ def trials_table(
                 "seed": int(t.config.get("seed", 0)),
                 "budget": budget,
                 "status": t.status,
-                metric: _value(t, metric),
-                "train_loss": _value(t, "train_loss"),
+                metric: metric_value(t, metric),
+                "train_loss": metric_value(t, "train_loss"),
                 # The η the trial used at its batch size (scaled for linear / sqrt).
-                "lr": _value(t, "lr")
-                if math.isfinite(_value(t, "lr"))
+                "lr": metric_value(t, "lr")
+                if math.isfinite(metric_value(t, "lr"))
                 else float(t.config["training"]["lr"]),
-                "updates": _value(t, "updates"),
+                "updates": metric_value(t, "updates"),
                 "lr_at_edge": bool(rec.get("at_range_edge", False)),
                 "epochs_done": t.metrics.get("epoch"),
                 "time_total_s": float(t.metrics.get("time_total_s") or 0.0),
@@ -313,6 +309,7 @@ def _write_outputs(
     """Every output file; ``spent``: wall time (s), CPU hours, GPU hours."""
     wall_time_s, cpu_hours, gpu_hours = spent
     from studies.kinds.batchsize.report import write_batchsize_report
+    from studies.reporting import write_json
 
     # What the study cost, kept with the verdict so a regenerated report shows the run's wall time.
     verdict["resources"] = {"wall_time_s": wall_time_s, "cpu_hours": cpu_hours, "gpu_hours": gpu_hours}
@@ -330,9 +327,7 @@ def _write_outputs(
         cpu_hours=cpu_hours,
         gpu_hours=gpu_hours,
     )
-    (out_dir / "lr_tuning.json").write_text(json.dumps(lr_records, indent=2) + "\n", encoding="utf-8")
-    files["lr_tuning"] = out_dir / "lr_tuning.json"
-    return dict(files)
+    return {**files, "lr_tuning": write_json(out_dir / "lr_tuning.json", dict(lr_records))}
 
 
 def _resolved_phases(spec: BatchSizeStudySpec, table: Any, lr_records: Mapping[str, Any]) -> dict[str, Any]:
@@ -512,14 +507,7 @@ def run(
         cpu_h, gpu_h = runner.resource_hours()
         out_dir = runner.local_dir()
         files = _write_outputs(spec, verdict, table, out_dir, lr_records, (runner.wall_time_s, cpu_h, gpu_h))
-        runner.publish(files.values())
-        # Wall time and resource hours are the runner's ``actual_*`` metrics (next to ``planned_*``).
-        runner.log_outputs(
-            files=files.values(),
-            tags=_verdict_tags(verdict),
-            metrics=_verdict_metrics(verdict),
-            params={"analysis_metric": spec.analysis.metric},
-        )
+        log_study_outputs(runner, spec, files, tags=_verdict_tags(verdict), metrics=_verdict_metrics(verdict))
     _print_verdict(spec, verdict, runner.study_uri, runner.run_id, runner.tracking_uri)
     _say(f"wall time {runner.wall_time_s / 60:.1f} min, {cpu_h:.3f} CPU h, {gpu_h:.3f} GPU h")
     return study_outcome(
@@ -593,17 +581,10 @@ def status(spec: BatchSizeStudySpec) -> dict[str, Any]:
         **fields,
         "verdict": verdict.get("verdict") if verdict else None,
         "rows": [
-            {
-                "phase": name,
-                "trial": t.trial_id,
-                "status": t.status,
-                "arm": _arm(t),
-                "batch_size": t.config["training"]["batch_size"],
-                "seed": t.config.get("seed"),
-                "lr": t.config["training"]["lr"],
-                # A tuning trial shows what selects its η (validation), never the test set.
-                metric: t.metrics.get(metric),
-            }
+            # A tuning trial shows what selects its η (validation), never the test set.
+            status_row(
+                name, t, batch_size=t.config["training"]["batch_size"], **{metric: t.metrics.get(metric)}
+            )
             for name, ts in phases.items()
             for metric in [spec.lr_tuning.metric if name.startswith("tune-") else spec.analysis.metric]
             for t in ts
@@ -675,8 +656,5 @@ def report(spec: BatchSizeStudySpec, out_dir: Path) -> Path:
     table = pd.concat(tables, ignore_index=True)
     verdict = analyse(table, spec)
     out_dir.mkdir(parents=True, exist_ok=True)
-    seconds = sum(float(t.metrics.get("time_total_s") or 0.0) for ts in phases.values() for t in ts)
-    res = dict(spec.resources.as_plan())
-    spent = (wall_time_s, seconds * res.get("cpu", 0.0) / 3600, seconds * res.get("gpu", 0.0) / 3600)
-    files = _write_outputs(spec, verdict, table, out_dir, lr_records, spent)
+    files = _write_outputs(spec, verdict, table, out_dir, lr_records, spent(spec, phases, wall_time_s))
     return files.get("markdown", out_dir / "report.md")

@@ -12,30 +12,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.transforms import blended_transform_factory
-
-from studies.reporting import (
-    COLORS,
-    Document,
-    Section,
-    begin_report,
-    draw_contrast_row,
-    finite,
-    fmt,
-    fmt_ci,
-    legend_handles,
-    render_html,
-    render_markdown,
-    resources_lines,
-    save_figure,
-    to_yaml,
-)
+from studies import reporting
 
 __all__ = ["CONTRAST_COLORS", "plot_contrasts_forest", "write_compare_report"]
 
-CONTRAST_COLORS: dict[str, str] = {v: COLORS[v] for v in ("better", "worse", "equivalent", "inconclusive")}
+CONTRAST_COLORS: dict[str, str] = {
+    v: reporting.COLORS[v] for v in ("better", "worse", "equivalent", "inconclusive")
+}
 """One colour per contrast verdict: the kit's palette, where no two labels share a colour."""
 
 _BANNER = (
@@ -48,39 +31,26 @@ def plot_contrasts_forest(verdict: Mapping[str, Any], path: str | Path) -> Path:
     """Forest plot of the contrasts: per-seed paired differences (small dots), the mean (dot) and its
     t-interval (bar), coloured by verdict; the zero line and the ±margin band."""
     contrasts = verdict.get("contrasts") or {}
-    names = list(contrasts)
     margin = float(verdict.get("margin") or 0.0)
-    fig = Figure(figsize=(9.0, 0.8 * max(len(names), 1) + 1.8))
-    ax = fig.subplots()
-    ypos = np.arange(len(names))[::-1].astype(float)
-    trans = blended_transform_factory(ax.transAxes, ax.transData)
-    labels = []
-    for y, name in zip(ypos, names):
-        c = contrasts[name]
-        labels.append(f"{name}\n{c['arm']} − {c['reference']}")
-        color = CONTRAST_COLORS.get(str(c.get("verdict")), "black")
-        note = f"{c.get('verdict')} (pred. {c.get('predicted')})\np(Holm) {fmt(c.get('p_value_holm'))}"
-        draw_contrast_row(ax, trans, y, c, color, note)
-        if not finite(c.get("estimate")):
-            ax.text(0.02, y, "n/a (no paired seeds)", transform=trans, va="center", fontsize=8, color="gray")
-    if margin > 0:
-        ax.axvspan(-margin, margin, color=COLORS["stable"], alpha=0.12, lw=0)
-    ax.axvline(0.0, color="black", lw=0.9, ls="--")
-    ax.set_yticks(ypos)
-    ax.set_yticklabels(labels, fontsize=8)
-    if len(names):
-        ax.set_ylim(ypos.min() - 0.6, ypos.max() + 0.6)
-    conf = float(verdict.get("confidence", 0.95))
-    ax.set_xlabel(
-        f"paired difference of the final {verdict.get('metric')} (per-seed dots; mean and {conf:.0%} t-CI; "
-        f"band ±margin {margin:g})"
+    plot = reporting.ForestPlot(
+        [f"{name}\n{c['arm']} − {c['reference']}" for name, c in contrasts.items()], width=9.0
     )
-    ax.grid(axis="x", alpha=0.3)
-    handles = legend_handles([str(c.get("verdict")) for c in contrasts.values()], lw=2.6)
-    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
-    ax.set_title("Paired contrasts over seeds (two-sided sign-flip p, Holm over the contrasts)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.07, 0.84, 1))
-    return save_figure(fig, Path(path))
+    for y, c in zip(plot.ypos, contrasts.values()):
+        color = CONTRAST_COLORS.get(str(c.get("verdict")), "black")
+        p_holm = reporting.fmt(c.get("p_value_holm"))
+        plot.row(y, c, color, f"{c.get('verdict')} (pred. {c.get('predicted')})\np(Holm) {p_holm}")
+        if not reporting.finite(c.get("estimate")):
+            plot.note(y, "n/a (no paired seeds)")
+    if margin > 0:
+        plot.ax.axvspan(-margin, margin, color=reporting.COLORS["stable"], alpha=0.12, lw=0)
+    conf = float(verdict.get("confidence", 0.95))
+    return plot.save(
+        path,
+        xlabel=f"paired difference of the final {verdict.get('metric')} (per-seed dots; mean and {conf:.0%} "
+        f"t-CI; band ±margin {margin:g})",
+        title="Paired contrasts over seeds (two-sided sign-flip p, Holm over the contrasts)",
+        verdicts=[str(c.get("verdict")) for c in contrasts.values()],
+    )
 
 
 def _contrast_rows(verdict: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -88,11 +58,11 @@ def _contrast_rows(verdict: Mapping[str, Any]) -> list[dict[str, str]]:
         {
             "contrast": name,
             "arm − reference": f"{c['arm']} − {c['reference']}",
-            "seeds": fmt(c.get("n_seeds")),
-            "estimate": fmt(c.get("estimate")),
-            "CI": fmt_ci(c.get("ci")),
-            "p": fmt(c.get("p_value")),
-            "p (Holm)": fmt(c.get("p_value_holm")),
+            "seeds": reporting.fmt(c.get("n_seeds")),
+            "estimate": reporting.fmt(c.get("estimate")),
+            "CI": reporting.fmt_ci(c.get("ci")),
+            "p": reporting.fmt(c.get("p_value")),
+            "p (Holm)": reporting.fmt(c.get("p_value_holm")),
             "verdict": str(c.get("verdict")),
             "predicted": str(c.get("predicted")),
             "hypothesis": str(c.get("hypothesis")),
@@ -107,13 +77,13 @@ def _arm_rows(verdict: Mapping[str, Any]) -> list[dict[str, str]]:
         {
             "arm": arm,
             "role": str(r.get("role")),
-            "trials": fmt(r.get("n")),
-            "failed": fmt(r.get("n_failed")),
-            f"mean {verdict.get('metric')}": fmt(r.get("mean"), 4),
-            "CI": fmt_ci(r.get("ci"), 4),
-            "sd": fmt(r.get("sd")),
-            "median train loss": fmt(r.get("median_train_loss")),
-            "lr": fmt(r.get("tuned_lr") if r.get("tuned_lr") is not None else r.get("lr")),
+            "trials": reporting.fmt(r.get("n")),
+            "failed": reporting.fmt(r.get("n_failed")),
+            f"mean {verdict.get('metric')}": reporting.fmt(r.get("mean"), 4),
+            "CI": reporting.fmt_ci(r.get("ci"), 4),
+            "sd": reporting.fmt(r.get("sd")),
+            "median train loss": reporting.fmt(r.get("median_train_loss")),
+            "lr": reporting.fmt(r.get("tuned_lr") if r.get("tuned_lr") is not None else r.get("lr")),
             "gates": "; ".join(r.get("gates") or []) or "–",
         }
         for arm, r in (verdict.get("arms") or {}).items()
@@ -124,14 +94,14 @@ def _lr_rows(lr_record: Mapping[str, Any], metric: str) -> list[dict[str, str]]:
     return [
         {
             "arm": arm,
-            "tuned lr": fmt(rec.get("lr")),
-            f"mean {metric}": fmt(rec.get(metric)),
-            "grid": f"{fmt(min(rec.get('grid') or [None]))} … {fmt(max(rec.get('grid') or [None]))}"
+            "tuned lr": reporting.fmt(rec.get("lr")),
+            f"mean {metric}": reporting.fmt(rec.get(metric)),
+            "grid": f"{reporting.fmt(min(rec.get('grid') or [None]))} … {reporting.fmt(max(rec.get('grid') or [None]))}"
             if rec.get("grid")
             else "–",
-            "extensions": fmt(rec.get("extensions")),
+            "extensions": reporting.fmt(rec.get("extensions")),
             "at range edge": "yes" if rec.get("at_range_edge") else "no",
-            "trials (failed)": f"{fmt(rec.get('trials'))} ({fmt(rec.get('trials_failed'))})",
+            "trials (failed)": f"{reporting.fmt(rec.get('trials'))} ({reporting.fmt(rec.get('trials_failed'))})",
         }
         for arm, rec in lr_record.items()
     ]
@@ -147,11 +117,11 @@ def _document(
     wall_time_s: float | None,
     cpu_hours: float | None,
     gpu_hours: float | None,
-) -> Document:
+) -> reporting.Document:
     study = str(verdict["study_verdict"])
     contrasts = verdict.get("contrasts") or {}
     table_only = list(verdict.get("table_only_arms") or [])
-    return Document(
+    return reporting.Document(
         headline=f"Study verdict: {study}",
         title=title,
         verdict=study,
@@ -162,19 +132,19 @@ def _document(
             f"**Claim.** {verdict.get('hypothesis', '')}",
             f"Metric `{verdict.get('metric')}` (final value; higher is "
             f"{'better' if verdict.get('higher_is_better', True) else 'worse'}); "
-            f"{len(contrasts)} contrasts in the Holm family at alpha {fmt(verdict.get('alpha'))}; "
-            f"equivalence margin ±{fmt(verdict.get('margin'))}."
+            f"{len(contrasts)} contrasts in the Holm family at alpha {reporting.fmt(verdict.get('alpha'))}; "
+            f"equivalence margin ±{reporting.fmt(verdict.get('margin'))}."
             + (f" Arms in no contrast (tables only): {', '.join(table_only)}." if table_only else ""),
         ],
         sections=[
-            Section(
+            reporting.Section(
                 "Contrasts",
                 ["Paired difference arm − reference over the same seeds."],
                 [_contrast_rows(verdict)],
                 label_columns=("hypothesis",),
             ),
-            Section("Arms", ["Failed trials scored at chance accuracy."], [_arm_rows(verdict)]),
-            Section(
+            reporting.Section("Arms", ["Failed trials scored at chance accuracy."], [_arm_rows(verdict)]),
+            reporting.Section(
                 "Tuned learning rates",
                 [f"Selected on `{tuning_metric}` over the tuning seeds."],
                 [_lr_rows(lr_record, tuning_metric)],
@@ -193,8 +163,8 @@ def _document(
             "a contrast's hypothesis is supported when its verdict is the predicted one, refuted when the "
             "opposite; the study is refuted if any is refuted, supported if all are",
         ],
-        resources=resources_lines(wall_time_s, cpu_hours, gpu_hours),
-        protocol=to_yaml(dict(protocol)) if protocol else "",
+        resources=reporting.resources_lines(wall_time_s, cpu_hours, gpu_hours),
+        protocol=reporting.to_yaml(dict(protocol)) if protocol else "",
     )
 
 
@@ -214,7 +184,7 @@ def write_compare_report(
     """Write ``verdict.json`` (verbatim, NaN as null), ``trials.csv``, ``forest.png``, ``report.md``
     and ``report.html`` into ``out_dir``; returns name -> path (``verdict``, ``trials``,
     ``plot_forest``, ``markdown``, ``html``)."""
-    paths = begin_report(out_dir, verdict, table, plot_forest="forest.png")
+    paths = reporting.begin_report(out_dir, verdict, table, plot_forest="forest.png")
     plots = [plot_contrasts_forest(verdict, paths["plot_forest"])]
     doc = _document(
         verdict,
@@ -226,6 +196,6 @@ def write_compare_report(
         cpu_hours=cpu_hours,
         gpu_hours=gpu_hours,
     )
-    paths["markdown"].write_text(render_markdown(doc, [p.name for p in plots]), encoding="utf-8")
-    paths["html"].write_text(render_html(doc, plots), encoding="utf-8")
+    paths["markdown"].write_text(reporting.render_markdown(doc, [p.name for p in plots]), encoding="utf-8")
+    paths["html"].write_text(reporting.render_html(doc, plots), encoding="utf-8")
     return paths

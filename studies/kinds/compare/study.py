@@ -18,35 +18,18 @@ not repeated.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import (
-    StudyOutcome,
-    hypothesis_entry,
-    phase_status,
-    read_phase_trials,
-    stored_rounds,
-    study_outcome,
-    study_runner,
-)
+from studies.kinds import base
 from studies.kinds.compare.kind import KIND_NAME, CompareKind
 from studies.kinds.compare.spec import CompareStudySpec
-from studies.tuning import RunPoints, TrialLike, tuned_lines, tuned_rates
+from studies.tuning import RunPoints, tuned_lines, tuned_rates
 from workers.runner import TrialRecord
 
-__all__ = [
-    "analyse",
-    "pilot",
-    "report",
-    "run",
-    "select_learning_rates",
-    "status",
-    "trials_table",
-]
+__all__ = ["analyse", "pilot", "report", "run", "select_learning_rates", "status", "trials_table"]
 
 TABLE_FILE = "trials.csv"
 
@@ -55,21 +38,14 @@ def _say(message: str) -> None:
     print(f"[{KIND_NAME}] {message}", flush=True)
 
 
-def _arm(t: TrialLike) -> str:
-    return str(t.config["model"]["layer"]["type"])
-
-
-def _value(t: TrialRecord, metric: str) -> float:
-    v = t.metrics.get(metric)
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
-
-
 def select_learning_rates(
     spec: CompareStudySpec, trials: Sequence[TrialRecord], *, run_points: RunPoints | None = None
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """The tuned η per arm from the tuning trials (:func:`studies.tuning.tune`), extending edge
     winners through ``run_points`` (``None``: no extension); the table and a record per arm."""
-    return tuned_rates(spec.arm_names, trials, cell_of=_arm, tuning=spec.lr_tuning, run_points=run_points)
+    return tuned_rates(
+        spec.arm_names, trials, cell_of=base.arm_of, tuning=spec.lr_tuning, run_points=run_points
+    )
 
 
 def trials_table(trials: Sequence[TrialRecord], *, metric: str, lr_record: Mapping[str, Any]) -> Any:
@@ -79,14 +55,14 @@ def trials_table(trials: Sequence[TrialRecord], *, metric: str, lr_record: Mappi
 
     rows = []
     for t in trials:
-        arm = _arm(t)
+        arm = base.arm_of(t)
         rows.append(
             {
                 "arm": arm,
                 "seed": int(t.config.get("seed", 0)),
                 "status": t.status,
-                metric: _value(t, metric),
-                "train_loss": _value(t, "train_loss"),
+                metric: base.metric_value(t, metric),
+                "train_loss": base.metric_value(t, "train_loss"),
                 "lr": float(t.config["training"]["lr"]),
                 "lr_at_edge": bool(lr_record.get(arm, {}).get("at_range_edge", False)),
                 "epochs_done": t.metrics.get("epoch"),
@@ -118,21 +94,13 @@ def analyse(table: Any, spec: CompareStudySpec, **inputs: Any) -> dict[str, Any]
     tuning record per arm, shown in the report)."""
     from studies.kinds.compare.analysis import compare_arms
 
-    a = spec.analysis
     failed_value, chance_loss = _chance(spec)
-    result = compare_arms(
+    result = compare_arms(  # the analysis section's fields are compare_arms' own arguments
         table,
         contrasts={n: c.model_dump() for n, c in spec.contrast_specs.items()},
-        metric=a.metric,
-        higher_is_better=a.higher_is_better,
-        alpha=a.alpha,
-        margin=a.margin,
-        confidence=a.confidence,
-        min_seeds=a.min_seeds,
-        n_mc=a.n_mc,
-        seed=a.seed,
         failed_value=failed_value,
         chance_loss=chance_loss,
+        **spec.analysis.model_dump(),
     )
     lr_record = inputs.get("lr_tuning") or {}
     for arm, res in result["arms"].items():
@@ -141,7 +109,7 @@ def analyse(table: Any, spec: CompareStudySpec, **inputs: Any) -> dict[str, Any]
         res["lr_extensions"] = rec.get("extensions")
     contrasts = result["contrasts"]
     hypotheses = {
-        name: {**hypothesis_entry(res), "verdict": res["hypothesis"]} for name, res in contrasts.items()
+        name: {**base.hypothesis_entry(res), "verdict": res["hypothesis"]} for name, res in contrasts.items()
     }
     return {
         "kind": KIND_NAME,
@@ -177,14 +145,18 @@ def _verdict_metrics(verdict: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _write_outputs(
+    out_dir: Path,
     spec: CompareStudySpec,
     verdict: dict[str, Any],
     table: Any,
-    out_dir: Path,
+    *,
     lr_record: Mapping[str, Any],
     spent: tuple[float, float, float],
 ) -> dict[str, Path]:
+    """The report, ``verdict.json``, ``trials.csv`` and ``lr_tuning.json`` in ``out_dir``; ``spent``
+    is (wall s, CPU h, GPU h)."""
     from studies.kinds.compare.report import write_compare_report
+    from studies.reporting import write_json
 
     protocol = spec.to_document()
     protocol["tuned_lr"] = {arm: rec["lr"] for arm, rec in lr_record.items()}
@@ -200,9 +172,7 @@ def _write_outputs(
         cpu_hours=spent[1],
         gpu_hours=spent[2],
     )
-    (out_dir / "lr_tuning.json").write_text(json.dumps(dict(lr_record), indent=2) + "\n", encoding="utf-8")
-    files["lr_tuning"] = out_dir / "lr_tuning.json"
-    return files
+    return {**files, "lr_tuning": write_json(out_dir / "lr_tuning.json", dict(lr_record))}
 
 
 def _extension_runner(spec: CompareStudySpec, runner: Any, environ: Mapping[str, str] | None) -> RunPoints:
@@ -219,21 +189,21 @@ def _extension_runner(spec: CompareStudySpec, runner: Any, environ: Mapping[str,
 
 def _extension_reader(spec: CompareStudySpec) -> RunPoints:
     """Reads range-extension round ``k`` back from the study directory (report, status)."""
-    return stored_rounds(spec, "tune-ext")
+    return base.stored_rounds(spec, "tune-ext")
 
 
 def run(
     spec: CompareStudySpec, *, environ: Mapping[str, str] | None = None, **runner_options: Any
-) -> StudyOutcome:
-    """Run every phase, analyse, write and log the outputs; idempotent (a rerun resumes).
-    ``runner_options``: :data:`studies.kinds.base.RUNNER_OPTIONS`."""
+) -> base.StudyOutcome:
+    """Tune every arm's η, confirm on every seed, analyse the contrasts, write and log the outputs. A
+    rerun resumes where this one stopped. ``runner_options``: :data:`studies.kinds.base.RUNNER_OPTIONS`."""
     study = spec.study_plan(environ=environ)
     _say(
         f"study {spec.name!r}: {len(spec.arm_names)} arms x {len(spec.seeds)} seeds = "
         f"{spec.confirmatory_trials} confirmatory + {spec.tuning_trials} lr-tuning trials "
         f"({spec.total_trials} total); contrasts: {', '.join(spec.contrast_specs)}"
     )
-    with study_runner(study, expected_trials=spec.total_trials, **runner_options) as runner:
+    with base.study_runner(study, expected_trials=spec.total_trials, **runner_options) as runner:
         plan = spec.tuning_plan(environ=environ)
         _say(f"phase {plan.name}: {len(plan.grid[0][1])} (arm, lr) cells x {len(spec.lr_tuning.seeds)} seeds")
         tuned = runner.run(plan)
@@ -255,29 +225,17 @@ def run(
         verdict = analyse(table, spec, lr_tuning=record)
         cpu_h, gpu_h = runner.resource_hours()
         out_dir = runner.local_dir()
-        files = _write_outputs(spec, verdict, table, out_dir, record, (runner.wall_time_s, cpu_h, gpu_h))
-        runner.publish(files.values())
-        runner.log_outputs(
-            files=files.values(),
-            tags=_verdict_tags(verdict),
-            metrics={
-                **_verdict_metrics(verdict),
-                "wall_time_s": runner.wall_time_s,
-                "cpu_hours": cpu_h,
-                "gpu_hours": gpu_h,
-            },
-            params={"analysis_metric": spec.analysis.metric},
+        files = _write_outputs(
+            out_dir, spec, verdict, table, lr_record=record, spent=(runner.wall_time_s, cpu_h, gpu_h)
+        )
+        base.log_study_outputs(
+            runner, spec, files, tags=_verdict_tags(verdict), metrics=_verdict_metrics(verdict)
         )
     _print_verdict(verdict, runner.study_uri, runner.run_id, runner.tracking_uri)
-    return study_outcome(
-        KIND_NAME,
-        spec,
-        runner,
-        verdict,
-        table,
-        files,
-        verdicts={"contrasts": {n: c["verdict"] for n, c in verdict["contrasts"].items()}},
-        tuned_lr={arm: rec["lr"] for arm, rec in record.items()},
+    verdicts = {"contrasts": {n: c["verdict"] for n, c in verdict["contrasts"].items()}}
+    tuned = {arm: rec["lr"] for arm, rec in record.items()}
+    return base.study_outcome(
+        KIND_NAME, spec, runner, verdict, table, files, verdicts=verdicts, tuned_lr=tuned
     )
 
 
@@ -301,28 +259,20 @@ def _print_verdict(verdict: Mapping[str, Any], study_dir: str, run_id: str | Non
 
 
 def _phase_trials(spec: CompareStudySpec) -> dict[str, list[TrialRecord]]:
-    return read_phase_trials(CompareKind(), spec)
+    return base.read_phase_trials(CompareKind(), spec)
 
 
 def status(spec: CompareStudySpec) -> dict[str, Any]:
     """Progress of every phase from the study directory."""
     phases = _phase_trials(spec)
-    fields, verdict = phase_status(CompareKind(), KIND_NAME, spec, phases)
+    fields, verdict = base.phase_status(CompareKind(), KIND_NAME, spec, phases)
     return {
         **fields,
         "contrasts": {n: c.get("verdict") for n, c in (verdict.get("contrasts") or {}).items()}
         if verdict
         else None,
         "rows": [
-            {
-                "phase": name,
-                "trial": t.trial_id,
-                "status": t.status,
-                "arm": _arm(t),
-                "seed": t.config.get("seed"),
-                "lr": t.config["training"]["lr"],
-                spec.analysis.metric: t.metrics.get(spec.analysis.metric),
-            }
+            base.status_row(name, t, **{spec.analysis.metric: t.metrics.get(spec.analysis.metric)})
             for name, ts in phases.items()
             for t in ts
         ],
@@ -337,10 +287,9 @@ def report(spec: CompareStudySpec, out_dir: Path) -> Path:
     table = trials_table(phases["confirm"], metric=spec.analysis.metric, lr_record=record)
     verdict = analyse(table, spec, lr_tuning=record)
     out_dir.mkdir(parents=True, exist_ok=True)
-    seconds = sum(float(t.metrics.get("time_total_s") or 0.0) for ts in phases.values() for t in ts)
-    res = dict(spec.resources.as_plan())
-    spent = (math.nan, seconds * res.get("cpu", 0.0) / 3600, seconds * res.get("gpu", 0.0) / 3600)
-    files = _write_outputs(spec, verdict, table, out_dir, record, spent)
+    files = _write_outputs(
+        out_dir, spec, verdict, table, lr_record=record, spent=base.spent(spec, phases, math.nan)
+    )
     return files["markdown"]
 
 

@@ -32,19 +32,17 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
-from matplotlib.transforms import blended_transform_factory
 from scipy import stats
 
 from studies.kinds.search.claims import CLAIMS, COMPLETED_STATUSES, CONFIRM_COLUMNS
 from studies.reporting import (
     COLORS,
     Document,
+    ForestPlot,
     Section,
-    draw_contrast_row,
     finite,
     fmt,
     fmt_ci,
-    legend_handles,
     render_html,
     render_markdown,
     resources_lines,
@@ -336,35 +334,26 @@ def plot_claims_forest(claims: Mapping[str, Mapping[str, Any]], path: str | Path
     ids = [c for c in CONTRASTS if c in claims]
     if not any(finite(claims[c].get("estimate")) for c in ids):
         return None
-    fig = Figure(figsize=(8.5, 0.8 * len(ids) + 1.8))
-    ax = fig.subplots()
-    ypos = np.arange(len(ids))[::-1].astype(float)
-    trans = blended_transform_factory(ax.transAxes, ax.transData)
-    labels = []
-    for y, cid in zip(ypos, ids):
+    pairs = {cid: claims[cid].get("arms") or CONTRASTS[cid] for cid in ids}
+    plot = ForestPlot([f"{cid}: {a} − {b}" for cid, (a, b) in pairs.items()], width=8.5)
+    for y, cid in zip(plot.ypos, ids):
         c = claims[cid]
-        arms = c.get("arms") or CONTRASTS[cid]
-        labels.append(f"{cid}: {arms[0]} − {arms[1]}")
         verdict = str(c.get("verdict", "inconclusive"))
-        color = VERDICT_COLORS.get(verdict, "black")
         if not finite(c.get("estimate")):
-            reason = "; ".join(str(r) for r in c.get("reasons") or []) or "no estimate"
-            ax.text(0.02, y, f"n/a ({reason})", transform=trans, va="center", fontsize=8, color="gray")
+            plot.note(y, f"n/a ({'; '.join(str(r) for r in c.get('reasons') or []) or 'no estimate'})")
             continue
         p = c.get("p_value_holm") if c.get("p_value_holm") is not None else c.get("p_value")
-        draw_contrast_row(ax, trans, y, c, color, f"{_verdict_text(cid, verdict)}\np(Holm) {fmt(p)}")
-    ax.axvline(0.0, color="black", lw=0.9, ls="--")
-    ax.set_yticks(ypos)
-    ax.set_yticklabels(labels, fontsize=8.5)
-    ax.set_ylim(ypos.min() - 0.6, ypos.max() + 0.6)
-    ax.set_xlabel("paired difference of the final test metric (per-seed dots; mean and 95 % t-CI)")
-    ax.grid(axis="x", alpha=0.3)
-    used = [str(claims[cid].get("verdict", "inconclusive")) for cid in ids]
-    handles = legend_handles(used, lw=2.6)  # the verdicts that occur, once each
-    fig.legend(handles=handles, loc="lower center", ncol=max(1, len(handles)), fontsize=8, frameon=False)
-    ax.set_title("Paired contrasts over seeds (a, b one-sided greater; e two-sided)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.07, 0.86, 1))
-    return save_figure(fig, Path(path))
+        plot.row(
+            y, c, VERDICT_COLORS.get(verdict, "black"), f"{_verdict_text(cid, verdict)}\np(Holm) {fmt(p)}"
+        )
+    return plot.save(
+        path,
+        xlabel="paired difference of the final test metric (per-seed dots; mean and 95 % t-CI)",
+        title="Paired contrasts over seeds (a, b one-sided greater; e two-sided)",
+        verdicts=[str(claims[cid].get("verdict", "inconclusive")) for cid in ids],
+        label_size=8.5,
+        right=0.86,
+    )
 
 
 def plot_gate_entropy_by_sublayer(
