@@ -8,6 +8,7 @@ The shared machinery every study kind uses, one job per module:
   tracking, storage) a kind's spec class composes;
 * :mod:`studies.spec.space` — search-space checks against the trial sections;
 * :mod:`studies.spec.plan` — a :class:`workers.plan.StudyPlan` from sections, provenance tags;
+* :mod:`studies.spec.arms` — what the kinds with layer arms share (:class:`~studies.spec.arms.ArmStudySpec`);
 * :mod:`studies.spec.loading` — layering (defaults → file → preset → ``--set``) and validation;
 * :mod:`studies.spec.urls` — the URL-like fields (storage path, tracking URI, endpoints), redaction.
 

@@ -43,9 +43,7 @@ from studies.spec.arms import (
     GridLRTuningSpec,
     PlainSGDTrainingSpec,
 )
-from studies.spec.sections import (
-    FROZEN,
-)
+from studies.spec.sections import FROZEN
 from studies.tuning import extension_trials_max
 from workers.plan import StudyPlan
 
