@@ -25,6 +25,7 @@ if [ "$quick" = 1 ]; then
   exec .venv/bin/python -m pytest -n "${AUTONORM_TEST_WORKERS:-2}" -m "not ray and not services and not slow" --durations=10 "$@"
 fi
 echo "[test] pytest"
-# Two workers, whole files each (a module's shared study fixture runs once); `--durations` and the
+# Two workers, whole files each (a module's shared study fixture runs once), the longest files first (tests/durations.json;
+# xdist would otherwise order files by their number of tests); `--durations` and the
 # per-directory times print before pytest's closing summary line, which stays the last line.
-exec .venv/bin/python -m pytest -n "${AUTONORM_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"
+exec .venv/bin/python -m pytest -n "${AUTONORM_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=25 "$@"

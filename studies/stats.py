@@ -27,7 +27,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from scipy import stats
+
+
+def _scipy_stats() -> Any:
+    """``scipy.stats``, imported on first use: it costs ~0.4 s, and validating or planning a spec
+    (which checks power with these functions only when a design is borderline) should not pay it."""
+    from scipy import stats
+
+    return stats
+
 
 __all__ = [
     "DECISIONS",
@@ -140,7 +148,7 @@ def t_interval(d: np.ndarray, confidence: float) -> tuple[float, float]:
     sem = float(d.std(ddof=1) / math.sqrt(d.size))
     if sem == 0.0:  # identical values: the interval collapses to the point
         return mean, mean
-    half = float(stats.t.ppf(0.5 + confidence / 2.0, df=d.size - 1)) * sem
+    half = float(_scipy_stats().t.ppf(0.5 + confidence / 2.0, df=d.size - 1)) * sem
     return mean - half, mean + half
 
 
@@ -171,7 +179,7 @@ def seed_interval(
     if k < 2:
         return est, None, None
     if k < _BOOTSTRAP_MIN_SEEDS:
-        half = float(stats.t.ppf(0.5 + confidence / 2.0, k - 1) * v.std(ddof=1) / math.sqrt(k))
+        half = float(_scipy_stats().t.ppf(0.5 + confidence / 2.0, k - 1) * v.std(ddof=1) / math.sqrt(k))
         return est, [est - half, est + half], "t"
     counts = rng.multinomial(k, np.full(k, 1.0 / k), size=n_boot).astype(float)
     boot = counts @ v / k
@@ -191,7 +199,7 @@ def t_test_p(values: np.ndarray, *, negative: bool) -> float | None:
     if sd == 0.0:
         return 0.0 if (mean < 0 if negative else mean > 0) else 1.0
     t = mean / (sd / math.sqrt(v.size))
-    return float(stats.t.cdf(t, v.size - 1) if negative else stats.t.sf(t, v.size - 1))
+    return float(_scipy_stats().t.cdf(t, v.size - 1) if negative else _scipy_stats().t.sf(t, v.size - 1))
 
 
 # ------------------------------------------------------------------------- randomisation tests
@@ -392,14 +400,14 @@ def power_of_t_test(
     df = int(k) - 1
     nc = abs(effect) / sd * math.sqrt(int(k))
     if alternative == "two-sided":
-        crit = float(stats.t.isf(alpha / 2, df))
+        crit = float(_scipy_stats().t.isf(alpha / 2, df))
         # P(T < -crit | nc) written as P(T > crit | -nc): scipy's nct.cdf returns NaN for that far
         # tail once nc is large (e.g. df = 4999, nc = 35), nct.sf with the mirrored nc does not.
-        power = float(stats.nct.sf(crit, df, nc)) + float(stats.nct.sf(crit, df, -nc))
+        power = float(_scipy_stats().nct.sf(crit, df, nc)) + float(_scipy_stats().nct.sf(crit, df, -nc))
     else:
         # By symmetry, "less" at mean -|effect| has the power of "greater" at +|effect|.
-        crit = float(stats.t.isf(alpha, df))
-        power = float(stats.nct.sf(crit, df, nc))
+        crit = float(_scipy_stats().t.isf(alpha, df))
+        power = float(_scipy_stats().nct.sf(crit, df, nc))
     if not math.isfinite(power):
         raise ArithmeticError(f"noncentral t power not computable for k={k}, nc={nc}, alpha={alpha}")
     return min(1.0, max(0.0, power))

@@ -20,12 +20,18 @@ that asks for it; each test isolates itself by unique names (experiment, bucket 
 At the end pytest prints the time per test directory and how many Ray clusters the run started
 (``gcs_server`` processes seen that carry this run's marker in their environment: in-process,
 subprocess drivers and ``ray start`` nodes alike), next to ``--durations``.
+
+Order: the longest test files first, by the per-file times in ``tests/durations.json`` (pytest-xdist's
+``--dist loadfile`` gives whole files to whichever worker is free, so the two workers end together);
+refresh it after a change that moves times a lot with ``AUTONORM_TEST_DURATIONS=write bash
+scripts/test.sh`` (written only by a run that passed). A file it does not know yet counts as 5 s.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -200,10 +206,30 @@ def _own_ray_isolation(request: pytest.FixtureRequest) -> None:
         assert not ray.is_initialized(), "an own_ray test found a Ray cluster it did not start"
 
 
+DURATIONS = Path(__file__).with_name("durations.json")
+#: A test file missing from ``tests/durations.json`` (new since it was written) counts as this many seconds.
+_UNKNOWN_FILE_S = 5.0
+
+
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Tests that need their own cluster last (a stable sort keeps every other order): the shared
-    # cluster then stops once instead of once per such test.
-    items.sort(key=lambda item: item.get_closest_marker("own_ray") is not None)
+    # Longest file first (xdist's loadfile hands whole files to whichever worker is free: starting
+    # with the longest ones keeps the two workers' loads even, so the run ends when the work does),
+    # from the per-file times a full run measured (tests/durations.json). Within a file, and for
+    # files of equal weight, the collection order stays (stable sort). Tests that need their own
+    # cluster last: the shared cluster then stops once instead of once per such test.
+    seconds: dict[str, float] = {}
+    if DURATIONS.exists():
+        seconds = json.loads(DURATIONS.read_text())
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("own_ray") is not None,
+            -seconds.get(_file_of(item), _UNKNOWN_FILE_S),
+        )
+    )
 
 
 # ---- what the run cost: time per test directory, Ray clusters started -------------------------------
@@ -211,6 +237,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _RUN_MARK = "AUTONORM_TEST_RUN"
 _DIR_SECONDS: dict[str, float] = defaultdict(float)
 _DIR_TESTS: dict[str, set[str]] = defaultdict(set)
+_FILE_SECONDS: dict[str, float] = defaultdict(float)
 
 
 class _RayStartCounter:
@@ -255,8 +282,24 @@ def pytest_configure(config: pytest.Config) -> None:
     _COUNTER.start()
 
 
+_WORKER_RAY_STARTS: list[int] = []
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _SHARED_RAY.stop()
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: tell the controller how often it started the cluster
+        workeroutput["shared_ray_starts"] = _SHARED_RAY.starts
+    elif os.environ.get("AUTONORM_TEST_DURATIONS") == "write" and exitstatus == 0:
+        # `AUTONORM_TEST_DURATIONS=write bash scripts/test.sh`: the per-file times the next runs order by
+        DURATIONS.write_text(
+            json.dumps({f: round(s, 1) for f, s in sorted(_FILE_SECONDS.items())}, indent=1) + "\n"
+        )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:  # xdist: a worker finished
+    _WORKER_RAY_STARTS.append(int(getattr(node, "workeroutput", {}).get("shared_ray_starts", 0)))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -264,6 +307,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     parts = report.nodeid.split("::", 1)[0].split("/")
     directory = "/".join(parts[:2]) if len(parts) > 2 else parts[0] + "/"
     _DIR_SECONDS[directory] += report.duration
+    _FILE_SECONDS["/".join(parts)] += report.duration
     _DIR_TESTS[directory].add(report.nodeid)
 
 
@@ -282,5 +326,5 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         _COUNTER.stop()
         tr.write_line(
             f"Ray clusters started by this run: {len(_COUNTER.seen)} "
-            f"(the shared in-process one {_SHARED_RAY.starts} of them)"
+            f"(the shared in-process one {_SHARED_RAY.starts + sum(_WORKER_RAY_STARTS)} of them)"
         )

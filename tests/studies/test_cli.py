@@ -59,6 +59,24 @@ def test_validate_broken_spec_exits_2_without_traceback(case_id: str) -> None:
         assert f":{case.expect_line}: {path}" in proc.stderr
 
 
+@pytest.mark.slow  # one CLI-sized subprocess
+def test_validate_never_imports_the_statistics_stack() -> None:
+    # validate is the command people and tests run most: SciPy/pandas (or torch, Ray) would triple its cost
+    code = (
+        "import sys\n"
+        "from studies import cli\n"
+        "for spec in sys.argv[1:]:\n"
+        "    assert cli.main(['validate', spec]) == 0, spec\n"
+        "heavy = sorted(m for m in ('scipy', 'pandas', 'torch', 'ray', 'mlflow') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    specs = sorted(str(p) for p in (ROOT / "studies" / "specs").glob("*.yaml"))
+    assert len(specs) >= 3  # one per study kind
+    proc = _run([sys.executable, "-c", code, *specs])
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout, proc.stdout[-2000:]
+
+
 def test_validate_ok_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["validate", str(SHIPPED), "--preset", "smoke"]) == 0
     out = capsys.readouterr().out

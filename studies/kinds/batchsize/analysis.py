@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from studies.kinds.batchsize.hypothesis import DIVERGENCE_FIXES, HYPOTHESIS, MIN_SEEDS
+from studies.kinds.batchsize.hypothesis import MIN_BATCH_SIZES as _MIN_BATCH_SIZES
 from studies.kinds.batchsize.seedstats import arm_rng, none_if_nan, row_slopes, row_spearman
 from studies.stats import (
     EXACT_PERMUTATION_LIMIT,
@@ -62,15 +64,6 @@ __all__ = [
     "verdict_for",
 ]
 
-HYPOTHESIS = (
-    "Performance of layers that correct the affine divergence correlates negatively with batch size "
-    "(it gets worse as B grows); BatchNorm and plain affine layers do not show this trend."
-)
-
-#: Arms the hypothesis predicts to get worse with B (the divergence-correcting layers); the others
-#: (plain affine, BatchNorm, LayerNorm and their conv versions) are predicted to show no such trend.
-DIVERGENCE_FIXES = frozenset({"prenorm_l2", "prenorm_rms", "corrected", "patchnorm"})
-
 #: Trial statuses that count as finished (compared case-insensitively); anything else
 #: (``diverged``, ``error``, ``pruned``, ...) is a failed trial.
 COMPLETED_STATUSES = frozenset({"completed"})
@@ -78,10 +71,6 @@ COMPLETED_STATUSES = frozenset({"completed"})
 VERDICTS = ("supported", "refuted", "inconclusive")
 CONTROL_LABELS = ("stable", "declines", "unclear")
 
-#: Default minimum number of seeds with data in every cell (docs/science.md §2 asks for >= 5).
-MIN_SEEDS = 5
-
-_MIN_BATCH_SIZES = 4
 _FAILURE_SHARE = 0.2
 _NOT_LEARNED = 0.9
 

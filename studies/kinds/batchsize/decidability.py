@@ -19,7 +19,7 @@ def undecidable(spec: Any) -> list[Undecidable]:
     :func:`studies.kinds.batchsize.analysis.batchsize_trend` (``analysis.min_seeds`` seeds, 4 batch
     sizes, the smallest permutation p times the number of fix arms below ``alpha``), checked before
     the study runs."""
-    from studies.kinds.batchsize.analysis import _MIN_BATCH_SIZES
+    from studies.kinds.batchsize.hypothesis import MIN_BATCH_SIZES as _MIN_BATCH_SIZES
 
     a = spec.analysis
     family = len(spec.fix_arms)

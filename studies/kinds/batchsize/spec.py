@@ -25,7 +25,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, StrictBool
 
-from studies.kinds.batchsize.analysis import HYPOTHESIS
+from studies.kinds.batchsize.hypothesis import HYPOTHESIS
 from studies.sequential import SequentialSpec, look_seeds
 from studies.spec import (
     CategoricalParam,

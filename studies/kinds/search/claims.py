@@ -48,9 +48,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from scipy import stats
 
 from studies.stats import holm, min_sign_flip_p, paired_contrast, t_interval
+
+
+def _binom() -> Any:
+    """``scipy.stats.binom``, imported on first use (validating a spec reads this module's claim
+    tables but never needs SciPy's ~0.4 s import)."""
+    from scipy import stats
+
+    return stats.binom
+
 
 __all__ = [
     "ARMS",
@@ -212,9 +220,9 @@ def _median_ci(values: np.ndarray, confidence: float) -> tuple[float, float, flo
     k = x.size
     r = 1
     for cand in range(1, k // 2 + 1):
-        if 1.0 - 2.0 * float(stats.binom.cdf(cand - 1, k, 0.5)) >= confidence:
+        if 1.0 - 2.0 * float(_binom().cdf(cand - 1, k, 0.5)) >= confidence:
             r = cand
-    coverage = 1.0 - 2.0 * float(stats.binom.cdf(r - 1, k, 0.5))
+    coverage = 1.0 - 2.0 * float(_binom().cdf(r - 1, k, 0.5))
     return float(x[r - 1]), float(x[k - r]), coverage
 
 
@@ -603,7 +611,7 @@ def _collapse_claim(
     stat = np.array([math.inf if v is None else v for v in summary["per_seed_median"].values()])
     k = stat.size
     n_early = int((stat <= early).sum())
-    p = float(stats.binom.sf(n_early - 1, k, 0.5))  # sign test, H1: median collapse epoch <= early
+    p = float(_binom().sf(n_early - 1, k, 0.5))  # sign test, H1: median collapse epoch <= early
     lo, hi, coverage = _median_ci(stat, confidence)
     ci = [_float_or_none(lo), _float_or_none(hi)]
     if k < min_seeds or 0.5**k >= alpha:
