@@ -224,18 +224,39 @@ def accounting(client: Any, experiment: str) -> Accounting:
 # ----------------------------------------------------------------------------------------------- Tune
 
 
-def tune_checkpoints(study_dir: Path, *, newer_than: float = 0.0) -> dict[str, tuple[str, str | None]]:
-    """``trial id -> (status, latest checkpoint dir)`` as Tune's newest experiment state says: the
-    checkpoint a restore resumes from (a checkpoint written after that state is never used).
-    ``newer_than``: only a state saved after that time (``time.time()``) counts."""
+def newest_state(study_dir: Path, *, not_in: frozenset[str] = frozenset()) -> Path | None:
+    """The Tune experiment state a restore of the study reads: the greatest file name
+    ``experiment_state-<driver start time>.json`` (``ray.tune.execution.experiment_state.
+    _find_newest_experiment_checkpoint``), ``None`` when there is none. Not the newest by mtime: a
+    restored driver downloads every earlier driver's state file into its staging folder and uploads
+    them all again at each sync (copied by threads, in no order), so an older driver's state is often
+    the file written last, naming checkpoints the next restore never reads. ``not_in``: names that do
+    not count (the states there were before a driver started: what is left is that driver's own)."""
+    states = [
+        Path(s)
+        for s in glob.glob(f"{study_dir}/**/experiment_state-*.json", recursive=True)
+        if os.path.basename(s) not in not_in
+    ]
+    return max(states, key=lambda s: s.name) if states else None
+
+
+def state_names(study_dir: Path) -> frozenset[str]:
+    return frozenset(
+        os.path.basename(s) for s in glob.glob(f"{study_dir}/**/experiment_state-*.json", recursive=True)
+    )
+
+
+def tune_checkpoints(
+    study_dir: Path, *, not_in: frozenset[str] = frozenset()
+) -> dict[str, tuple[str, str | None]]:
+    """``trial id -> (status, latest checkpoint dir)`` as the experiment state a restore reads says
+    (:func:`newest_state`): the checkpoint a restore resumes each trial from (a checkpoint written
+    after that state is never used)."""
     from ray.tune.experiment import Trial
 
-    states = sorted(
-        glob.glob(f"{study_dir}/**/experiment_state-*.json", recursive=True), key=os.path.getmtime
-    )
-    states = [s for s in states if os.path.getmtime(s) > newer_than]
-    assert states, f"no Tune experiment state under {study_dir} saved after {newer_than}"
-    data = json.loads(Path(states[-1]).read_text())
+    state = newest_state(study_dir, not_in=not_in)
+    assert state is not None, f"no Tune experiment state under {study_dir} (but {sorted(not_in)})"
+    data = json.loads(state.read_text())
     out: dict[str, tuple[str, str | None]] = {}
     for trial_json, meta in data["trial_data"]:
         trial = Trial.from_json_state(trial_json, stub=True)

@@ -13,12 +13,17 @@ same command run again at once:
    trial from is overwritten with garbage;
 5. the rerun completes.
 
-The accounting at the end holds for every step: one FINISHED study run, 4 FINISHED trial runs,
-epochs 1..6 once each per trial, no trial re-trained from scratch while it had a readable
+The study has 2 trials of 10 epochs, both running at once (``TRIALS``, ``EPOCHS``): a trial worker
+start (~15 s under load) costs far more than an epoch (~0.3 s), so the margin that keeps trials
+unfinished at every fault is bought with epochs, not with trials; 2 trials are the fewest that keep
+two trials (two checkpoints, two notices) in every fault.
+
+The accounting at the end holds for every step: one FINISHED study run, 2 FINISHED trial runs,
+epochs 1..10 once each per trial, no trial re-trained from scratch while it had a readable
 checkpoint. Measurements (exit times, rerun times) are kept in ``CHAIN`` for the figures table
 (docs/reliability.md).
 
-The MLflow faults (tracking server away for a whole run; stopped for 20 s mid-study) are in
+The MLflow faults (tracking server away for a whole run; stopped for 10 s mid-study) are in
 ``test_mlflow_faults.py``: they need a server of their own to stop.
 """
 
@@ -44,9 +49,11 @@ from tests.integration.faults import (
     env,
     latest_epochs,
     new_mark,
+    newest_state,
     record_figures,
     result_epochs,
     snapshot,
+    state_names,
     tune_checkpoints,
     wait_for_epochs,
     wait_gone,
@@ -56,7 +63,11 @@ from tests.services import MlflowServer
 
 pytestmark = [pytest.mark.ray, pytest.mark.services, pytest.mark.slow]
 
-TRIALS, EPOCHS = 4, 6
+# 2 trials, both started at once (max_concurrent 2): each fault finds both unfinished as long as
+# neither has trained all its epochs. The chain trains 4-5 epochs a trial before the final rerun
+# (2 at the first fault, then about one more per fault plus what a shutdown lets through: measured
+# 3 and 4 at the SIGKILL); 10 leave that margin twice over, at ~0.3 s an epoch.
+TRIALS, EPOCHS = 2, 10
 EXIT_WITHIN_S = 60.0
 
 
@@ -82,6 +93,7 @@ class Chain:
     lease_before: str | None = None
     lease_after: str | None = None
     garbled: dict[str, str] = field(default_factory=dict)  # trial id -> checkpoint dir
+    garbled_from: str = ""  # the experiment state (file name) naming the garbled checkpoints
     unfinished_with_checkpoint: set[str] = field(default_factory=set)
     epochs_before_final: dict[str, list[int]] = field(default_factory=dict)
     worker_notices: list[str] = field(default_factory=list)  # "is unreadable" lines in Ray's worker logs
@@ -180,11 +192,13 @@ def chain(mlflow_server: MlflowServer) -> Iterator[Chain]:
         # As soon as this driver's Tune has restored the study and saved its state (on every loop
         # step) naming an unfinished trial's checkpoint (something to break): not after a further
         # epoch, which on a quiet machine can be the last one the study had left.
-        started = time.time()
+        # (This driver's state is the one file name that was not there before it: a restored driver
+        # writes every earlier driver's state file again, so file times say nothing.)
+        earlier = state_names(study_dir)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and driver.alive():
             try:
-                known = tune_checkpoints(study_dir, newer_than=started)
+                known = tune_checkpoints(study_dir, not_in=earlier)
             except Exception:  # no state of this driver's yet, or one being written
                 known = {}
             if any(st != "TERMINATED" and c and Path(c).is_dir() for st, c in known.values()):
@@ -199,6 +213,9 @@ def chain(mlflow_server: MlflowServer) -> Iterator[Chain]:
         step("double_sigint", double_sigint)
         step("sigkill", sigkill, epochs=None)
         # The group is dead; its trial workers (process groups of their own) follow within seconds.
+        # The state the rerun restores from (Tune's rule: the greatest file name; see newest_state).
+        result.garbled_from = str(newest_state(study_dir))
+        by_mtime = max(study_dir.rglob("experiment_state-*.json"), key=os.path.getmtime)
         for trial_id, (status, checkpoint) in tune_checkpoints(study_dir).items():
             # (A SIGKILL between Tune deleting a trial's oldest checkpoint and saving its state
             # leaves the state naming a deleted checkpoint: that trial then restarts from scratch.)
@@ -232,7 +249,10 @@ def chain(mlflow_server: MlflowServer) -> Iterator[Chain]:
                 "writes": result.reader_writes,
             },
         )
-        record_figures("garbled", {"garbled": result.garbled})
+        record_figures(
+            "garbled",
+            {"garbled": result.garbled, "state": result.garbled_from, "newest_by_mtime": str(by_mtime)},
+        )
         yield result
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -323,7 +343,12 @@ def test_sigkill_then_garbage_checkpoints_then_rerun(chain: Chain) -> None:
         # log is the record when forwarding lost it under load (the line must be said either way)
         lines = [line for line in final.output.splitlines() if "is unreadable" in line and trial_id in line]
         logged = [line for line in chain.worker_notices if f"trial {trial_id}:" in line]
-        assert len(lines) == 1 or (not lines and len(logged) == 1), (trial_id, logged, final.output[-4000:])
+        assert len(lines) == 1 or (not lines and len(logged) == 1), (
+            trial_id,
+            chain.garbled_from,
+            logged,
+            final.output[-4000:],
+        )
 
 
 def test_the_study_completes_with_every_epoch_once(chain: Chain) -> None:
