@@ -18,13 +18,21 @@ from studies.kinds import load_study, run_study_spec
 from workers.trainable import TrialSession
 
 SPEC = Path(__file__).resolve().parents[2] / "studies" / "specs" / "batchsize_correlation.yaml"
-OVERRIDES = ["lr_tuning.points=3", "lr_tuning.max_extensions=0", "analysis.n_boot=200", "analysis.n_perm=999"]
+# 2 arms x 2 batch sizes (the fewest the spec accepts; the reference B = 32 among them), not the smoke's 3 x 3
+OVERRIDES = [
+    "arms=[linear,corrected]",
+    "batch_sizes=[32,128]",
+    "lr_tuning.points=3",
+    "lr_tuning.max_extensions=0",
+    "analysis.n_boot=200",
+    "analysis.n_perm=999",
+]
 
 
 def slow_planted_trial(config: dict[str, Any], session: TrialSession) -> None:
     from tests.studies.test_batchsize_study import planted_trial
 
-    time.sleep(0.8)
+    time.sleep(0.5)
     planted_trial(config, session)
 
 

@@ -158,7 +158,7 @@ class SearchKind(StudyKind):
     example = ("studies/specs/autonorm_search.yaml", "smoke")
     tiny = (
         "training.epochs=2",
-        "search.num_samples=2",
+        "search.num_samples=1",
         "search.space.0.high=2",
         "confirm.arms=[autonorm, autonorm_s]",
         "confirm.seeds=[100, 101]",
