@@ -84,6 +84,7 @@ def study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             "lr_tuning.max_extensions=0",  # two phases (tuning, confirmatory): what this test reads
             "analysis.n_boot=200",
             "analysis.n_perm=99",
+            "max_concurrent=1",  # one trial at a time: one trial actor per phase (an actor process costs seconds of CPU to start)
         )
         out = run_study_spec(spec, trainable=planted_trial, progress=False)
         assert out.parent_run_id is not None and out.verdict is not None

@@ -276,7 +276,9 @@ def smoke(
     storage = tmp_path_factory.mktemp("bs_smoke")
     # The smoke cut to 2 arms (the control and one fix arm) on its 3 batch sizes: 16 tuning + 12
     # confirmatory trials instead of 24 + 18.
-    spec = smoke_spec(f"storage_path={storage}", "arms=[linear,corrected]")
+    spec = smoke_spec(
+        f"storage_path={storage}", "arms=[linear,corrected]", "max_concurrent=1"
+    )  # one trial at a time: one trial actor per phase (an actor process costs seconds of CPU to start)
     return spec, run_study_spec(spec, progress=False)
 
 
@@ -621,7 +623,7 @@ def test_planted_decline_is_supported_through_every_phase(local_ray: None, tmp_p
         "lr_tuning.points=5",
         "analysis.n_boot=200",
         "analysis.n_perm=999",
-        "max_concurrent=2",
+        "max_concurrent=1",  # one trial at a time: one trial actor per phase (an actor process costs seconds of CPU to start)
     )
     out = run_study_spec(spec, trainable=planted_trial, progress=False)
     assert out.summary["tuned_lr"]["epochs"] == {arm: _BEST_LR[arm] for arm in spec.arms}

@@ -482,7 +482,13 @@ def tiny_study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Any
     storage = tmp_path_factory.mktemp("study")
     spec = load_spec(
         SHIPPED,
-        [f"storage_path={storage}", "search.num_samples=3", "training.epochs=3", "confirm=null"],
+        [
+            f"storage_path={storage}",
+            "search.num_samples=3",
+            "search.max_concurrent=1",
+            "training.epochs=3",
+            "confirm=null",
+        ],
         preset="smoke",
     )
     import dataclasses

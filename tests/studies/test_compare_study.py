@@ -21,6 +21,7 @@ CAL = {"step_s": {"*": 0.01}, "eval_s": 0.1, "setup_s": 0.5}
 #: The smoke, smaller: 2 arms x (3 lrs x 2 tuning seeds + 2 seeds) = 16 trials of 1 epoch.
 SMALL = (
     "training.epochs=1",
+    "max_concurrent=1",
     "arms=[corrected, linear_batchnorm]",
     "seeds=[0, 1]",
     "lr_tuning={low: 0.1, high: 1.0, points: 3, seeds: [1000, 1001], max_extensions: 0}",

@@ -23,6 +23,7 @@ TINY = [
     "arms=[linear,corrected]",
     "batch_sizes=[16,64]",
     "lr_tuning={low: 0.01, high: 3.0, points: 3, reference_batch_size: 16}",
+    "max_concurrent=1",  # one trial at a time: one trial actor per phase (an actor process costs seconds of CPU to start)
 ]
 
 

@@ -37,6 +37,7 @@ SETTLE = (
     "sequential.look_every=1",
     "seeds=[0,1,2]",
     "analysis.min_seeds=2",
+    "max_concurrent=1",  # one trial at a time: one trial actor per phase (an actor process costs seconds of CPU to start)
 )
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -46,6 +46,7 @@ class BatchSizeKind(StudyKind):
         "batch_sizes=[16, 32]",
         "lr_tuning={low: 0.1, high: 1.0, points: 3, seeds: [1000, 1001], reference_batch_size: 32, max_extensions: 0}",
         "analysis.n_boot=50",
+        "max_concurrent=1",  # one trial actor per phase: each actor process costs seconds of CPU to start
     )
 
     def phases(self, spec: Any) -> list[Phase]:

@@ -37,6 +37,7 @@ class CompareKind(StudyKind):
         "contrasts={corrected_vs_plain: {arm: corrected, reference: linear, predicted: better}}",
         "seeds=[0, 1]",
         "lr_tuning={low: 0.1, high: 1.0, points: 3, seeds: [1000, 1001], max_extensions: 0}",
+        "max_concurrent=1",  # one trial actor per phase: each actor process costs seconds of CPU to start
     )
 
     def phases(self, spec: Any) -> list[Phase]:

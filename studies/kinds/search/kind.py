@@ -159,6 +159,7 @@ class SearchKind(StudyKind):
     tiny = (
         "training.epochs=2",
         "search.num_samples=1",
+        "search.max_concurrent=1",  # one trial actor per phase: each actor process costs seconds of CPU to start
         "search.space.0.high=2",
         "confirm.arms=[autonorm, autonorm_s]",
         "confirm.seeds=[100, 101]",
