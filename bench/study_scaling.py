@@ -7,7 +7,7 @@ CPU per trial and as many concurrent trials as the machine has slots (``os.cpu_c
 trial writes the wall time at its start, at each report and at its end (inside the worker process).
 
     python bench/study_scaling.py            # 32 trials of ~20 s each (~6 minutes on 2 quiet cores)
-    python bench/study_scaling.py --quick    # 4 trials of 1 epoch (for tests)
+    python bench/study_scaling.py --quick    # 2 trials of 1 epoch (for tests)
     python bench/study_scaling.py --gpu-fraction 0.125 --precision bf16 --compile on   # the GPU path
 
 ``--precision`` / ``--compile`` set ``training.precision`` / ``training.compile`` of every trial
@@ -221,11 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--optuna-trials", type=int, default=1000)
     parser.add_argument("--trials-only", action="store_true", help="skip the Optuna and MLflow costs")
-    parser.add_argument("--quick", action="store_true", help="4 trials of 1 epoch, 100 Optuna trials")
+    parser.add_argument("--quick", action="store_true", help="2 trials of 1 epoch, 100 Optuna trials")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
-        args.trials, args.epochs, args.subset, args.optuna_trials = 4, 1, 300, 100
+        args.trials, args.epochs, args.subset, args.optuna_trials = 2, 1, 200, 100
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # local cluster on loopback only
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one CPU per trial
     load_before = os.getloadavg()[0]
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_trials(args, Path(tmp), args.slots)
         if not args.trials_only:
             result.update(optuna_cost(args.optuna_trials))
-            log_s = mlflow_cost(Path(tmp), repeats=10 if args.quick else 30)
+            log_s = mlflow_cost(Path(tmp), repeats=3 if args.quick else 30)
             result["mlflow_log_ms_per_epoch"] = log_s * 1e3
             result["mlflow_log_fraction_of_epoch"] = log_s / result["epoch_s_median"]
     result["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]

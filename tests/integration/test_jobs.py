@@ -154,6 +154,17 @@ def test_autonorm_study_submit_runs_the_batchsize_study_to_a_verdict(
             "seeds=[0,1]",
             "--set",
             "training.epochs=1",
+            # The smallest tuning that still picks a rate per arm: 3 grid points (the least allowed) on the
+            # preset's 2 held-out seeds, no edge extensions (12 tuning trials, 8 confirmatory); the
+            # fewest bootstrap / permutation draws allowed still give every arm a verdict or label.
+            "--set",
+            "lr_tuning.points=3",
+            "--set",
+            "lr_tuning.max_extensions=0",
+            "--set",
+            "analysis.n_boot=100",
+            "--set",
+            "analysis.n_perm=99",
             "--set",
             f"storage_path={storage}",
             "--job-id",
