@@ -32,7 +32,7 @@ search:
   mode: min
   sampler: {type: random, seed: 0}
   num_samples: 2
-  max_concurrent: 2
+  max_concurrent: 1  # one trial actor: each actor process costs seconds of CPU to start
   space:
     - {name: training.lr, type: float, low: 5.0, high: 10.0, log: true}
 retries: 0

@@ -66,6 +66,8 @@ def study_run(s3_server: S3Server, mlflow_server: MlflowServer) -> Iterator[Stud
             "--set",
             "search.num_samples=1",
             "--set",
+            "search.max_concurrent=1",  # one trial actor per phase
+            "--set",
             "training.epochs=2",
             "--set",
             "search.space.0.high=2",

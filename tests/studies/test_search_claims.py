@@ -120,6 +120,7 @@ def test_claims_end_to_end(local_ray: None, tmp_path: Path) -> None:
         [
             f"storage_path={tmp_path}",
             "search.num_samples=2",
+            "search.max_concurrent=1",  # one trial at a time: one trial actor per phase (an actor process costs seconds of CPU to start)
             f"confirm.seeds={seeds}",
             "confirm.lr_tuning.points=3",  # the centre (the searched lr) wins: no arm on an edge
         ],
