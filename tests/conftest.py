@@ -292,9 +292,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         workeroutput["shared_ray_starts"] = _SHARED_RAY.starts
     elif os.environ.get("AUTONORM_TEST_DURATIONS") == "write" and exitstatus == 0:
         # `AUTONORM_TEST_DURATIONS=write bash scripts/test.sh`: the per-file times the next runs order by
-        DURATIONS.write_text(
-            json.dumps({f: round(s, 1) for f, s in sorted(_FILE_SECONDS.items())}, indent=1) + "\n"
-        )
+        # (merged into what is there: a run of some files keeps the others' times)
+        known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+        known.update({f: round(s, 1) for f, s in _FILE_SECONDS.items()})
+        DURATIONS.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
 
 
 @pytest.hookimpl(optionalhook=True)
