@@ -33,8 +33,8 @@ test carve of a set without an official test split):
 name              task           pool  test         input     source
 ================= ============== ===== ============ ========= ===========================================
 fashion_mnist     10 classes     60000 10000        (1,28,28) Debian dataset-fashion-mnist (IDX files)
-digits            10 classes     1438  359 fixed    (1,8,8)   scikit-learn ``load_digits``
-diabetes          regression     354   88 fixed     (10,)     scikit-learn ``load_diabetes`` (raw units)
+digits            10 classes     1438  359 fixed    (1,8,8)   scikit-learn's ``digits.csv.gz``
+diabetes          regression     354   88 fixed     (10,)     scikit-learn's raw diabetes CSVs
 ptb_pos_sample    tagging, 44    801   200 fixed    (104,)    pattern ``tagged-en-wsj.txt`` (1001 lines)
 pang_lee_polarity 2 classes      3200  800 fixed    (59,)     pattern ``polarity-en-pang&lee2.csv``
 ================= ============== ===== ============ ========= ===========================================
@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import importlib.util
 import math
 import os
 import pickle
@@ -569,21 +570,35 @@ def _load_mnist(data_root: str | os.PathLike[str] | None) -> _Raw:
     return _idx_raw(directory, "mnist", tuple(str(i) for i in range(10)))
 
 
-def _load_digits(data_root: str | os.PathLike[str] | None) -> _Raw:
-    from sklearn.datasets import load_digits  # bundled with scikit-learn: offline
+def _sklearn_csv(name: str, delimiter: str | None = None) -> np.ndarray:
+    """A CSV that scikit-learn bundles (``sklearn/datasets/data/NAME``), read as its own loaders read
+    it, without importing scikit-learn: that import (SciPy and all) costs about a second in every
+    trial worker, which loads its data once, and in every plan."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package; imports nothing
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = Path(roots[0]) / "datasets" / "data" / name if roots else Path("sklearn/datasets/data") / name
+    if not path.is_file():
+        raise DatasetNotFoundError(
+            f"{name} ships with scikit-learn, but {path} is missing: pip install scikit-learn"
+        )
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return np.loadtxt(f, delimiter=delimiter)
 
-    bunch = load_digits()
-    images = bunch.images.astype(np.float32)[:, None]  # (N, 1, 8, 8), values 0..16
+
+def _load_digits(data_root: str | os.PathLike[str] | None) -> _Raw:
+    # sklearn.datasets.load_digits(): the last column is the class, the rest an 8x8 image
+    table = _sklearn_csv("digits.csv.gz", delimiter=",")
+    images = table[:, :-1].reshape(-1, 1, 8, 8).astype(np.float32)  # (N, 1, 8, 8), values 0..16
     return _fixed_test_carve(
-        images, bunch.target.astype(np.int64), "classification", tuple(str(i) for i in range(10))
+        images, table[:, -1].astype(np.int64), "classification", tuple(str(i) for i in range(10))
     )
 
 
 def _load_diabetes(data_root: str | os.PathLike[str] | None) -> _Raw:
-    from sklearn.datasets import load_diabetes  # bundled with scikit-learn: offline
-
-    bunch = load_diabetes(scaled=False)
-    return _fixed_test_carve(bunch.data.astype(np.float32), bunch.target.astype(np.float32), "regression", ())
+    # sklearn.datasets.load_diabetes(scaled=False): raw units, one file of features, one of targets
+    features = _sklearn_csv("diabetes_data_raw.csv.gz")
+    target = _sklearn_csv("diabetes_target.csv.gz")
+    return _fixed_test_carve(features.astype(np.float32), target.astype(np.float32), "regression", ())
 
 
 def _unpickle(path: Path) -> dict[str, Any]:

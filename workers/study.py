@@ -86,7 +86,7 @@ class StudyRunner:
         resources: Sequence[tuple[str, float]] = (),
     ) -> None:
         from workers.runner import _artifact_location, _tracking_uri
-        from workers.tracking import StudyTracker, study_key
+        from workers.tracking import RetryPolicy, StudyTracker, study_key
 
         self.name = name
         self.storage: ResolvedStorage = resolve_storage(storage)
@@ -102,6 +102,7 @@ class StudyRunner:
             experiment_name=self.experiment,
             key=study_key(self.study_uri),
             artifact_location=self.artifact_location,
+            retry=RetryPolicy(final_flush_s=tracking.final_flush_s),
             run_name=name,
         )
         self._tags = {**dict(tags or {}), "expected_trials": str(expected_trials)}

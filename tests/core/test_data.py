@@ -9,6 +9,8 @@ from __future__ import annotations
 import gzip
 import pickle
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +124,37 @@ def test_fixed_test_carve_is_disjoint_from_the_pool() -> None:
     test_rows = _rows(s.test[0])
     assert not test_rows & _rows(s.train[0])
     assert not test_rows & _rows(s.val[0])
+
+
+@pytest.mark.parametrize("name", ["digits", "diabetes"])
+def test_bundled_sets_are_scikit_learns_own_rows(name: str) -> None:
+    # read from scikit-learn's CSVs directly (no sklearn import in a trial worker): the same rows,
+    # in the same order, as its loaders give
+    from sklearn.datasets import load_diabetes, load_digits
+
+    if name == "digits":
+        bunch = load_digits()
+        want_x, want_y, raw = bunch.images, bunch.target, data._load_digits(None)
+    else:
+        bunch = load_diabetes(scaled=False)
+        want_x, want_y, raw = bunch.data, bunch.target, data._load_diabetes(None)
+    got_x = np.concatenate([np.asarray(raw.pool_x), np.asarray(raw.test_x)])
+    got_y = np.concatenate([np.asarray(raw.pool_y), np.asarray(raw.test_y)])
+    order = np.concatenate(data._fixed_test_indices(len(want_y))[::-1])  # pool rows, then test rows
+    want_x = want_x.reshape(len(want_x), -1)[order].astype(got_x.dtype)  # the loaders' float32
+    np.testing.assert_array_equal(got_x.reshape(len(got_x), -1), want_x)
+    np.testing.assert_array_equal(got_y, want_y[order].astype(got_y.dtype))
+
+
+def test_loading_the_bundled_sets_never_imports_scikit_learn() -> None:
+    code = (
+        "import sys; from autonorm_core.data import load_dataset; "
+        "load_dataset('digits', seed=0); load_dataset('diabetes', seed=0); "
+        "print('sklearn' in sys.modules)"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 @pytest.mark.parametrize("name", ["fashion_mnist", "digits"])

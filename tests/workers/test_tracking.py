@@ -21,6 +21,7 @@ from workers.tracking import (
     TAG_TRIAL_STATUS,
     TAG_UNDELIVERED,
     MlflowTrackingCallback,
+    MlflowUnavailable,
     RetryPolicy,
     StudyTracker,
     check_tracking_uri,
@@ -538,6 +539,19 @@ def test_closed_port_is_an_outage_that_never_raises(tmp_path: Path) -> None:
     assert cb.parent_run_id is None
     assert cb.undelivered_trials() == ["t1"]
     assert [p[0] for p in cb._pending["t1"]] == [1, 2, 3]  # everything still queued, in order
+
+
+def test_closing_the_study_run_while_mlflow_is_away_stops_at_final_flush_s() -> None:
+    # 6 tries with back-off would outlast tracking.final_flush_s many times over; the bound stops
+    # the close after the first try with its own error, not the connection error of the sixth
+    policy = RetryPolicy(delay_s=5.0, final_attempts=6, http_retries=0, final_flush_s=0.5)
+    tracker = StudyTracker(
+        tracking_uri=f"http://127.0.0.1:{free_port()}", experiment_name="away", key="k", retry=policy
+    )
+    tracker.run_id = "0" * 32  # opened earlier, while MLflow answered
+    with pytest.raises(MlflowUnavailable, match="time bound"):
+        tracker.close("FAILED")
+    assert tracker._deadline() is None  # the bound covers this close only
 
 
 @pytest.mark.services

@@ -51,6 +51,10 @@ class StudyTracker(MlflowWriter):
         self._client = None
         self._experiment_id = None
         self.run_id: str | None = None
+        self._final_deadline: float | None = None
+
+    def _deadline(self) -> float | None:
+        return self._final_deadline
 
     def open(
         self,
@@ -187,5 +191,14 @@ class StudyTracker(MlflowWriter):
         return run_id
 
     def close(self, status: str) -> None:
+        """Mark the study run ``status``; tries for at most ``retry.final_flush_s`` (then raises), so a
+        study that ends while MLflow is away exits when ``tracking.final_flush_s`` says, not after
+        ``final_attempts`` tries with the long HTTP limits."""
         if self.run_id is not None:
-            self._call(self.client.set_terminated, self.run_id, status, attempts=self.retry.final_attempts)
+            self._final_deadline = time.monotonic() + self.retry.final_flush_s
+            try:
+                self._call(
+                    self.client.set_terminated, self.run_id, status, attempts=self.retry.final_attempts
+                )
+            finally:
+                self._final_deadline = None
