@@ -3,6 +3,7 @@ for the outage test), with stand-in Tune trials."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 from pathlib import Path
@@ -13,6 +14,7 @@ from mlflow import MlflowClient
 
 import workers.tracking.callback
 import workers.tracking.outage
+import workers.tracking.store
 import workers.tracking.writer
 from tests.services import free_port, start_mlflow_server
 from workers.tracking import (
@@ -315,6 +317,47 @@ def test_sqlite_schema_is_created_atomically_and_once(tmp_path_factory: pytest.T
     ensure_sqlite_schema(uri, artifact_root=str(tmp_path))
     assert db.stat().st_mtime_ns == mtime
     assert MlflowClient(uri).search_experiments()  # a usable database
+
+
+def _schema(db: Path) -> tuple[list[tuple[str, str, str]], list[tuple[str]]]:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db)) as c:
+        ddl = sorted(c.execute("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL"))
+        return ddl, list(c.execute("SELECT version_num FROM alembic_version"))
+
+
+def test_new_stores_copy_the_schema_template_and_get_their_own_default_experiment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTONORM_DATA_DIR", str(tmp_path / "cache"))
+    template = workers.tracking.store.schema_template()
+    assert not template.exists()
+    built = tmp_path / "built" / "mlflow.db"
+    ensure_sqlite_schema(f"sqlite:///{built}", artifact_root=str(tmp_path / "art"))
+    assert template.is_file()  # the first build of this MLflow version is kept
+    copied = tmp_path / "copied" / "mlflow.db"
+    ensure_sqlite_schema(f"sqlite:///{copied}", artifact_root="s3://bucket/prefix")
+    assert _schema(copied) == _schema(built)  # every table, index and the schema version
+    assert sorted(os.listdir(copied.parent)) == ["mlflow.db"]
+    # its default experiment is the one MLflow would have made for that root, not the template's
+    assert MlflowClient(f"sqlite:///{copied}").get_experiment("0").artifact_location == "s3://bucket/prefix/0"
+    assert MlflowClient(f"sqlite:///{built}").get_experiment("0").artifact_location == f"{tmp_path / 'art'}/0"
+    client = MlflowClient(f"sqlite:///{copied}")
+    run = client.create_run(client.create_experiment("x", artifact_location=str(tmp_path / "x")))
+    client.log_metric(run.info.run_id, "m", 1.0)
+    assert client.get_run(run.info.run_id).data.metrics == {"m": 1.0}
+
+
+def test_a_damaged_schema_template_is_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTONORM_DATA_DIR", str(tmp_path / "cache"))
+    template = workers.tracking.store.schema_template()
+    template.parent.mkdir(parents=True)
+    template.write_bytes(b"not a database" * 100)
+    db = tmp_path / "s" / "mlflow.db"
+    ensure_sqlite_schema(f"sqlite:///{db}", artifact_root=str(tmp_path))
+    assert MlflowClient(f"sqlite:///{db}").search_experiments()  # built by MLflow instead
+    assert _schema(template) == _schema(db)  # and kept in place of the damaged one
 
 
 def test_flatten_params() -> None:

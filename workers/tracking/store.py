@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -118,25 +119,87 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(urlparse(uri).path)
 
 
+def schema_template() -> Path:
+    """Where an empty sqlite tracking store of the installed MLflow is kept, to be copied:
+    ``$AUTONORM_DATA_DIR`` (or ``~/.cache/autonorm-studies``) ``/mlflow-schema/mlflow-<version>.db``.
+
+    MLflow builds a new store by running every schema migration, about 2 s of CPU; every study
+    with an sqlite ``tracking.uri`` starts one, and so does every test study."""
+    from importlib.metadata import version
+
+    root = os.environ.get("AUTONORM_DATA_DIR") or Path.home() / ".cache" / "autonorm-studies"
+    return Path(root).expanduser() / "mlflow-schema" / f"mlflow-{version('mlflow')}.db"
+
+
+def _copy_template(template: Path, target: str, artifact_root: str) -> bool:
+    """``target``: a copy of ``template`` whose default experiment (id 0, the one row MLflow writes
+    into a new store besides the schema version and its default workspace) points at
+    ``artifact_root`` as MLflow would set it. ``False`` when there is no usable template."""
+    import sqlite3
+    import time
+
+    from mlflow.utils.uri import append_to_uri_path, resolve_uri_if_local
+
+    if not template.is_file():
+        return False
+    location = append_to_uri_path(resolve_uri_if_local(artifact_root), "0")
+    now = int(time.time() * 1000)
+    try:
+        shutil.copyfile(template, target)
+        with contextlib.closing(sqlite3.connect(target)) as db:
+            changed = db.execute(
+                "UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ? "
+                "WHERE experiment_id = 0",
+                (location, now, now),
+            ).rowcount
+            db.commit()
+    except (OSError, sqlite3.Error):
+        changed = 0
+    if changed != 1:  # not an MLflow store after all: build it
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(target)
+        return False
+    return True
+
+
+def _keep_template(built: str, template: Path) -> None:
+    """Keep a store MLflow just built as the template (best effort: a cache, never required)."""
+    with contextlib.suppress(OSError):
+        template.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=template.parent, prefix=".template-", suffix=".db")
+        os.close(fd)
+        try:
+            shutil.copyfile(built, tmp)
+            os.replace(tmp, template)  # readers see the old template or the complete new one
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
 def ensure_sqlite_schema(uri: str, *, artifact_root: str) -> None:
     """Create an sqlite tracking database atomically (no-op for other URIs or an existing file).
 
     MLflow creates its schema on first use; several processes doing that at once, or a kill in the
     middle of it, left the database unusable. The schema is built in a temporary file and then
-    linked into place, so the database either does not exist or is complete.
+    linked into place, so the database either does not exist or is complete. The first build of an
+    MLflow version is kept (:func:`schema_template`); later stores are copies of it with their own
+    default experiment, a few milliseconds instead of a run of every migration.
     """
     path = _sqlite_path(uri)
     if path is None or path.exists():
         return
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".mlflow-", suffix=".db")
     os.close(fd)
     os.unlink(tmp)  # sqlite must create the file itself
+    template = schema_template()
     try:
-        store = SqlAlchemyStore(f"sqlite:///{tmp}", artifact_root)
-        store.engine.dispose()
+        if not _copy_template(template, tmp, artifact_root):
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+            store = SqlAlchemyStore(f"sqlite:///{tmp}", artifact_root)
+            store.engine.dispose()
+            _keep_template(tmp, template)
         with contextlib.suppress(FileExistsError):  # someone else won the race: theirs is complete too
             os.link(tmp, path)
     finally:
