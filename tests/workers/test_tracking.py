@@ -597,6 +597,16 @@ def test_closing_the_study_run_while_mlflow_is_away_stops_at_final_flush_s() -> 
     assert tracker._deadline() is None  # the bound covers this close only
 
 
+def test_closing_the_study_run_tries_once_even_with_no_time_to_wait(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = StudyTracker(
+        tracking_uri=uri, experiment_name="e", key="k", retry=RetryPolicy(final_flush_s=0.0)
+    )
+    run_id = tracker.open()
+    tracker.close("FINISHED")
+    assert MlflowClient(uri).get_run(run_id).info.status == "FINISHED"
+
+
 @pytest.mark.services
 def test_real_mlflow_server_outage_and_recovery(
     tmp_path: Path, mlflow_template: Path, monkeypatch: pytest.MonkeyPatch

@@ -191,14 +191,21 @@ class StudyTracker(MlflowWriter):
         return run_id
 
     def close(self, status: str) -> None:
-        """Mark the study run ``status``; tries for at most ``retry.final_flush_s`` (then raises), so a
-        study that ends while MLflow is away exits when ``tracking.final_flush_s`` says, not after
-        ``final_attempts`` tries with the long HTTP limits."""
-        if self.run_id is not None:
-            self._final_deadline = time.monotonic() + self.retry.final_flush_s
-            try:
-                self._call(
-                    self.client.set_terminated, self.run_id, status, attempts=self.retry.final_attempts
-                )
-            finally:
-                self._final_deadline = None
+        """Mark the study run ``status``: one try, then more for at most ``retry.final_flush_s`` (then
+        raises), so a study that ends while MLflow is away exits when ``tracking.final_flush_s`` says,
+        not after ``final_attempts`` tries with the long HTTP limits."""
+        if self.run_id is None:
+            return
+        try:  # one try whatever the bound (final_flush_s = 0 must still close a run MLflow takes)
+            self._call(self.client.set_terminated, self.run_id, status, attempts=1)
+            return
+        except Exception:
+            if self.retry.final_attempts <= 1:
+                raise
+        self._final_deadline = time.monotonic() + self.retry.final_flush_s
+        try:
+            self._call(
+                self.client.set_terminated, self.run_id, status, attempts=self.retry.final_attempts - 1
+            )
+        finally:
+            self._final_deadline = None
