@@ -15,7 +15,9 @@ driven headless by Selenium, opens it the way a user would:
 * the chart view of the confirmatory phase's summary runs: ``test_accuracy_mean`` drawn against the
   batch size (the step), one line per arm. Its screenshot is docs/compare-in-mlflow.png (refreshed with AUTONORM_UPDATE_DOCS_SCREENSHOT=1).
 
-Every page is saved as a screenshot under the test's tmp dir.
+Every page is saved as a screenshot under the test's tmp dir. The tests share one study and one
+browser, but no page state: each starts with the MLflow UI unloaded and its browser storage cleared
+(the ``driver`` fixture), so they pass in any order.
 """
 
 from __future__ import annotations
@@ -122,6 +124,27 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield driver
 
 
+@pytest.fixture
+def driver(study: Study, browser: Any) -> Any:
+    """The module's browser as a new user's would be: no MLflow UI loaded, nothing it remembers.
+
+    The tests share one Chromium (starting one costs seconds), and with it what the MLflow UI keeps
+    in the browser: the page itself (a ``get`` that changes only the ``#/...`` route is a navigation
+    inside the loaded app, which keeps its expanded rows, search filter, chosen view), and what it
+    stores per origin (``localStorage``: the search filter, column widths, expanded rows, the
+    GenAI / training view switch; ``sessionStorage``; cookies). So each test starts on a page of the
+    server's origin that is not the UI (``/health``: leaving the UI unloads it), with that storage
+    cleared; its own ``get`` of a UI page then loads the app afresh.
+    """
+    browser.switch_to.default_content()
+    browser.get(f"{study.server.tracking_uri}/health")
+    browser.execute_script("window.localStorage.clear(); window.sessionStorage.clear();")
+    browser.delete_all_cookies()
+    assert browser.execute_script("return localStorage.length + sessionStorage.length") == 0
+    assert not browser.get_cookies()
+    return browser
+
+
 def _shot(driver: Any, path: Path) -> None:
     assert driver.save_screenshot(str(path)), path
 
@@ -172,9 +195,8 @@ def _expand(driver: Any, run_id: str, children: set[str], shot: Path) -> list[di
 
 
 def test_runs_table_nests_phases_under_the_study_and_trials_under_their_phase(
-    study: Study, browser: Any, tmp_path: Path
+    study: Study, driver: Any, tmp_path: Path
 ) -> None:
-    driver = browser
     children_of = {**study.trials, **study.summaries}
     total = 1 + len(study.phases) + len(children_of)
     driver.get(study.url("/runs"))
@@ -243,8 +265,7 @@ def _widen_name_column(driver: Any, pixels: int) -> None:
 _ARM_B = re.compile(r"(?<![A-Za-z0-9])B(\d+)(?![0-9])")
 
 
-def test_trial_run_names_are_readable(study: Study, browser: Any, tmp_path: Path) -> None:
-    driver = browser
+def test_trial_run_names_are_readable(study: Study, driver: Any, tmp_path: Path) -> None:
     driver.get(study.url("/runs"))
     wait_until(lambda: _visible_rows(driver), timeout=LOAD, what="the runs table", driver=driver)
     _close_assistant(driver)
@@ -279,8 +300,7 @@ def test_trial_run_names_are_readable(study: Study, browser: Any, tmp_path: Path
     assert len(names) == len(study.trials)
 
 
-def test_study_run_page_shows_the_verdict_tags(study: Study, browser: Any, tmp_path: Path) -> None:
-    driver = browser
+def test_study_run_page_shows_the_verdict_tags(study: Study, driver: Any, tmp_path: Path) -> None:
     verdict = study.out.verdict
     assert verdict is not None
     driver.get(study.url(f"/runs/{study.out.parent_run_id}"))
@@ -328,8 +348,7 @@ def test_study_run_page_shows_the_verdict_tags(study: Study, browser: Any, tmp_p
         assert phase.info.run_name in body
 
 
-def test_report_html_renders_with_every_plot_loaded(study: Study, browser: Any, tmp_path: Path) -> None:
-    driver = browser
+def test_report_html_renders_with_every_plot_loaded(study: Study, driver: Any, tmp_path: Path) -> None:
     verdict = study.out.verdict
     assert verdict is not None
     driver.get(study.url(f"/runs/{study.out.parent_run_id}/artifacts"))
@@ -398,13 +417,12 @@ def test_report_html_renders_with_every_plot_loaded(study: Study, browser: Any, 
     _shot(driver, tmp_path / "7-report-plot.png")
 
 
-def test_experiment_opens_in_the_training_view(study: Study, browser: Any, tmp_path: Path) -> None:
+def test_experiment_opens_in_the_training_view(study: Study, driver: Any, tmp_path: Path) -> None:
     """The link a study prints for its experiment (``mlflow_links``) opens MLflow's training view
     ("Model training"): the runs table under the view's "Runs" heading, the side bar's Runs / Models
     / Traces -- none of the GenAI view's Overview, Judges or Prompts."""
     from workers.tracking import mlflow_links
 
-    driver = browser
     (link,) = mlflow_links(study.server.tracking_uri, study.experiment_id)
     assert study.experiment_id in link
     driver.get(link)
@@ -424,7 +442,7 @@ def test_experiment_opens_in_the_training_view(study: Study, browser: Any, tmp_p
     for genai_only in ("Overview", "Judges", "Prompts", "Evaluation runs", "Training runs"):
         assert genai_only not in nav, (genai_only, nav[:40])
     assert {"Runs", "Models", "Traces"} <= set(nav)
-    rows = _visible_rows(driver)  # (rows expanded earlier stay expanded: the UI remembers them)
+    rows = _visible_rows(driver)
     assert rows[0]["id"] == study.out.parent_run_id and {r["id"] for r in rows} <= {
         study.out.parent_run_id,
         *study.phases,
@@ -434,7 +452,7 @@ def test_experiment_opens_in_the_training_view(study: Study, browser: Any, tmp_p
 
 
 def test_summary_runs_chart_draws_one_line_per_arm_against_batch_size(
-    study: Study, browser: Any, tmp_path: Path
+    study: Study, driver: Any, tmp_path: Path
 ) -> None:
     """What docs/compare-in-mlflow.md tells a user to do: filter the summary runs of the confirmatory
     phase, open the chart view, expand the phase's row; the ``test_accuracy_mean`` chart then draws
@@ -443,13 +461,12 @@ def test_summary_runs_chart_draws_one_line_per_arm_against_batch_size(
 
     from workers.tracking import mlflow_links
 
-    driver = browser
     (confirm,) = [r for r in study.phases.values() if r.info.run_name.startswith("confirm-")]
     (link,) = mlflow_links(study.server.tracking_uri, study.experiment_id)
     query = f"tags.`autonorm.role` = 'summary' and tags.`autonorm.phase` = '{confirm.info.run_name}'"
     driver.get(f"{link}&searchFilter={quote(query)}&compareRunsMode=CHART")
     # The filter matches the summary runs; the runs list shows them under their phase run, which a
-    # user expands (the UI remembers rows expanded before).
+    # user expands (unless the UI shows it expanded already).
     wait_until(
         lambda: confirm.info.run_name in driver.find_element("tag name", "body").text.splitlines() or None,
         timeout=LOAD,
