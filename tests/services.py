@@ -1036,9 +1036,8 @@ def embedded_ray(prefix: str, env_vars: Mapping[str, str], *, num_cpus: int = 2)
     from workers.session import _child_pids, _shutdown_local_ray
 
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ.setdefault(
-        "RAY_prestart_worker_first_driver", "0"
-    )  # as workers.session: idle workers no actor uses
+    # as workers.session.ray_session: no idle workers that no trial actor can use
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     temp_dir = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     before = _child_pids()
     ray.init(

@@ -135,13 +135,13 @@ def _copy_template(template: Path, target: str, artifact_root: str) -> bool:
     """``target``: a copy of ``template`` whose default experiment (id 0, the one row MLflow writes
     into a new store besides the schema version and its default workspace) points at
     ``artifact_root`` as MLflow would set it. ``False`` when there is no usable template."""
+    if not template.is_file():
+        return False
     import sqlite3
     import time
 
     from mlflow.utils.uri import append_to_uri_path, resolve_uri_if_local
 
-    if not template.is_file():
-        return False
     location = append_to_uri_path(resolve_uri_if_local(artifact_root), "0")
     now = int(time.time() * 1000)
     try:
