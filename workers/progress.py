@@ -44,35 +44,50 @@ def _without_checkpoint_lines(handler: Callable[[Any], None]) -> Callable[[Any],
 
 
 class SyncFailureOneLine(logging.Filter):
-    """Ray Train's "Last sync command failed" warning, with its traceback, as one line.
+    """A failed background sync of Tune's driver files, logged as one line without its traceback.
 
     Tune copies its driver files (experiment state, searcher state) to the study's storage in a
     background sync; the study saves its state on every loop step, so a sync can list a state file
-    that Tune has renamed by the time it is copied (``FileNotFoundError``). The next sync copies the
-    files again and the last one at the end of every phase waits for its copy, so nothing is lost;
-    the warning stays (a sync that keeps failing is worth knowing), its traceback goes.
+    that Tune has renamed by the time it is copied (``FileNotFoundError``). Ray reports that in two
+    places, each with a traceback a user would read as a failure of the study: Ray Train's syncer
+    ("Last sync command failed ...", a warning) and Tune's experiment state when it waits for that
+    sync ("Saving experiment state to storage at ... failed with exception", an error). The next
+    sync copies the files again and the last one at the end of every phase waits for its own copy, so
+    nothing is lost; the line stays (a sync that keeps failing is worth knowing), its traceback goes.
     """
 
-    PREFIX = "Last sync command failed"
+    #: logger name -> the message prefix it is rewritten for
+    PREFIXES = {
+        "ray.train._internal.syncer": "Last sync command failed",
+        "ray.tune.execution.experiment_state": "Saving experiment state to storage at",
+    }
 
     def filter(self, record: logging.LogRecord) -> bool:
+        prefix = self.PREFIXES.get(record.name)
         message = record.getMessage()
-        if message.startswith(self.PREFIX):
+        if prefix is None or not message.startswith(prefix):
+            return True
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        else:
             last = [line.strip() for line in message.splitlines() if line.strip()][-1:]
-            record.msg = (
-                "Tune's sync of its driver files to the study's storage failed once "
-                f"({last[0] if last else 'no detail'}); the next sync copies them again"
-            )
-            record.args = ()
-            record.exc_info = record.exc_text = None
+            detail = last[0] if last else "no detail"
+        record.msg = (
+            f"Tune's sync of its driver files to the study's storage failed once ({detail}); "
+            "the next sync copies them again"
+        )
+        record.args = ()
+        record.exc_info = record.exc_text = None
         return True
 
     @classmethod
     def install(cls) -> None:
-        """On Ray Train's syncer logger, once per process."""
-        target = logging.getLogger("ray.train._internal.syncer")
-        if not any(isinstance(f, cls) for f in target.filters):
-            target.addFilter(cls())
+        """On Ray Train's syncer logger and Tune's experiment-state logger, once per process."""
+        for name in cls.PREFIXES:
+            target = logging.getLogger(name)
+            if not any(isinstance(f, cls) for f in target.filters):
+                target.addFilter(cls())
 
 
 def quiet_checkpoint_logs(dispatcher: Any = None, *, environ: Mapping[str, str] | None = None) -> bool:

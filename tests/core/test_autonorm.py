@@ -41,6 +41,9 @@ def _count_calls(module: nn.Module) -> list[int]:
 
 @pytest.mark.parametrize("shape", [(5, 7, DIM), (5, DIM)], ids=["BTD", "BD"])
 def test_gate_probs_sum_to_one(shape: tuple[int, ...]) -> None:
+    # Seeded: with 4 ReLU units in the gate, some draws leave every unit dead on both samples (then the
+    # gate is its bias alone and the last check cannot tell per-sample from per-batch).
+    torch.manual_seed(0)
     m = AutoNorm(DIM, selector_init="default", candidates=("dyt", "layernorm", "rmsnorm"))
     p = m.gate_probs(_input(shape))
     assert p.shape == (5, 3)

@@ -250,3 +250,32 @@ def test_a_failed_background_sync_is_one_warning_line_without_a_traceback(
     assert "Traceback" not in first and "\n" not in first
     assert "FileNotFoundError" in first and "next sync" in first
     assert other == "Last sync still in progress, skipping sync down of a to b"  # other warnings untouched
+
+
+def test_a_failed_wait_for_the_experiment_state_sync_is_one_line_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # What Tune logs (an error with exc_info) when the sync it waits for at the end of a phase had
+    # listed a state file Tune renamed meanwhile; seen in a quickstart run under load.
+    import logging
+
+    from workers.progress import SyncFailureOneLine
+
+    SyncFailureOneLine.install()
+    SyncFailureOneLine.install()
+    state = logging.getLogger("ray.tune.execution.experiment_state")
+    assert sum(isinstance(f, SyncFailureOneLine) for f in state.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="ray.tune.execution.experiment_state"):
+        try:
+            raise FileNotFoundError("[Errno 2] Failed to open local file '.tmp-experiment_state.json'")
+        except FileNotFoundError:
+            state.error(
+                "Saving experiment state to storage at '/x/study/tune' failed with exception: ", exc_info=True
+            )
+        state.warning("Saving the experiment state took ~3.00 seconds")
+    first, other = caplog.records
+    text = caplog.text
+    assert "Traceback" not in text and first.exc_info is None
+    assert "\n" not in first.getMessage()
+    assert "FileNotFoundError" in first.getMessage() and "next sync" in first.getMessage()
+    assert other.getMessage() == "Saving the experiment state took ~3.00 seconds"  # other lines untouched
