@@ -13,7 +13,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from ray.tune import Callback
 
@@ -57,7 +57,7 @@ class SyncFailureOneLine(logging.Filter):
     """
 
     #: logger name -> the message prefix it is rewritten for
-    PREFIXES = {
+    PREFIXES: ClassVar[dict[str, str]] = {
         "ray.train._internal.syncer": "Last sync command failed",
         "ray.tune.execution.experiment_state": "Saving experiment state to storage at",
     }
