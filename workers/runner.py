@@ -568,8 +568,10 @@ def _save_optuna_study(
     The searcher keeps its study in memory (what Tune pickles and restores); this is a copy made at
     the end of every run. Never fails the study: a problem is logged.
     """
+    import shutil
     import tempfile
 
+    scratch: Path | None = None  # S3 storage: the copy is made here, then removed
     try:
         if storage.is_local:
             local = Path(experiment_path) / OPTUNA_DB
@@ -598,6 +600,9 @@ def _save_optuna_study(
         tracker.log_file(local)
     except Exception as exc:
         logger.error("could not save the Optuna study of %s to %s: %s", plan.name, OPTUNA_DB, exc)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _summary(trials: list[Any] | None, total: int) -> dict[str, float] | None:

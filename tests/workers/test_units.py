@@ -279,3 +279,42 @@ def test_a_failed_wait_for_the_experiment_state_sync_is_one_line_without_a_trace
     assert "\n" not in first.getMessage()
     assert "FileNotFoundError" in first.getMessage() and "next sync" in first.getMessage()
     assert other.getMessage() == "Saving the experiment state took ~3.00 seconds"  # other lines untouched
+
+
+def test_optuna_copy_for_remote_storage_leaves_no_scratch_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Remote storage (a pyarrow filesystem; the local one stands in for S3): the study's optuna.db is
+    # assembled in a scratch directory, uploaded, logged, and the scratch directory removed.
+    import tempfile
+
+    import optuna
+    import pyarrow.fs
+
+    from workers.plan import StudyPlan
+    from workers.runner import OPTUNA_DB, _save_optuna_study
+    from workers.storage import ResolvedStorage
+
+    scratch_root = tmp_path / "tmp"
+    scratch_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch_root))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=1.0))
+
+    class Searcher:
+        _ot_study = study
+
+    logged: list[bytes] = []
+
+    class Tracker:
+        def log_file(self, path: Path) -> None:
+            logged.append(path.read_bytes())  # the file exists while it is logged
+
+    bucket = tmp_path / "bucket"
+    (bucket / "plan").mkdir(parents=True)
+    storage = ResolvedStorage(str(bucket), pyarrow.fs.LocalFileSystem(), "s3://bucket")
+    plan = StudyPlan(name="plan", base_config={})
+    _save_optuna_study(plan, storage, f"{bucket}/plan", Searcher(), Tracker())  # type: ignore[arg-type]
+    assert (bucket / "plan" / OPTUNA_DB).is_file() and logged and logged[0]
+    assert list(scratch_root.iterdir()) == []
