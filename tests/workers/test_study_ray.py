@@ -157,3 +157,63 @@ def test_grid_study_covers_the_product_times_repeats(local_ray: None, tmp_path: 
     assert combos == {(s, x): 2 for s in (0, 1) for x in (0.2, 0.4, 0.6)}
     assert all(t.status == "completed" for t in result.trials)
     assert len([e for e in _invocations(plan) if e["event"] == "start"]) == 12
+
+
+def test_tune_saves_its_state_when_a_trial_changes_not_at_every_idle_loop_step(
+    local_ray: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tune's loop steps every 0.1 s while a trial sleeps between epochs; with the snapshot at every step
+    # (TUNE_GLOBAL_CHECKPOINT_S=0) each idle step saved again: 2 trials x 3 epochs x 0.4 s plus the
+    # actor's start is ~40+ snapshots. Saved: a handful per change. The state on disk is still the last
+    # one (every trial TERMINATED with its last epoch), which is what a restore reads.
+    from ray import tune
+    from ray.tune.execution.tune_controller import TuneController
+
+    saves: list[int] = []
+    original = TuneController.save_to_dir
+
+    def counted(self: Any) -> None:
+        saves.append(len(self._trials))
+        original(self)
+
+    monkeypatch.setattr(TuneController, "save_to_dir", counted)
+    plan = _plan(
+        tmp_path,
+        "snap",
+        space=(),
+        sampler=SamplerConfig(type="grid"),
+        grid=(("x", (0.2, 0.4)),),
+        num_samples=1,
+        max_concurrent=1,
+        scheduler=SchedulerConfig(type="fifo"),
+        base_config={"training": {"epochs": 3}, "sleep_s": 0.4, "log_file": str(tmp_path / "snap.jsonl")},
+    )
+    result = run_study(plan, trainable=quadratic_trial, progress=False)
+    assert [t.status for t in result.trials] == ["completed", "completed"]
+    reports = sum(len(t.history) or 3 for t in result.trials)
+    assert 0 < len(saves) <= 4 * reports + 8, len(saves)  # every idle step: well over 40
+    analysis = tune.ExperimentAnalysis(str(tmp_path / "runs" / "snap"))
+    assert sorted(t.status for t in analysis.trials) == ["TERMINATED", "TERMINATED"]
+    assert sorted(t.last_result["epoch"] for t in analysis.trials) == [3, 3]
+
+
+def test_the_private_tune_api_the_snapshot_skip_wraps_is_there() -> None:
+    import inspect
+
+    from ray.tune.execution.experiment_state import _ExperimentCheckpointManager
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment.trial import Trial
+
+    from workers.runner import _skip_idle_snapshots
+
+    _skip_idle_snapshots()
+    assert getattr(TuneController.checkpoint, "_autonorm_skips_idle", False)
+    assert list(inspect.signature(TuneController.checkpoint).parameters) == ["self", "force", "wait"]
+    manager_src = inspect.getsource(_ExperimentCheckpointManager)
+    assert (
+        "self._should_force_sync_up" in manager_src
+        and "self._last_save_time = time.monotonic()" in manager_src
+    )
+    assert "self.checkpoint()" in inspect.getsource(TuneController.step)  # the per-step snapshot it skips
+    metadata = Trial("__fake", stub=True).run_metadata
+    assert {"last_result_time", "num_failures", "error_filename"} <= set(vars(metadata))
