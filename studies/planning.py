@@ -405,6 +405,7 @@ def plan_study(
     steps: int = 10,
     warmup: int = 3,
     eval_rows: int = 256,
+    cache: Any = None,
 ) -> dict[str, Any]:
     """Trials, CPU/GPU-hours and wall time of ``spec`` before running it.
 
@@ -417,6 +418,9 @@ def plan_study(
             any of :data:`DEFAULTS`.
         calibrate: measure the keys the calibration lacks (``False``: a missing ``step_s`` is an error).
         steps / warmup / eval_rows: size of each measurement (:func:`calibrate_trial`).
+        cache: a :class:`studies.calibration_cache.CalibrationCache` (what ``run``'s estimate passes):
+            a key neither ``calibration`` nor the cache has is measured and kept in the cache; keys found
+            there are listed under ``calibration["cached"]``. ``None``: measure (``plan``).
 
     Returns:
         ``{"study", "kind", "trials", "trials_max", "cpu_hours", "gpu_hours", "cpu_hours_max",
@@ -468,6 +472,7 @@ def plan_study(
     step_s, eval_s, setup_s = per_key("step_s"), per_key("eval_s"), per_key("setup_s")
     cal.update(step_s=step_s, eval_s=eval_s, setup_s=setup_s)
     measured: list[str] = []
+    cached: list[str] = []
     missing: list[str] = []
     representative: dict[str, dict[str, Any]] = {}
     for ph in phases:
@@ -476,6 +481,12 @@ def plan_study(
     calibration_started = time.perf_counter()
     for key, config in representative.items():
         if _lookup(cal, "step_s", key) is not None:
+            continue
+        hit = cache.get(config, threads=threads, device=device) if cache is not None else None
+        if hit is not None:
+            step_s[key], eval_s[key], setup_s[key] = hit["step_s"], hit["eval_s"], hit["setup_s"]
+            data_sizes.setdefault(data_key(config), hit["data"])
+            cached.append(key)
             continue
         if not calibrate:
             missing.append(key)
@@ -486,6 +497,10 @@ def plan_study(
         step_s[key], eval_s[key], setup_s[key] = m["step_s"], m["eval_s"], m["setup_s"]
         data_sizes.setdefault(data_key(config), m["data"])
         measured.append(key)
+        if cache is not None:
+            cache.put(config, m, threads=threads, device=device)
+    if cache is not None and measured:
+        cache.save()
     # `run` measures again before it starts (its own estimate): the real run pays this once more.
     # A given calibration carries the time its measurement took on its machine, which `run` repeats.
     calibration_s = (
@@ -505,7 +520,7 @@ def plan_study(
             data_sizes[dk] = dict(splits.sizes)
         return data_sizes[dk]
 
-    from autonorm_core.training import TrainConfig
+    from autonorm_core.config import TrainConfig  # no torch: a cached calibration plans without it
 
     consts = {name: _constant(cal, name) for name in DEFAULTS}
     out_phases: list[dict[str, Any]] = []
@@ -588,6 +603,7 @@ def plan_study(
         device=device if measured else cal.get("device", device),
         threads=threads if measured else cal.get("threads", threads),
         measured=measured,
+        cached=cached,
         machine=cal.get("machine") if not measured else f"{platform.machine()} x{os.cpu_count()} CPUs",
     )
     out = {
@@ -705,7 +721,9 @@ def format_plan(result: Mapping[str, Any]) -> str:
         )
     cal = result["calibration"]
     lines.append(
-        f"  calibration: {len(cal.get('measured') or [])} keys measured here ({cal.get('machine')}), "
+        f"  calibration: {len(cal.get('measured') or [])} keys measured here ({cal.get('machine')})"
+        + (f", {len(cal['cached'])} from this machine's cache" if cal.get("cached") else "")
+        + ", "
         f"trial start {cal['trial_start_s']:g} s, worker start {cal['worker_start_s']:g} s"
     )
     return "\n".join(lines)

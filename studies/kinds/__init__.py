@@ -211,9 +211,11 @@ def _estimate(spec: Any) -> dict[str, float] | None:
     """The plan's estimate (trials, CPU/GPU hours, wall time on this machine); ``None`` if planning
     fails — an estimate must never stop a study."""
     try:
+        from studies.calibration_cache import CalibrationCache
         from studies.planning import plan_study
 
-        plan = plan_study(spec)
+        # Step times measured by an earlier `run` on this machine are reused (studies.calibration_cache).
+        plan = plan_study(spec, cache=CalibrationCache() if CalibrationCache.enabled() else None)
     except Exception as exc:
         print(f"[{spec.name}] no estimate: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return None

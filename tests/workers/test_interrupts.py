@@ -34,13 +34,13 @@ def test_a_stop_during_the_start_up_estimate_stops_the_study(monkeypatch: pytest
 
     spec = type("Spec", (), {"name": "s"})()
 
-    def broken(_spec: object) -> None:
+    def broken(_spec: object, **_options: object) -> None:
         raise ValueError("no calibration")
 
     monkeypatch.setattr(studies.planning, "plan_study", broken)
     assert _estimate(spec) is None
 
-    def stopped(_spec: object) -> None:
+    def stopped(_spec: object, **_options: object) -> None:
         raise StudyInterrupted(signal.SIGINT)
 
     monkeypatch.setattr(studies.planning, "plan_study", stopped)
