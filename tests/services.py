@@ -559,8 +559,28 @@ def start_seaweedfs(
     """Start ``weed server`` (master, volume, filer, S3) in ``directory`` and create ``bucket``.
 
     Every listener gets an explicit free port (the defaults would collide with other users) and
-    binds 127.0.0.1. Telemetry is off: these machines reach no network.
+    binds 127.0.0.1. Telemetry is off: these machines reach no network. The ports are chosen free
+    a moment before weed binds them, from the range outgoing connections take their local ports from:
+    on a busy machine (two test workers starting their services at once) one can be taken in between,
+    and weed exits with "address already in use" (seen in CI); it is then started again on new ports,
+    up to 3 times.
     """
+    for attempt in range(1, 4):
+        try:
+            return _start_seaweedfs_once(
+                directory, access_key, secret_key, bucket=bucket, region=region, timeout=timeout
+            )
+        except ServiceError:
+            log = _log_tail(Path(directory).resolve() / "weed.log", n=10**6)
+            if "address already in use" not in log or attempt == 3:
+                raise
+            shutil.rmtree(directory, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+def _start_seaweedfs_once(
+    directory: Path, access_key: str, secret_key: str, *, bucket: str, region: str, timeout: float
+) -> S3Server:
     directory = Path(directory).resolve()
     directory.mkdir(parents=True, exist_ok=True)
     weed = _BIN / "weed"

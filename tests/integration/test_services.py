@@ -239,3 +239,41 @@ def test_services_are_not_children_of_the_test_process(
     for handle in (postgres_server.handle, s3_server.handle, mlflow_server.handle):
         assert handle.alive()
         assert not set(handle.pids()) & children, handle.name
+
+
+def test_seaweedfs_taking_a_port_someone_took_meanwhile_starts_again_on_new_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The ports are free when chosen and bound by weed a moment later; another process can take one in
+    # between (seen in CI: "Filer listener error: ... bind: address already in use"). Here the filer's
+    # port is taken on purpose for the first start only.
+    import secrets
+    import socket
+
+    from tests import services
+
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    chosen: list[list[int]] = []
+    real = services._free_ports
+
+    def first_one_taken(count: int) -> list[int]:
+        ports = real(count)
+        if not chosen:
+            ports[4] = taken.getsockname()[1]  # filer.port
+        chosen.append(ports)
+        return ports
+
+    monkeypatch.setattr(services, "_free_ports", first_one_taken)
+    server = services.start_seaweedfs(
+        tmp_path / "s3", access_key=f"AK{secrets.token_hex(8).upper()}", secret_key=secrets.token_urlsafe(24)
+    )
+    try:
+        assert len(chosen) == 2  # refused once, started again on other ports
+        client = server.boto3_client()
+        client.put_object(Bucket=server.bucket, Key="k", Body=b"v")
+        assert client.get_object(Bucket=server.bucket, Key="k")["Body"].read() == b"v"
+    finally:
+        server.handle.stop()
+        taken.close()
