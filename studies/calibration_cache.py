@@ -8,8 +8,8 @@ in ``$AUTONORM_DATA_DIR`` (or ``~/.cache/autonorm-studies``) ``/calibration/<mac
 configs it has not seen. ``<machine>`` is a digest of what a step time depends on besides the config:
 host, CPU model and count, Python, torch and autonorm-studies versions; an entry is keyed by the
 config's timing key, its data (a data file's size and modification time included), the CPU threads
-and the device. ``autonorm-study plan`` always times afresh (that is what it is asked for) and
-refreshes the entries. ``AUTONORM_CALIBRATION_CACHE=off`` (or deleting the file) times every run.
+and the device. ``autonorm-study plan`` neither reads nor writes it: it always times afresh (that is
+what it is asked for). ``AUTONORM_CALIBRATION_CACHE=off`` (or deleting the file) times every run.
 
 Only ever an estimate's input: a cached step time that is off by the machine's load misjudges the
 estimate, never the study.
@@ -67,12 +67,12 @@ def machine_fingerprint() -> dict[str, Any]:
 
 
 def _data_files(data: Mapping[str, Any]) -> list[list[Any]]:
-    """Size and modification time of every file the data section names (an own-data ``.npz``/CSV):
-    another file under the same name is another entry."""
+    """Size and modification time of every file the data section names (an own-data ``.npz``, CSV or
+    Parquet file): another file under the same name is another entry."""
     out = []
     for key in sorted(data):
         value = data[key]
-        if isinstance(value, str) and ("/" in value or value.endswith((".npz", ".csv"))):
+        if isinstance(value, str) and os.path.isfile(value):
             with contextlib.suppress(OSError):
                 st = os.stat(value)
                 out.append([key, st.st_size, st.st_mtime_ns])

@@ -54,11 +54,14 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from studies.kinds import kind_for
 from studies.kinds.base import Phase
 from workers.plan import StudyPlan
+
+if TYPE_CHECKING:
+    from studies.calibration_cache import CalibrationCache
 
 __all__ = [
     "DEFAULTS",
@@ -405,7 +408,7 @@ def plan_study(
     steps: int = 10,
     warmup: int = 3,
     eval_rows: int = 256,
-    cache: Any = None,
+    cache: CalibrationCache | None = None,
 ) -> dict[str, Any]:
     """Trials, CPU/GPU-hours and wall time of ``spec`` before running it.
 

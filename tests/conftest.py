@@ -247,7 +247,8 @@ class _RayStartCounter:
 
     A sample lists ``/proc`` and reads the name of the processes it has not seen before only (a run
     starts hundreds of processes, most of them short-lived Ray workers): asking psutil for every
-    process's name every second cost the pytest controller about 25 CPU s per run."""
+    process's name every second cost the pytest controller about 10 CPU s per run (11.6 ms a sample
+    with 264 processes, against 0.19 ms)."""
 
     def __init__(self, mark: str) -> None:
         self.mark = mark
