@@ -25,8 +25,8 @@ if [ "$quick" = 1 ]; then
   echo "[test] pytest (quick: not ray, services or slow)"
   exec .venv/bin/python -m pytest -n "${AUTONORM_TEST_WORKERS:-2}" -m "not ray and not services and not slow" --durations=10 "$@"
 fi
-# mypy runs next to pytest: on a fresh clone its cache is cold (~30 s on one core, the other idle) and pytest's
-# workers spend that long collecting. Its verdict counts as before: a type error fails the run, printed after
+# mypy runs next to pytest: on a fresh clone its cache is cold (~30 s on one core, the other idle before; measured
+# ~10 s less per run). Its verdict counts as before: a type error fails the run, its messages printed after
 # the tests (on success nothing follows pytest's closing summary line).
 echo "[test] mypy (alongside pytest; checked when the tests end)"
 mypy_out="$(mktemp)"
