@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -286,6 +287,7 @@ def _skip_idle_snapshots() -> None:
         return
     original = TuneController.checkpoint
 
+    @functools.wraps(original)  # keeps Tune's signature visible (the test that pins the API reads it)
     def checkpoint(self: Any, force: bool = False, wait: bool = False) -> None:
         manager = self._checkpoint_manager
         state = _trials_state(self)
