@@ -55,7 +55,7 @@ def _specs() -> tuple[tuple[str, str, str, str], ...]:
 def _alias_modules() -> tuple[str, ...]:
     """Modules whose ``Annotated[A | B | ..., Field(discriminator=...)]`` aliases give unions their
     names: the shared sections, then each kind's spec module."""
-    return ("studies.spec", *dict.fromkeys(m for m, _, _, _ in _specs()))
+    return ("studies.schema", *dict.fromkeys(m for m, _, _, _ in _specs()))
 
 
 _MAX_DEFAULT_CHARS = 60

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a Ray job's uploaded copy runs this file
-from studies._entry import entry_script
+from studies.entrypoints import entry_script
 
 DEFAULT_SPEC, main = entry_script(__file__, "batchsize_correlation.yaml", __doc__)
 

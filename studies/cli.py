@@ -53,7 +53,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies._entry import (
+from studies.entrypoints import (
     EXIT_SPEC_ERROR,
     add_layer_options,
     load_for_run,
@@ -61,8 +61,10 @@ from studies._entry import (
     print_spec_error,
     print_where,
 )
-from studies.kinds import DEFAULT_KIND, KINDS, SPEC_FILE, kind_for, load_study, presets_of, run_study_spec
-from studies.spec import SpecError, SpecIssue, resolve_storage_path
+from studies.kinds import DEFAULT_KIND, KINDS, kind_for, load_study, presets_of
+from studies.running import run_study_spec
+from studies.schema import SpecError, SpecIssue, resolve_storage_path
+from studies.study_dir import SPEC_FILE
 from studies.submit import (
     CARRIED_NAMES,
     DEFAULT_EXCLUDES,
@@ -130,7 +132,7 @@ def _describe(spec: Any) -> str:
 def _decidable(spec: Any, args: argparse.Namespace) -> Any:
     from studies.decidability import check_decidable
 
-    return check_decidable(spec, allow_exploratory=getattr(args, "allow_exploratory", False))
+    return check_decidable(spec, kind_for(spec), allow_exploratory=getattr(args, "allow_exploratory", False))
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -160,7 +162,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _run(spec: Any, args: argparse.Namespace) -> int:
-    from studies._entry import run_interruptible
+    from studies.entrypoints import run_interruptible
 
     outcome, code = run_interruptible(
         spec,
@@ -192,7 +194,8 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _cmd_extend(args: argparse.Namespace) -> int:
-    from studies.sequential import ExtendRefused, extend_study
+    from studies.running import extend_study
+    from studies.sequential import ExtendRefused
 
     spec = _load_target(args.target, args)
     try:
@@ -434,6 +437,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if args.pilot:
             result = pilot_power(
                 spec,
+                kind_for(spec),
                 args.pilot,
                 power=args.power,
                 min_effect=args.min_effect,
@@ -445,7 +449,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             text = format_pilot(result)
         else:
             result = plan_study(
-                spec, cpus=args.cpus, gpus=args.gpus, calibration=calibration, calibrate=not args.no_calibrate
+                spec,
+                kind_for(spec),
+                cpus=args.cpus,
+                gpus=args.gpus,
+                calibration=calibration,
+                calibrate=not args.no_calibrate,
             )
             text = format_plan(result)
             if args.save_calibration:

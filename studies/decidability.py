@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from studies.spec import SpecError, SpecIssue
+from studies.schema import SpecError, SpecIssue
+
+if TYPE_CHECKING:
+    from studies.kinds.base import StudyKind
 
 __all__ = [
     "MAX_SEEDS_SEARCHED",
@@ -119,22 +122,20 @@ def permutation_floor(n_batch_sizes: int, n_seeds: int, n_perm: int) -> float:
     return math.exp(-log_n) if exact else max(math.exp(-log_n), 1.0 / (n_perm + 1))
 
 
-def undecidable(spec: Any) -> list[Undecidable]:
+def undecidable(spec: Any, kind: StudyKind) -> list[Undecidable]:
     """Every hypothesis of ``spec`` that its design can never decide (the kind's
     :meth:`studies.kinds.base.StudyKind.undecidable`); empty when all can."""
-    from studies.kinds import kind_for
-
-    return list(kind_for(spec).undecidable(spec))
+    return list(kind.undecidable(spec))
 
 
-def check_decidable(spec: Any, *, allow_exploratory: bool = False) -> Any:
+def check_decidable(spec: Any, kind: StudyKind, *, allow_exploratory: bool = False) -> Any:
     """``spec`` itself when every hypothesis can be decided, or when it is exploratory (then marked
     ``exploratory: true``, which the report shows); else :class:`SpecError` naming each hypothesis.
 
     Raises:
         SpecError: the design cannot decide (exit 2 in every entry point).
     """
-    issues = undecidable(spec)
+    issues = undecidable(spec, kind)
     if not issues:
         return spec
     if getattr(spec, "exploratory", False):

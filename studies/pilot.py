@@ -7,10 +7,12 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from studies.kinds import kind_for
 from studies.planning import _duration, plan_study
+
+if TYPE_CHECKING:
+    from studies.kinds.base import StudyKind
 
 __all__ = [
     "chance_accuracy",
@@ -25,7 +27,7 @@ __all__ = [
 def chance_accuracy(data: Any) -> float:
     """1/C for a data set with C classes (NaN for regression): a data section (a file of one's own
     counts its classes from the file) or a registered data-set name."""
-    from studies.spec import data_classes
+    from studies.schema import data_classes
 
     if isinstance(data, str):
         from autonorm_core.data import class_count
@@ -40,10 +42,10 @@ def per_seed_need(
     values: Sequence[float], **kwargs: Any
 ) -> tuple[int | None, float | None, float | None, str | None]:
     """``(K, effect, sd, problem)`` from per-seed values (``problem`` when fewer than 2); ``kwargs``
-    go to :func:`studies.power.seeds_needed`."""
+    go to :func:`studies.stats.seeds_needed`."""
     import numpy as np
 
-    from studies.power import seeds_needed
+    from studies.stats import seeds_needed
 
     if len(values) < 2:
         return None, None, None, f"{len(values)} per-seed value(s); the pilot needs at least 2 seeds"
@@ -133,6 +135,7 @@ def seed_needs(
 
 def pilot_power(
     spec: Any,
+    kind: StudyKind,
     study_dir: str | os.PathLike[str],
     *,
     power: float = 0.8,
@@ -159,7 +162,6 @@ def pilot_power(
     """
     if not 0.0 < power < 1.0:
         raise ValueError(f"power must lie strictly between 0 and 1, got {power!r}")
-    kind = kind_for(spec)
     if alpha is None:
         alpha = kind.alpha(spec)
     directory = Path(study_dir)
@@ -176,6 +178,7 @@ def pilot_power(
         try:
             cost = plan_study(
                 kind.with_seeds(spec, planned),
+                kind,
                 cpus=cpus,
                 gpus=gpus,
                 calibration=calibration,

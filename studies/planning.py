@@ -13,7 +13,7 @@ Two questions, answered from the spec alone (and, for the second, a finished pil
   it there with :func:`save_calibration`, load it here with :func:`load_calibration`).
 * :func:`pilot_power`: from a finished pilot study directory, the per-seed values of the quantity
   each confirmatory test is run on, the seeds K each test needs for the requested power
-  (:func:`studies.power.seeds_needed`), and the cost of the study with that many seeds.
+  (:func:`studies.stats.seeds_needed`), and the cost of the study with that many seeds.
 
 Time model (all seconds; every constant can be overridden by the calibration mapping)::
 
@@ -56,8 +56,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from studies.kinds import kind_for
-from studies.kinds.base import Phase
+from studies.kinds.base import Phase, StudyKind
 from workers.plan import StudyPlan
 
 if TYPE_CHECKING:
@@ -65,7 +64,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULTS",
-    "PhaseTrials",
     "calibrate_trial",
     "format_plan",
     "load_calibration",
@@ -107,14 +105,11 @@ DEFAULTS: dict[str, float] = {
 # Phases: exactly what a kind's ``run`` runs (the kind says which)
 # --------------------------------------------------------------------------------------------------
 
-PhaseTrials = Phase
-"""Earlier name of :class:`studies.kinds.base.Phase`."""
 
-
-def phases_of(spec: Any) -> list[Phase]:
+def phases_of(spec: Any, kind: StudyKind) -> list[Phase]:
     """The phases ``run`` runs for ``spec``, in order, each with every trial config: the kind's
     :meth:`~studies.kinds.base.StudyKind.phases`."""
-    return kind_for(spec).phases(spec)
+    return kind.phases(spec)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -400,6 +395,7 @@ def _by_batch(values: Sequence[tuple[int, int]]) -> dict[str, int]:
 
 def plan_study(
     spec: Any,
+    kind: StudyKind,
     *,
     cpus: float | None = None,
     gpus: float | None = None,
@@ -414,6 +410,7 @@ def plan_study(
 
     Args:
         spec: a validated spec of any kind (``studies.kinds.load_study``).
+        kind: the spec's kind (``studies.kinds.kind_for(spec)``).
         cpus / gpus: the cluster (default: this machine's CPUs, no GPU).
         calibration: measured values to use instead of measuring here (schema: the ``calibration``
             this function returns): ``step_s`` / ``eval_s`` / ``setup_s`` as ``{key: s}`` (``"*"``
@@ -447,7 +444,7 @@ def plan_study(
     gpus = 0.0 if gpus is None else float(gpus)
     if cpus < 0 or gpus < 0:
         raise ValueError(f"cpus and gpus must be >= 0, got {cpus}, {gpus}")
-    phases = phases_of(spec)
+    phases = phases_of(spec, kind)
     for ph in phases:  # a cluster that cannot start a trial: say so before timing anything
         _slots(ph.plan, cpus, gpus)
 
@@ -611,7 +608,7 @@ def plan_study(
     )
     out = {
         "study": getattr(spec, "name", None),
-        "kind": kind_for(spec).name,
+        "kind": kind.name,
         "trials": sum(len(ph.configs) for ph in phases if not ph.optional or getattr(ph, "look", False)),
         "trials_max": sum(len(ph.configs) for ph in phases),
         "cpu_hours": total_cpu_h,
@@ -730,18 +727,3 @@ def format_plan(result: Mapping[str, Any]) -> str:
         f"trial start {cal['trial_start_s']:g} s, worker start {cal['worker_start_s']:g} s"
     )
     return "\n".join(lines)
-
-
-_MOVED = frozenset(
-    {"chance_accuracy", "format_pilot", "paired_seed_needs", "per_seed_need", "pilot_power", "seed_needs"}
-)
-
-
-def __getattr__(name: str) -> Any:
-    # PEP 562: the pilot's functions at their old address (they live in studies.pilot, which imports
-    # this module), imported on first use.
-    if name in _MOVED:
-        from studies import pilot
-
-        return getattr(pilot, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 Every study run already carries the resolved spec (``spec.yaml``), the git commit
 (``mlflow.source.git.commit``) and the library versions (``autonorm.version.<package>``, from
-:func:`studies.spec.plan.build_plan`). :func:`study_provenance` adds:
+:func:`studies.schema.plan.build_plan`). :func:`study_provenance` adds:
 
 * ``autonorm.git_dirty``: ``true`` when a tracked file differs from the commit (``git status
   --untracked-files=no``), ``false``, or ``unknown`` (no git: a Ray job's uploaded working directory,
@@ -32,7 +32,10 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from studies.kinds.base import StudyKind
 
 __all__ = [
     "TAG_DATA_FINGERPRINT",
@@ -265,11 +268,8 @@ def phase_seeds(kind: Any, spec: Any) -> dict[str, list[int]]:
 # ---- everything ------------------------------------------------------------------------------------
 
 
-def study_provenance(spec: Any, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """``{"tags": {...}, "artifacts": {"provenance.json": text}}`` for a study's own run."""
-    from studies.kinds import kind_for
-
-    kind = kind_for(spec)
+def study_provenance(spec: Any, kind: StudyKind, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``{"tags": {...}, "artifacts": {"provenance.json": text}}`` for a study's own run of ``kind``."""
     files = [f for data in data_sets(kind, spec) for f in data_files(data)]
     seeds = phase_seeds(kind, spec)
     host = machine()

@@ -152,7 +152,7 @@ def find_study_run(target: str, tracking_uri: str | None = None) -> tuple[str, s
     """``(tracking_uri, study run id)`` of RUN (see the module docstring)."""
     import os
 
-    from studies.kinds import SPEC_FILE
+    from studies.study_dir import SPEC_FILE
     from workers.tracking.names import ROLE_STUDY, TAG_ROLE, TAG_STUDY_KEY, study_key
 
     uri, run_id, study_dir = _parse_target(target, tracking_uri)
@@ -414,7 +414,7 @@ def _check_code(study: StudyRun, *, allow_different_code: bool) -> None:
     import os
 
     from studies.provenance import TAG_GIT_DIRTY, git_dirty
-    from studies.spec import git_commit
+    from studies.schema import git_commit
     from workers.tracking.names import SOURCE_GIT_COMMIT
 
     tags = study.run.data.tags
@@ -447,8 +447,9 @@ def rerun(
     progress: bool = True,
 ) -> tuple[list[Difference], str | None]:
     """Run the study again from its logged spec; the differences and the new study run's id."""
-    from studies.kinds import run_study_spec
+    from studies.kinds import kind_for
     from studies.provenance import TAG_DATA_FINGERPRINT, study_provenance
+    from studies.running import run_study_spec
     from workers.tracking.replay import TrackedTrials
 
     if study.verdict is None:
@@ -466,7 +467,7 @@ def rerun(
     if storage_path is not None:
         overrides.append(f"storage_path={json.dumps(storage_path)}")
     spec = _spec_from_text(study.spec_text, f"run {study.run_id}", overrides)
-    provenance = study_provenance(spec)
+    provenance = study_provenance(spec, kind_for(spec))
     logged_data = study.run.data.tags.get(TAG_DATA_FINGERPRINT)
     here_data = provenance["tags"][TAG_DATA_FINGERPRINT]
     if logged_data is None:

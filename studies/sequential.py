@@ -25,7 +25,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 __all__ = [
     "ExtendRefused",
     "SequentialSpec",
-    "extend_study",
     "look_seeds",
     "plot_intervals",
     "sequential_fields",
@@ -133,57 +132,6 @@ def _json_safe(h: Mapping[str, Any]) -> dict[str, Any]:
 
 class ExtendRefused(Exception):
     """``extend`` cannot add seeds to this study (the message says why); nothing was run."""
-
-
-def extend_study(spec: Any, seeds: int) -> Any:
-    """``autonorm-study extend``: ``seeds`` more confirmatory seeds for a finished sequential study.
-
-    The kind turns the stored spec into the extended one (:meth:`StudyKind.extended_spec`:
-    the longer seed list, the raised ``max_seeds``, the looks made so far kept as looks); it is run
-    like a resumed study, so finished trials are restored (none re-run, no MLflow run duplicated) and
-    only the new seeds' trials run, under the same study run, which then records the extension.
-
-    Raises:
-        ExtendRefused: a fixed-design study (its fixed test has already spent alpha), a kind that
-            cannot extend, an unfinished study, or ``seeds < 1``.
-    """
-    import datetime
-    import json
-
-    from studies.kinds import SPEC_FILE, kind_for, run_study_spec
-    from studies.study_dir import StudyDir
-
-    if seeds < 1:
-        raise ExtendRefused(f"--seeds must be at least 1, got {seeds}")
-    if getattr(spec, "sequential", None) is None:
-        raise ExtendRefused(
-            f"study {spec.name!r} has a fixed design: its fixed-n test has already spent alpha, and more seeds "
-            "would need a new test. Run it with a `sequential:` section to be able to extend it."
-        )
-    kind = kind_for(spec)
-    where = StudyDir.of(spec)
-    text = where.read_text("verdict.json")
-    if where.read_text(SPEC_FILE) is None or text is None:
-        raise ExtendRefused(f"no finished study at {where.uri} (resume it first, then extend)")
-    verdict = json.loads(text)
-    new = kind.extended_spec(spec, seeds, verdict)
-    added = [s for s in new.seeds if s not in set(spec.seeds[: int(verdict.get("seeds_used") or 0)])]
-    print(
-        f"[{spec.name}] extend: {seeds} more seed(s) {added}, max_seeds {new.sequential.max_seeds}",
-        flush=True,
-    )
-    outcome = run_study_spec(new, allow_changed_spec=True)
-    record = {"seeds_added": added, "at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-    if outcome.parent_run_id:
-        try:
-            from mlflow import MlflowClient
-
-            client = MlflowClient(tracking_uri=outcome.tracking_uri)
-            done = [k for k in client.get_run(outcome.parent_run_id).data.tags if k.startswith("extend/")]
-            client.set_tag(outcome.parent_run_id, f"extend/{len(done) + 1}", json.dumps(record))
-        except Exception as exc:  # the study itself is done and on disk: say so, do not fail
-            print(f"[{spec.name}] could not record the extension on the study run: {exc}", flush=True)
-    return outcome
 
 
 def plot_intervals(verdict: Mapping[str, Any], path: Any) -> Any:

@@ -13,7 +13,10 @@ from typing import Any
 from workers.plan import StorageConfig
 from workers.storage import ResolvedStorage, resolve_storage
 
-__all__ = ["StudyDir"]
+__all__ = ["SPEC_FILE", "StudyDir"]
+
+SPEC_FILE = "study_spec.yaml"
+"""The resolved spec inside every study directory (``<storage_path>/<name>/``)."""
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class StudyDir:
     @classmethod
     def of(cls, spec: Any) -> StudyDir:
         """The directory of a validated spec (any kind: ``name``, ``storage_path``, ``storage``)."""
-        from studies.spec import resolve_storage_path
+        from studies.schema import resolve_storage_path
 
         config = StorageConfig(
             path=resolve_storage_path(spec.storage_path),

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from studies.spec import git_commit
+from studies.schema import git_commit
 
 __all__ = [
     "CARRIED_NAMES",

@@ -9,7 +9,7 @@ generator — reaches the kind through that object and never branches on its nam
 When each method is called:
 
 * :meth:`StudyKind.spec_class` — on every load (``validate``, ``run``, ``plan``, ...): the pydantic
-  class the YAML is validated into (composed of the shared sections in :mod:`studies.spec`).
+  class the YAML is validated into (composed of the shared sections in :mod:`studies.schema`).
 * :meth:`StudyKind.phases` — by ``plan`` (trial counts, cost; an ``optional`` phase, e.g. a
   learning-rate range extension, counts only in the maxima), by :meth:`StudyKind.total_trials` (the
   study run's ``expected_trials``), by ``status`` (one entry per phase) and by the kind's own ``run``
@@ -17,7 +17,7 @@ When each method is called:
   the ``autonorm.phase`` tag of that run and of each of its trial runs, and what ``plan`` and
   ``status`` print.
 * :meth:`StudyKind.run` — by ``run`` / ``resume`` / the entry scripts, through
-  :func:`studies.kinds.run_study_spec` (which holds the lease and writes the resolved spec first).
+  :func:`studies.running.run_study_spec` (which holds the lease and writes the resolved spec first).
 * :meth:`StudyKind.analyse` — by ``run`` after the last phase and by ``report``: the trial table →
   the ``verdict.json`` dictionary. It always carries :data:`SHARED_VERDICT_FIELDS`.
 * :meth:`StudyKind.report` — by ``report``: re-read the study directory, analyse again, write files.
@@ -453,7 +453,7 @@ class StudyKind(ABC):
 
     def extended_spec(self, spec: Any, seeds: int, verdict: Mapping[str, Any]) -> Any:
         """``autonorm-study extend``: the spec of a finished sequential study with ``seeds`` more
-        confirmatory seeds (:func:`studies.sequential.extend_study` runs it). The default refuses."""
+        confirmatory seeds (:func:`studies.running.extend_study` runs it). The default refuses."""
         from studies.sequential import ExtendRefused
 
         raise ExtendRefused(f"the {self.name} kind cannot extend a study")

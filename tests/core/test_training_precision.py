@@ -92,7 +92,7 @@ def test_defaults_and_round_trip() -> None:
     ("field", "value"), [("precision", "fp16"), ("compile", "yes"), ("compile", True), ("precision", 16)]
 )
 def test_spec_refuses_bad_values_with_the_field_path(field: str, value: Any) -> None:
-    from studies.spec import SpecError, validate_spec
+    from studies.schema import SpecError, validate_spec
 
     doc = {
         "name": "gpu_path",
@@ -107,7 +107,7 @@ def test_spec_refuses_bad_values_with_the_field_path(field: str, value: Any) -> 
 
 
 def test_spec_passes_both_fields_to_the_core_config() -> None:
-    from studies.spec import validate_spec
+    from studies.schema import validate_spec
 
     doc = {
         "name": "gpu_path",

@@ -14,7 +14,7 @@ import pytest
 
 from autonorm_core import data
 from studies.cli import CARRIED_NAMES
-from studies.spec import git_commit
+from studies.schema import git_commit
 from tests.deploy.static_checks import (
     dockerfile_problems,
     parse_dockerfile,

@@ -32,7 +32,8 @@ from typing import Any
 
 import pytest
 
-from studies.kinds import StudyOutcome, run_study_spec
+from studies.kinds import StudyOutcome
+from studies.running import run_study_spec
 from tests.integration.browser import headless_chromium, wait_until
 from tests.services import MlflowServer, start_mlflow_server
 from tests.studies.test_batchsize_study import planted_trial, smoke_spec

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from studies.kinds import SPEC_FILE, run_study_spec
-from studies.spec import SpecError, load_spec
-from studies.study_dir import StudyDir
+from studies.running import run_study_spec
+from studies.schema import SpecError, load_spec
+from studies.study_dir import SPEC_FILE, StudyDir
 
 ROOT = Path(__file__).resolve().parents[2]
 SEARCH = ROOT / "studies" / "specs" / "autonorm_search.yaml"

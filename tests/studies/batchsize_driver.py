@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from studies.kinds import load_study, run_study_spec
+from studies.kinds import load_study
+from studies.running import run_study_spec
 from workers.trainable import TrialSession
 
 SPEC = Path(__file__).resolve().parents[2] / "studies" / "specs" / "batchsize_correlation.yaml"

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from studies.batchsize_correlation import DEFAULT_SPEC, main
-from studies.batchsize_spec import BatchSizeStudySpec, cell_key
-from studies.kinds import StudyOutcome, run_study_spec
+from studies.kinds import StudyOutcome
+from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
 from studies.kinds.batchsize.study import select_learning_rates, trials_table
-from studies.spec import SpecError, load_spec
+from studies.running import run_study_spec
+from studies.schema import SpecError, load_spec
 from workers.dotted import ROOT, with_values
 from workers.plan import expected_trials
 from workers.runner import TrialRecord

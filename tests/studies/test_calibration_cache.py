@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from studies.calibration_cache import MAX_AGE_S, CalibrationCache
-from studies.kinds import KINDS, load_study
+from studies.kinds import KINDS, kind_for, load_study
 from studies.planning import phases_of, plan_study, timing_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,16 +26,18 @@ def _tiny(name: str, *extra: str) -> object:
 
 
 def _keys(spec: object) -> set[str]:
-    return {timing_key(c) for ph in phases_of(spec) for c in ph.configs}
+    return {timing_key(c) for ph in phases_of(spec, kind_for(spec)) for c in ph.configs}
 
 
 def test_a_second_estimate_reuses_what_the_first_measured(tmp_path: Path) -> None:
     spec = _tiny("batchsize")
     path = tmp_path / "cal.json"
-    first = plan_study(spec, cpus=2, steps=3, warmup=1, cache=CalibrationCache(path))
+    first = plan_study(spec, kind_for(spec), cpus=2, steps=3, warmup=1, cache=CalibrationCache(path))
     assert set(first["calibration"]["measured"]) == _keys(spec) and first["calibration"]["cached"] == []
     assert first["calibration_s"] > 0
-    second = plan_study(spec, cpus=2, steps=3, warmup=1, cache=CalibrationCache(path))  # a new process's view
+    second = plan_study(
+        spec, kind_for(spec), cpus=2, steps=3, warmup=1, cache=CalibrationCache(path)
+    )  # a new process's view
     cal = second["calibration"]
     assert cal["measured"] == [] and set(cal["cached"]) == _keys(spec)
     for field in ("step_s", "eval_s", "setup_s"):
@@ -46,29 +48,42 @@ def test_a_second_estimate_reuses_what_the_first_measured(tmp_path: Path) -> Non
     assert second["wall_s"] == pytest.approx(first["wall_s"] - first["calibration_s"])
     assert second["trials"] == first["trials"]
     # plan (no cache) measures afresh, as it is asked to
-    assert set(plan_study(spec, cpus=2, steps=3, warmup=1)["calibration"]["measured"]) == _keys(spec)
+    assert set(
+        plan_study(spec, kind_for(spec), cpus=2, steps=3, warmup=1)["calibration"]["measured"]
+    ) == _keys(spec)
 
 
 def test_old_unknown_or_unreadable_entries_are_measured_again(tmp_path: Path) -> None:
     spec = _tiny("compare")
     path = tmp_path / "cal.json"
     t0 = 1_000_000.0
-    plan_study(spec, cpus=2, steps=3, warmup=1, cache=CalibrationCache(path, now=t0))
-    young = plan_study(spec, cpus=2, steps=3, warmup=1, cache=CalibrationCache(path, now=t0 + MAX_AGE_S - 1))
+    plan_study(spec, kind_for(spec), cpus=2, steps=3, warmup=1, cache=CalibrationCache(path, now=t0))
+    young = plan_study(
+        spec, kind_for(spec), cpus=2, steps=3, warmup=1, cache=CalibrationCache(path, now=t0 + MAX_AGE_S - 1)
+    )
     assert young["calibration"]["measured"] == []
-    old = plan_study(spec, cpus=2, steps=3, warmup=1, cache=CalibrationCache(path, now=t0 + MAX_AGE_S + 1))
+    old = plan_study(
+        spec, kind_for(spec), cpus=2, steps=3, warmup=1, cache=CalibrationCache(path, now=t0 + MAX_AGE_S + 1)
+    )
     assert set(old["calibration"]["measured"]) == _keys(spec)
     # another batch size is another key: only it is measured
     other = _tiny("compare", "training.batch_size=48")
-    mixed = plan_study(other, cpus=2, steps=3, warmup=1, cache=CalibrationCache(path, now=t0 + MAX_AGE_S + 2))
+    mixed = plan_study(
+        other,
+        kind_for(other),
+        cpus=2,
+        steps=3,
+        warmup=1,
+        cache=CalibrationCache(path, now=t0 + MAX_AGE_S + 2),
+    )
     assert mixed["calibration"]["cached"] == [] and set(mixed["calibration"]["measured"]) == _keys(other)
     # one thread or two time differently: not the same entry
     cache = CalibrationCache(path, now=t0 + MAX_AGE_S + 3)
-    config = next(c for ph in phases_of(spec) for c in ph.configs)
+    config = next(c for ph in phases_of(spec, kind_for(spec)) for c in ph.configs)
     assert cache.get(config, threads=1, device="cpu") is not None
     assert cache.get(config, threads=2, device="cpu") is None
     path.write_text("{not json")
-    broken = plan_study(spec, cpus=2, steps=3, warmup=1, cache=CalibrationCache(path))
+    broken = plan_study(spec, kind_for(spec), cpus=2, steps=3, warmup=1, cache=CalibrationCache(path))
     assert set(broken["calibration"]["measured"]) == _keys(spec)
     assert json.loads(path.read_text())["entries"]  # rewritten whole
 
@@ -84,15 +99,17 @@ def test_a_changed_data_file_is_measured_again(tmp_path: Path) -> None:
     data = write(120)
     spec = _tiny("compare", f"data={{type: arrays, path: {data}, val_fraction: 0.2}}")
     path = tmp_path / "cal.json"
-    first = plan_study(spec, cpus=2, steps=3, warmup=1, cache=CalibrationCache(path))
+    first = plan_study(spec, kind_for(spec), cpus=2, steps=3, warmup=1, cache=CalibrationCache(path))
     assert first["calibration"]["measured"]
     assert (
-        plan_study(spec, cpus=2, steps=3, warmup=1, cache=CalibrationCache(path))["calibration"]["measured"]
+        plan_study(spec, kind_for(spec), cpus=2, steps=3, warmup=1, cache=CalibrationCache(path))[
+            "calibration"
+        ]["measured"]
         == []
     )
     write(200)
     os.utime(data, ns=(time.time_ns(), time.time_ns() + 10**9))
-    again = plan_study(spec, cpus=2, steps=3, warmup=1, cache=CalibrationCache(path))
+    again = plan_study(spec, kind_for(spec), cpus=2, steps=3, warmup=1, cache=CalibrationCache(path))
     assert again["calibration"]["measured"] and again["calibration"]["cached"] == []
     sizes = next(iter(again["calibration"]["data"].values()))
     assert sum(sizes.values()) == 200
@@ -101,10 +118,10 @@ def test_a_changed_data_file_is_measured_again(tmp_path: Path) -> None:
 def test_the_runs_estimate_needs_no_torch_once_cached_and_the_cache_can_be_turned_off(tmp_path: Path) -> None:
     script = (
         "import sys; from pathlib import Path\n"
-        "from studies.kinds import KINDS, load_study, _estimate\n"
+        "from studies.kinds import KINDS, load_study\nfrom studies.running import _estimate\n"
         "k = KINDS['compare']; p, preset = k.example\n"
         f"spec = load_study(Path({str(ROOT)!r}) / p, [*k.tiny, 'storage_path={tmp_path}/runs'], preset=preset)\n"
-        "est = _estimate(spec)\n"
+        "est = _estimate(spec, k)\n"
         "print(est is not None and est['trials'] > 0, 'torch' in sys.modules)\n"
     )
     env = {**os.environ, "AUTONORM_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT)}

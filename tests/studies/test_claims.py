@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from studies.claims import (
+from studies.kinds.search.claims import (
     CONFIRM_COLUMNS,
     autonorm_claims,
     collapse_epochs,

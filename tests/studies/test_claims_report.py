@@ -1,4 +1,4 @@
-"""Tests of ``studies.claims_report``: the files written for the AutoNorm claims study and their content."""
+"""Tests of ``studies.kinds.search.report``: the files written for the AutoNorm claims study and their content."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studies.claims import ARMS, CONFIRM_COLUMNS, autonorm_claims
-from studies.claims_report import write_claims_report
+from studies.kinds.search.claims import ARMS, CONFIRM_COLUMNS, autonorm_claims
+from studies.kinds.search.report import write_claims_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CLAIM_IDS = ("a", "b", "c", "c_attn", "c_mlp", "d", "e")

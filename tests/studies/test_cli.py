@@ -12,10 +12,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from studies import _entry, cli
-from studies.kinds import SPEC_FILE, kind_for, kind_of, run_study_spec
-from studies.spec import load_spec
-from studies.study_dir import StudyDir
+from studies import cli, entrypoints
+from studies.kinds import kind_for, kind_of
+from studies.running import run_study_spec
+from studies.schema import load_spec
+from studies.study_dir import SPEC_FILE, StudyDir
 from tests.studies.broken_cases import load_cases
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,7 +130,7 @@ def test_entry_script_runs_from_another_cwd_and_fails_cleanly(tmp_path: Path) ->
 def test_study_main_plans_from_options(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import studies.kinds
+    import studies.running
     from studies.kinds import StudyOutcome
 
     captured: dict[str, Any] = {}
@@ -145,9 +146,9 @@ def test_study_main_plans_from_options(
             summary={"best_metric": 0.9, "parent_run_id": "run123", "trials": {"completed": 4}},
         )
 
-    monkeypatch.setattr(studies.kinds, "run_study_spec", fake_run)
+    monkeypatch.setattr(studies.running, "run_study_spec", fake_run)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
-    code = _entry.study_main(
+    code = entrypoints.study_main(
         ["--preset", "smoke", "--storage-path", str(tmp_path / "runs"), "--set", "search.num_samples=5"],
         prog="t",
         description="t",
@@ -558,7 +559,7 @@ BATCHSIZE = ROOT / "studies" / "specs" / "batchsize_correlation.yaml"
 
 
 def test_kind_is_read_from_the_spec(tmp_path: Path) -> None:
-    from studies.spec import SpecError, parse_yaml
+    from studies.schema import SpecError, parse_yaml
 
     assert kind_of(parse_yaml(SHIPPED.read_text())[0]).name == "search"
     assert kind_of(parse_yaml(BATCHSIZE.read_text())[0]).name == "batchsize"
@@ -683,16 +684,16 @@ def _fake_run(tmp_path: Path, captured: dict[str, Any]) -> Any:
 def test_relative_storage_inside_a_ray_job_package_goes_to_autonorm_home(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import studies.kinds
+    import studies.running
 
     package = tmp_path / "session_x" / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123abcd"
     package.mkdir(parents=True)
     monkeypatch.chdir(package)
     monkeypatch.setenv("AUTONORM_HOME", str(tmp_path / "home"))
     captured: dict[str, Any] = {}
-    monkeypatch.setattr(studies.kinds, "run_study_spec", _fake_run(tmp_path, captured))
+    monkeypatch.setattr(studies.running, "run_study_spec", _fake_run(tmp_path, captured))
     monkeypatch.setattr(cli, "run_study_spec", _fake_run(tmp_path, captured))
-    code = _entry.study_main(["--preset", "smoke"], prog="t", description="t", default_spec=SHIPPED)
+    code = entrypoints.study_main(["--preset", "smoke"], prog="t", description="t", default_spec=SHIPPED)
     assert code == 0
     assert captured["storage_path"] == str(tmp_path / "home" / "runs")  # not inside the package
     out = capsys.readouterr().out
@@ -708,19 +709,19 @@ def test_relative_storage_inside_a_ray_job_package_goes_to_autonorm_home(
 def test_relative_storage_outside_a_job_package_stays_where_it_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import studies.kinds
+    import studies.running
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AUTONORM_HOME", str(tmp_path / "home"))
     captured: dict[str, Any] = {}
-    monkeypatch.setattr(studies.kinds, "run_study_spec", _fake_run(tmp_path, captured))
+    monkeypatch.setattr(studies.running, "run_study_spec", _fake_run(tmp_path, captured))
     monkeypatch.setattr(cli, "run_study_spec", _fake_run(tmp_path, captured))
     assert cli.main(["run", str(SHIPPED), "--preset", "smoke"]) == 0
     assert captured["storage_path"] == "runs"  # as given: resolved against this directory when it runs
-    assert _entry.durable_storage_path("runs", cwd=tmp_path / "_ray_pkg_1", environ={}) == str(
+    assert entrypoints.durable_storage_path("runs", cwd=tmp_path / "_ray_pkg_1", environ={}) == str(
         Path("~/autonorm").expanduser().resolve() / "runs"
     )
-    assert _entry.durable_storage_path("s3://b/runs", cwd=tmp_path / "_ray_pkg_1", environ={}) is None
+    assert entrypoints.durable_storage_path("s3://b/runs", cwd=tmp_path / "_ray_pkg_1", environ={}) is None
 
 
 def test_end_of_study_prints_direct_mlflow_links(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -737,7 +738,7 @@ def test_end_of_study_prints_direct_mlflow_links(tmp_path: Path, capsys: pytest.
     outcome = StudyOutcome(
         kind="search", name="s", study_dir=str(tmp_path / "s"), tracking_uri=uri, parent_run_id=run_id
     )
-    _entry.print_where(outcome)
+    entrypoints.print_where(outcome)
     out = capsys.readouterr().out
     assert f"results: {tmp_path / 's'}" in out
     # The runs table of MLflow's training view ("Model training"), not the GenAI overview.
@@ -773,7 +774,7 @@ def test_plan_pilot_gives_seeds_needed_from_the_pilots_per_seed_slopes(
 
     import numpy as np
 
-    from studies.power import seeds_needed
+    from studies.stats import seeds_needed
 
     # A pilot of the smoke design: corrected declines with a per-seed interaction slope of known spread.
     rng = np.random.default_rng(0)

@@ -11,10 +11,10 @@ import pytest
 
 from studies import cli
 from studies.decidability import check_decidable, sequential_floor, undecidable
-from studies.kinds import load_study
+from studies.kinds import kind_for, load_study
 from studies.kinds.batchsize.analysis import batchsize_trend
 from studies.kinds.search.claims import autonorm_claims
-from studies.spec import SpecError
+from studies.schema import SpecError
 from tests.studies.test_analysis import ARGS, make_table
 from tests.studies.test_claims import _gate_logs, _table
 
@@ -56,11 +56,11 @@ def test_every_shipped_preset_and_readme_example_validates(capsys: pytest.Captur
 
 def test_refused_exactly_where_the_batchsize_analysis_is_underpowered() -> None:
     smoke = load_study(BATCHSIZE, ["exploratory=false"], preset="smoke")  # 2 seeds x 3 batch sizes
-    (issue,) = undecidable(smoke)  # one fix arm (corrected) under one budget
+    (issue,) = undecidable(smoke, kind_for(smoke))  # one fix arm (corrected) under one budget
     assert issue.hypothesis == "corrected (epochs)" and issue.seeds_needed is None  # needs batch sizes
     assert issue.attainable_p == pytest.approx(1 / 36)  # exact: (3!)^2 arrangements
     with pytest.raises(SpecError) as err:
-        check_decidable(smoke)
+        check_decidable(smoke, kind_for(smoke))
     assert [i.path for i in err.value.issues] == ["batch_sizes"]
     res = batchsize_trend(
         make_table(batch_sizes=(8, 32, 128), seeds=2, slopes={"linear": 0.0, "corrected": -0.05}),
@@ -73,7 +73,7 @@ def test_refused_exactly_where_the_batchsize_analysis_is_underpowered() -> None:
     ok = load_study(
         BATCHSIZE, ["exploratory=false", "seeds=[0,1,2,3,4]", "batch_sizes=[8,16,32,64,128]"], preset="smoke"
     )
-    assert undecidable(ok) == [] and check_decidable(ok) is ok
+    assert undecidable(ok, kind_for(ok)) == [] and check_decidable(ok, kind_for(ok)) is ok
     res = batchsize_trend(
         make_table(seeds=5, slopes={"linear": 0.0, "corrected": -0.05}),
         control="linear",
@@ -86,7 +86,7 @@ def test_refused_exactly_where_the_batchsize_analysis_is_underpowered() -> None:
 @pytest.mark.parametrize("n_seeds", [5, 6, 7])
 def test_refused_exactly_where_the_claims_are_underpowered(n_seeds: int) -> None:
     spec = load_study(SEARCH, [f"confirm.seeds={list(range(100, 100 + n_seeds))}"])
-    refused = {u.hypothesis.removeprefix("claim ") for u in undecidable(spec)}
+    refused = {u.hypothesis.removeprefix("claim ") for u in undecidable(spec, kind_for(spec))}
     res = autonorm_claims(
         _table(n_seeds, 0.05), _gate_logs(n_seeds), data_kind="vision", min_seeds=spec.confirm.min_seeds
     )
@@ -97,7 +97,7 @@ def test_refused_exactly_where_the_claims_are_underpowered(n_seeds: int) -> None
 
 def test_exploratory_runs_anyway_and_is_recorded() -> None:
     spec = load_study(SEARCH, [FIVE_SEEDS])
-    marked = check_decidable(spec, allow_exploratory=True)
+    marked = check_decidable(spec, kind_for(spec), allow_exploratory=True)
     assert marked.exploratory is True and spec.exploratory is False
     assert load_study(SEARCH, [FIVE_SEEDS, "exploratory=true"]).exploratory is True
     assert check_decidable(load_study(SEARCH, [FIVE_SEEDS, "exploratory=true"])).exploratory is True

@@ -23,8 +23,9 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from studies.batchsize_spec import BatchSizeStudySpec
-from studies.spec import SpecError, StudySpec, load_spec
+from studies.kinds.batchsize.spec import BatchSizeStudySpec
+from studies.kinds.search.spec import StudySpec
+from studies.schema import SpecError, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SEARCH = ROOT / "studies" / "specs" / "autonorm_search.yaml"

@@ -20,10 +20,18 @@ from typing import Any
 
 import pytest
 
-from studies.kinds import KINDS, SHARED_VERDICT_FIELDS, StudyKind, StudyOutcome, load_study, presets_of
+from studies.kinds import (
+    KINDS,
+    SHARED_VERDICT_FIELDS,
+    StudyKind,
+    StudyOutcome,
+    kind_for,
+    load_study,
+    presets_of,
+)
 from studies.kinds.base import STUDY_VERDICTS
 from studies.planning import plan_study
-from studies.spec import SpecError
+from studies.schema import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = sorted(KINDS)
@@ -107,7 +115,7 @@ def test_phases_are_named_once(name: str) -> None:
     assert [p.name for p in phases] == [p.plan.name for p in phases]  # the folder is the phase's name
     assert len({p.name for p in phases}) == len(phases)
     assert all(p.name != spec.name for p in phases)  # no phase doubles as the study
-    plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=2)
+    plan = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=2)
     assert [p["name"] for p in plan["phases"]] == [p.name for p in phases]
     assert plan["trials"] == kind.total_trials(spec) == sum(len(p.configs) for p in phases if not p.optional)
 
@@ -117,12 +125,12 @@ def test_phases_are_named_once(name: str) -> None:
 
 @pytest.fixture(scope="module", params=NAMES)
 def ran(request: pytest.FixtureRequest, local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Ran:
-    from studies.kinds import run_study_spec
+    from studies.running import run_study_spec
 
     kind = KINDS[request.param]
     root = tmp_path_factory.mktemp(f"contract_{kind.name}")
     spec = _spec(kind, f"storage_path={root}", f"tracking.uri=sqlite:///{root}/mlflow.db")
-    plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=2)
+    plan = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=2)
     box: dict[str, Any] = {}
 
     def go() -> None:

@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 from studies import cli
-from studies.kinds import load_study, run_study_spec
-from studies.spec import SpecError
+from studies.kinds import load_study
+from studies.running import run_study_spec
+from studies.schema import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCHSIZE = ROOT / "studies" / "specs" / "batchsize_correlation.yaml"
@@ -88,7 +89,7 @@ def test_a_table_spec_resolves_its_paths_and_counts_classes(
     monkeypatch.chdir(tmp_path)
     spec = load_study(BATCHSIZE, ["data={type: table, path: data.csv, target: label}", *TINY], preset="smoke")
     assert spec.data.path == str(tmp_path / "data.csv")  # absolute: trials run elsewhere
-    from studies.spec import data_classes, data_task
+    from studies.schema import data_classes, data_task
 
     assert (data_task(spec.data), data_classes(spec.data)) == ("classification", 3)
     with pytest.raises(SpecError) as err:
@@ -135,7 +136,7 @@ def test_a_minimal_spec_of_every_kind_validates(kind: str, tmp_path: Path) -> No
 
 def test_images_of_ones_own_are_vision_for_the_claims(tmp_path: Path) -> None:
     from studies.kinds.search.spec import data_kind_of
-    from studies.spec import ArraysDataSpec
+    from studies.schema import ArraysDataSpec
 
     _, y = features(n=40)
     images = np.random.default_rng(0).normal(size=(40, 1, 8, 8)).astype(np.float32)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from studies.cli import main
-from studies.kinds import load_study
+from studies.kinds import kind_for, load_study
 from studies.plan_history import plan_history
 from studies.planning import plan_study
 
@@ -23,8 +23,8 @@ def _cal(**extra: float) -> dict[str, Any]:
 
 def test_the_estimates_own_measurement_is_part_of_the_run() -> None:
     spec = load_study(BATCHSIZE, preset="smoke")
-    base = plan_study(spec, calibration=_cal(), calibrate=False, cpus=2)
-    timed = plan_study(spec, calibration=_cal(calibration_s=7.5), calibrate=False, cpus=2)
+    base = plan_study(spec, kind_for(spec), calibration=_cal(), calibrate=False, cpus=2)
+    timed = plan_study(spec, kind_for(spec), calibration=_cal(calibration_s=7.5), calibrate=False, cpus=2)
     assert base["calibration_s"] == 0.0 and timed["calibration_s"] == 7.5
     assert timed["wall_s"] - base["wall_s"] == pytest.approx(7.5)
     assert timed["wall_s_max"] - base["wall_s_max"] == pytest.approx(7.5)
@@ -36,7 +36,7 @@ def test_a_phase_without_work_costs_its_fixed_costs_once() -> None:
     # turnaround and the reports: the smoke's 42 trials on 2 slots, 3 epochs each.
     spec = load_study(BATCHSIZE, preset="smoke")
     zero = {"step_s": {"*": 0.0}, "eval_s": 0.0, "setup_s": 0.0}
-    plan = plan_study(spec, calibration=zero, calibrate=False, cpus=2)
+    plan = plan_study(spec, kind_for(spec), calibration=zero, calibrate=False, cpus=2)
     c = plan["calibration"]
     per_trial = c["trial_start_s"] + 3 * c["report_s"]
     for phase in plan["phases"]:

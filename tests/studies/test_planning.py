@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 
 from studies.analysis import ols_slope
-from studies.kinds import KINDS, load_study
+from studies.kinds import KINDS, kind_for, load_study
 from studies.pilot import pilot_power
 from studies.planning import phases_of, plan_study, timing_key
-from studies.power import seeds_needed
+from studies.stats import seeds_needed
 
 SPECS = Path(__file__).resolve().parents[2] / "studies" / "specs"
 BATCHSIZE = SPECS / "batchsize_correlation.yaml"
@@ -29,7 +29,7 @@ CAL: dict[str, Any] = {"step_s": {"*": 0.01}, "eval_s": 0.1, "setup_s": 0.5}
 )
 def test_trials_equal_the_kinds_total_trials(kind: str, preset: str | None) -> None:
     spec = load_study(Path(__file__).resolve().parents[2] / KINDS[kind].example[0], preset=preset)
-    plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=8)
+    plan = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=8)
     # no extension firing; every look of a sequential spec (the kind's count is its first look's)
     looks = sum(p["trials"] for p in plan["phases"] if p["look"])
     assert plan["trials"] == KINDS[kind].total_trials(spec) + looks
@@ -43,7 +43,7 @@ def test_trials_equal_the_kinds_total_trials(kind: str, preset: str | None) -> N
 
 def test_batchsize_phases_are_tuning_then_confirmatory_per_budget() -> None:
     spec = load_study(BATCHSIZE)
-    plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=8)
+    plan = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=8)
     names = [p["name"] for p in plan["phases"] if not p["optional"]]
     assert names == ["tune-epochs", "confirm-epochs", "tune-updates", "confirm-updates"]
     by = {p["name"]: p for p in plan["phases"]}
@@ -85,8 +85,8 @@ def _equal_trials_cal() -> dict[str, Any]:
 
 def test_halving_the_slots_doubles_the_wall_of_equal_trials() -> None:
     spec = load_study(BATCHSIZE, ["max_concurrent=8"], preset="smoke")
-    wide = plan_study(spec, calibration=_equal_trials_cal(), calibrate=False, cpus=8)
-    narrow = plan_study(spec, calibration=_equal_trials_cal(), calibrate=False, cpus=4)
+    wide = plan_study(spec, kind_for(spec), calibration=_equal_trials_cal(), calibrate=False, cpus=8)
+    narrow = plan_study(spec, kind_for(spec), calibration=_equal_trials_cal(), calibrate=False, cpus=4)
     tuning_wide, tuning_narrow = wide["phases"][0], narrow["phases"][0]
     assert (tuning_wide["slots"], tuning_narrow["slots"]) == (8, 4)
     assert tuning_wide["trials"] == 24
@@ -98,8 +98,8 @@ def test_halving_the_slots_doubles_the_wall_of_equal_trials() -> None:
 
 def test_many_unequal_trials_scale_roughly_with_the_slots() -> None:
     spec = load_study(BATCHSIZE, ["max_concurrent=16"])
-    wide = plan_study(spec, calibration=CAL, calibrate=False, cpus=16)
-    narrow = plan_study(spec, calibration=CAL, calibrate=False, cpus=8)
+    wide = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=16)
+    narrow = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=8)
     for w, n in zip(wide["phases"], narrow["phases"]):
         ratio = (n["wall_s"] - 5.0) / (w["wall_s"] - 5.0)  # phase_start_s is paid once either way
         assert 1.7 < ratio < 2.1, (w["name"], ratio)
@@ -107,24 +107,24 @@ def test_many_unequal_trials_scale_roughly_with_the_slots() -> None:
 
 def test_gpu_trials_are_limited_by_the_gpus() -> None:
     spec = load_study(BATCHSIZE, ["resources.gpu=0.5", "max_concurrent=8"], preset="smoke")
-    plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=16, gpus=1)
+    plan = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=16, gpus=1)
     assert {p["slots"] for p in plan["phases"]} == {2}
     assert plan["gpu_hours"] == pytest.approx(plan["cpu_hours"] / 2)
     with pytest.raises(ValueError, match="no trial can start"):
-        plan_study(spec, calibration=CAL, calibrate=False, cpus=16, gpus=0)
+        plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=16, gpus=0)
 
 
 def test_missing_step_time_without_calibrating_is_an_error() -> None:
     spec = load_study(BATCHSIZE, preset="smoke")
     with pytest.raises(ValueError, match="no step_s"):
-        plan_study(spec, calibration={"step_s": {"nothing": 1.0}}, calibrate=False)
+        plan_study(spec, kind_for(spec), calibration={"step_s": {"nothing": 1.0}}, calibrate=False)
 
 
 def test_real_calibration_measures_every_distinct_key() -> None:
     spec = load_study(BATCHSIZE, preset="smoke")
-    keys = {timing_key(c) for ph in phases_of(spec) for c in ph.configs}
+    keys = {timing_key(c) for ph in phases_of(spec, kind_for(spec)) for c in ph.configs}
     assert len(keys) == 3 * 3  # arms x (reference B of the tuning, the confirmatory Bs 8/32/128)
-    plan = plan_study(spec, cpus=2, steps=5, warmup=2)
+    plan = plan_study(spec, kind_for(spec), cpus=2, steps=5, warmup=2)
     cal = plan["calibration"]
     assert set(cal["measured"]) == keys
     for key in keys:
@@ -132,7 +132,7 @@ def test_real_calibration_measures_every_distinct_key() -> None:
             assert math.isfinite(cal[field][key]) and cal[field][key] > 0, (field, key)
     assert cal["data"]["digits" + '{"val_fraction":0.2}']["train"] > 0
     # The measured calibration reproduces the plan without measuring again.
-    again = plan_study(spec, cpus=2, calibration=cal, calibrate=False)
+    again = plan_study(spec, kind_for(spec), cpus=2, calibration=cal, calibrate=False)
     assert again["calibration"]["measured"] == []
     assert again["wall_s"] == pytest.approx(plan["wall_s"])
 
@@ -189,7 +189,7 @@ def test_pilot_power_batchsize_matches_seeds_needed_on_the_planted_slopes(tmp_pa
         for arm in spec.fix_arms:
             slopes[(budget, arm)] = -0.01 + sd * rng.standard_normal(4)
     _planted_batchsize_pilot(spec, tmp_path, slopes)
-    result = pilot_power(spec, tmp_path, calibration=CAL, calibrate=False, cpus=8)
+    result = pilot_power(spec, kind_for(spec), tmp_path, calibration=CAL, calibrate=False, cpus=8)
     assert result["family_size"] == 3 and result["alpha"] == spec.analysis.alpha
     for arm in spec.fix_arms:
         expected = {
@@ -214,7 +214,7 @@ def test_pilot_power_scores_a_failed_trial_at_chance(tmp_path: Path) -> None:
     assert spec.fix_arms == ("corrected",)
     slopes = {("epochs", "corrected"): np.array([-0.02, -0.01, -0.03])}
     _planted_batchsize_pilot(spec, tmp_path, slopes, fail=("corrected", 1, 32))
-    result = pilot_power(spec, tmp_path, calibration=CAL, calibrate=False)
+    result = pilot_power(spec, kind_for(spec), tmp_path, calibration=CAL, calibrate=False)
     table = pd.read_csv(tmp_path / "trials.csv")
     seed1 = table[table["seed"] == 1].set_index(["arm", "batch_size"])["test_accuracy"]
     x = np.log2(np.array(spec.batch_sizes, dtype=float))
@@ -251,7 +251,7 @@ def test_pilot_power_search_contrasts(tmp_path: Path) -> None:
         for i, s in enumerate(seeds)
     ]
     pd.DataFrame(rows).to_csv(tmp_path / "confirm_trials.csv", index=False)
-    result = pilot_power(spec, tmp_path, calibration=CAL, calibrate=False)
+    result = pilot_power(spec, kind_for(spec), tmp_path, calibration=CAL, calibrate=False)
     assert result["family_size"] == 3
     for name, alternative in (("a", "greater"), ("b", "greater"), ("e", "two-sided")):
         assert result["per_seed"][name] == pytest.approx(list(planted[name]))
@@ -264,13 +264,13 @@ def test_pilot_power_search_contrasts(tmp_path: Path) -> None:
 def test_pilot_power_search_without_confirmatory_phase_says_so(tmp_path: Path) -> None:
     spec = load_study(SEARCH, preset="smoke")
     with pytest.raises(ValueError, match="no confirmatory phase"):
-        pilot_power(spec, tmp_path, calibration=CAL, calibrate=False)
+        pilot_power(spec, kind_for(spec), tmp_path, calibration=CAL, calibrate=False)
 
 
 def test_a_sequential_spec_plans_its_looks_and_expected_cost() -> None:
     spec = load_study(BATCHSIZE, preset="local")
     assert spec.sequential is not None
-    plan = plan_study(spec, calibration=CAL, calibrate=False, cpus=8)
+    plan = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=8)
     looks = spec.sequential.schedule()
     names = [p["name"] for p in plan["phases"] if p["optional"] and "-look" in p["name"]]
     assert names == [f"confirm-{b}-look{j}" for b in spec.budgets for j in range(2, len(looks) + 1)]
@@ -284,6 +284,7 @@ def test_a_sequential_spec_plans_its_looks_and_expected_cost() -> None:
         assert looks[0] <= plan["expected"][scenario]["seeds"] <= looks[-1]
     fixed = plan_study(
         load_study(BATCHSIZE, preset="local", overrides=["sequential=null"]),
+        KINDS["batchsize"],
         calibration=CAL,
         calibrate=False,
         cpus=8,

@@ -1,4 +1,4 @@
-"""studies.power: the seeds a study needs, from the noncentral t power of a one-sample t-test."""
+"""studies.stats: the seeds a study needs, from the noncentral t power of a one-sample t-test."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from studies.power import power_of_t_test, seeds_needed
+from studies.stats import power_of_t_test, seeds_needed
 
 
 def _pilot(mean: float, sd: float) -> list[float]:

@@ -20,7 +20,7 @@ from autonorm_core.models.affine_nets import CNN_LAYERS, MLP_LAYERS
 from autonorm_core.norms import list_norms
 from autonorm_core.training import TrainConfig, fit
 from autonorm_core.training import reported_metrics as core_reported_metrics
-from studies.spec import (
+from studies.schema import (
     DATA_TASKS,
     ConvLayerSpec,
     DataSpec,
@@ -240,7 +240,7 @@ def test_spec_and_core_training_defaults_agree() -> None:
     import dataclasses
 
     from autonorm_core.training import GateFreeze, TrainConfig
-    from studies.spec import FreezeSpec, TrainingSpec
+    from studies.schema import FreezeSpec, TrainingSpec
 
     for spec_cls, core_cls in ((TrainingSpec, TrainConfig), (FreezeSpec, GateFreeze)):
         core = {
@@ -255,7 +255,7 @@ def test_spec_and_core_training_defaults_agree() -> None:
 
 
 def test_noise_after_freezing_has_one_setting() -> None:
-    from studies.spec import AutoNormSpec, FreezeSpec
+    from studies.schema import AutoNormSpec, FreezeSpec
 
     assert "sample_after_freeze" not in AutoNormSpec.model_fields
     assert "sample_after_freeze" in FreezeSpec.model_fields

@@ -1,4 +1,4 @@
-"""Tests of ``studies.report``: the files it writes, what they contain, and that plots are real images."""
+"""Tests of ``studies.kinds.batchsize.report``: the files it writes, what they contain, and that plots are real images."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from scipy import stats
 
 from studies.analysis import batchsize_trend
-from studies.report import (
+from studies.kinds.batchsize.report import (
     VERDICT_COLORS,
     cell_summary,
     plot_gate_entropy,

@@ -26,9 +26,10 @@ from typing import Any
 import pytest
 
 from studies.cli import main
-from studies.kinds import KINDS, StudyOutcome, load_study, run_study_spec
+from studies.kinds import KINDS, StudyOutcome, load_study
 from studies.provenance import data_files, data_fingerprint, git_dirty
 from studies.reproduce import Difference, _parse_target, compare_verdicts
+from studies.running import run_study_spec
 from tests.services import MlflowServer
 from workers.tracking.replay import read_trial_params
 

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from studies.kinds import load_study, run_study_spec
+from studies.kinds import load_study
 from studies.kinds.search.study import arm_config, total_trials
-from studies.spec import SpecError
+from studies.running import run_study_spec
+from studies.schema import SpecError
 from workers.trainable import TrialSession
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from studies.batchsize_correlation import DEFAULT_SPEC
-from studies.kinds import StudyOutcome, run_study_spec
+from studies.kinds import StudyOutcome
 from studies.kinds.batchsize.spec import BatchSizeStudySpec
-from studies.spec import load_spec
+from studies.running import run_study_spec
+from studies.schema import load_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

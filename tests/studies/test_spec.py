@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from studies import spec as spec_mod
-from studies.spec import (
+from studies import schema as spec_mod
+from studies.schema import (
     LN2,
     SpecError,
     SpecIssue,
@@ -23,7 +23,7 @@ from studies.spec import (
     spec_hash,
     validate_spec,
 )
-from studies.spec import space as spec_space
+from studies.schema import space as spec_space
 from tests.studies.broken_cases import BrokenCase, load_cases
 from workers.dotted import set_path
 
@@ -311,7 +311,7 @@ def test_check_search_space_is_reusable_with_sections() -> None:
 
 def test_seed_is_a_valid_search_name() -> None:
     spec = load_spec(SHIPPED, preset="smoke")
-    from studies.spec import CategoricalParam
+    from studies.schema import CategoricalParam
 
     assert check_search_space([CategoricalParam(name="seed", choices=(0, 1))], spec.base_config()) == []
     issues = check_search_space([CategoricalParam(name="seed", choices=(-1,))], spec.base_config())
@@ -331,7 +331,7 @@ def test_variants_carry_only_their_own_fields() -> None:
     spec = load_spec(SHIPPED)
     linear = spec.model.linear
     assert set(type(linear).model_fields) == {"type"}
-    from studies.spec import CorrectedLinearSpec
+    from studies.schema import CorrectedLinearSpec
 
     assert set(CorrectedLinearSpec.model_fields) == {"type", "beta"}
 
@@ -427,7 +427,7 @@ def test_grid_sampler_compiles_to_grid_with_seed_axis(tmp_path: Path) -> None:
 
 
 def test_build_plan_from_sections() -> None:
-    from studies.spec import FloatParam, ResourcesSpec, SearchSpec, TPESpec, build_plan
+    from studies.schema import FloatParam, ResourcesSpec, SearchSpec, TPESpec, build_plan
 
     spec = load_spec(SHIPPED, preset="smoke")
     search = SearchSpec(
@@ -479,7 +479,7 @@ def _variants(union: Any) -> list[Any]:
 @pytest.mark.parametrize("model_type", ["vit_lite", "text_encoder", "tabular", "mlp", "cnn"])
 def test_model_fields_are_core_options(model_type: str) -> None:
     from autonorm_core.models import model_defaults
-    from studies.spec import ModelSpec
+    from studies.schema import ModelSpec
 
     cls = next(c for c in _variants(ModelSpec) if c.model_fields["type"].default == model_type)
     ours = set(cls.model_fields) - {"type", "preset"}
@@ -489,7 +489,7 @@ def test_model_fields_are_core_options(model_type: str) -> None:
 def test_every_norm_and_linear_variant_builds_in_core() -> None:
     from autonorm_core.data import load_dataset
     from autonorm_core.models import create_model
-    from studies.spec import LinearSpec, NormSpec, ViTLiteSpec
+    from studies.schema import LinearSpec, NormSpec, ViTLiteSpec
 
     splits = load_dataset("digits", seed=0, subset=64)
     for norm_cls in _variants(NormSpec):
@@ -504,7 +504,7 @@ def test_every_norm_and_linear_variant_builds_in_core() -> None:
 def test_every_affine_net_layer_builds_in_core() -> None:
     from autonorm_core.data import load_dataset
     from autonorm_core.models import create_model
-    from studies.spec import CNNSpec, ConvLayerSpec, MLPLayerSpec, MLPSpec
+    from studies.schema import CNNSpec, ConvLayerSpec, MLPLayerSpec, MLPSpec
 
     splits = load_dataset("digits", seed=0, subset=64)
     built = 0
@@ -671,7 +671,7 @@ def test_error_text_never_repeats_a_credential_anywhere(tmp_path: Path) -> None:
     ],
 )
 def test_url_fields(checker: str, value: str, fragment: str | None) -> None:
-    from studies import spec_urls
+    from studies.schema import urls as spec_urls
 
     problem = getattr(spec_urls, f"{checker}_problem")(value)
     if fragment is None:
@@ -682,7 +682,7 @@ def test_url_fields(checker: str, value: str, fragment: str | None) -> None:
 
 
 def test_url_fields_are_checked_for_every_study_kind() -> None:
-    from studies.spec import url_field_issues
+    from studies.schema import url_field_issues
 
     doc = {
         "storage_path": "s3://K:S@b/p",
@@ -727,7 +727,7 @@ def test_small_int_range_is_checked_value_by_value(tmp_path: Path) -> None:
 
 
 def test_wide_int_range_is_sampled_with_its_endpoints() -> None:
-    from studies.spec import IntParam
+    from studies.schema import IntParam
 
     small = spec_space._int_values(IntParam(name="training.epochs", low=1, high=64))
     assert small == list(range(1, 65))

@@ -30,22 +30,24 @@ def test_a_stop_exits_as_shells_report_a_signal(signum: int, code: int) -> None:
 def test_a_stop_during_the_start_up_estimate_stops_the_study(monkeypatch: pytest.MonkeyPatch) -> None:
     # An estimate that cannot be made never stops a study; a stop signal arriving meanwhile does.
     import studies.planning
-    from studies.kinds import _estimate
+    from studies.kinds import KINDS
+    from studies.running import _estimate
 
     spec = type("Spec", (), {"name": "s"})()
+    kind = KINDS["search"]
 
-    def broken(_spec: object, **_options: object) -> None:
+    def broken(_spec: object, _kind: object, **_options: object) -> None:
         raise ValueError("no calibration")
 
     monkeypatch.setattr(studies.planning, "plan_study", broken)
-    assert _estimate(spec) is None
+    assert _estimate(spec, kind) is None
 
-    def stopped(_spec: object, **_options: object) -> None:
+    def stopped(_spec: object, _kind: object, **_options: object) -> None:
         raise StudyInterrupted(signal.SIGINT)
 
     monkeypatch.setattr(studies.planning, "plan_study", stopped)
     with pytest.raises(StudyInterrupted):
-        _estimate(spec)
+        _estimate(spec, kind)
 
 
 DRIVER = textwrap.dedent(

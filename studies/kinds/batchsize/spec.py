@@ -26,8 +26,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, Field, StrictBool
 
 from studies.kinds.batchsize.hypothesis import HYPOTHESIS
-from studies.sequential import SequentialSpec, look_seeds
-from studies.spec import (
+from studies.schema import (
     CategoricalParam,
     NonNegInt,
     PosInt,
@@ -35,7 +34,7 @@ from studies.spec import (
     TrainingSpec,
     check_search_space,
 )
-from studies.spec.arms import (
+from studies.schema.arms import (
     CNN_ARMS,
     MLP_ARMS,
     Arm,
@@ -43,7 +42,8 @@ from studies.spec.arms import (
     GridLRTuningSpec,
     PlainSGDTrainingSpec,
 )
-from studies.spec.sections import FROZEN
+from studies.schema.sections import FROZEN
+from studies.sequential import SequentialSpec, look_seeds
 from studies.tuning import extension_trials_max
 from workers.plan import StudyPlan
 

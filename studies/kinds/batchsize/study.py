@@ -151,7 +151,7 @@ def trials_table(
 
 def _chance(spec: BatchSizeStudySpec) -> tuple[float, float]:
     """Chance accuracy 1/C and chance loss ln C of the study's data (NaN for regression)."""
-    from studies.spec import data_classes
+    from studies.schema import data_classes
 
     c = data_classes(spec.data)
     if not c:

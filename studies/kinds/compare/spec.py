@@ -24,15 +24,15 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, StrictBool
 
-from studies.spec import (
+from studies.schema import (
     CategoricalParam,
     NonNegInt,
     SpecIssue,
     TrainingSpec,
     check_search_space,
 )
-from studies.spec.arms import Arm, ArmStudySpec, GridLRTuningSpec, PlainSGDTrainingSpec
-from studies.spec.sections import FROZEN
+from studies.schema.arms import Arm, ArmStudySpec, GridLRTuningSpec, PlainSGDTrainingSpec
+from studies.schema.sections import FROZEN
 from studies.tuning import extension_trials_max
 from workers.plan import StudyPlan
 

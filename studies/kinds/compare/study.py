@@ -78,7 +78,7 @@ def trials_table(trials: Sequence[TrialRecord], *, metric: str, lr_record: Mappi
 
 def _chance(spec: CompareStudySpec) -> tuple[float | None, float | None]:
     """The failed trial's score (chance accuracy 1/C, for an accuracy metric) and ln C."""
-    from studies.spec import data_classes
+    from studies.schema import data_classes
 
     c = data_classes(spec.data)
     if not c:

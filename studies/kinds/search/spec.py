@@ -15,15 +15,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from studies.spec.errors import SpecError, SpecIssue
-from studies.spec.plan import build_plan, plan_settings, spec_hash
-from studies.spec.reading import dump_yaml
-from studies.spec.sampling import (
+from studies.schema.errors import SpecError, SpecIssue
+from studies.schema.plan import build_plan, plan_settings, spec_hash
+from studies.schema.reading import dump_yaml
+from studies.schema.sampling import (
     FIFOSpec,
     FloatParam,
     SearchSpec,
 )
-from studies.spec.sections import (
+from studies.schema.sections import (
     DataSpec,
     FashionMNISTSpec,
     ModelSpec,
@@ -40,8 +40,8 @@ from studies.spec.sections import (
     trial_config,
     type_first,
 )
-from studies.spec.space import check_search_space
-from studies.spec.urls import StoragePath
+from studies.schema.space import check_search_space
+from studies.schema.urls import StoragePath
 from workers.plan import StudyPlan
 
 __all__ = ["CONFIRM_ARMS", "ConfirmLRSpec", "ConfirmSpec", "StudySpec", "data_kind_of"]
@@ -63,7 +63,7 @@ def data_kind_of(data_type: Any) -> str:
     """``vision`` (stationary image data), ``text`` or ``tabular``: which claims apply. Takes a data
     set name or a data section (a file of one's own is ``vision`` when it holds images)."""
     if not isinstance(data_type, str):
-        from studies.spec.sections import FileDataSpec
+        from studies.schema.sections import FileDataSpec
 
         if isinstance(data_type, FileDataSpec):
             return "vision" if data_type.file_info().layout == "image" else "tabular"

@@ -539,7 +539,7 @@ def _data_kind(spec: StudySpec) -> str:
 
 
 def _chance(spec: StudySpec) -> float | None:
-    from studies.spec import data_classes
+    from studies.schema import data_classes
 
     c = data_classes(spec.data)
     return 1.0 / c if c else None

@@ -21,8 +21,8 @@ from pydantic import (
     model_validator,
 )
 
-from studies.spec.errors import _SCALAR, SpecError, SpecIssue
-from studies.spec.urls import (
+from studies.schema.errors import _SCALAR, SpecError, SpecIssue
+from studies.schema.urls import (
     ArtifactLocation,
     EndpointURL,
     TrackingURI,

@@ -16,12 +16,12 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, Field, StrictBool, model_validator
 
-from studies.spec import sections
-from studies.spec.errors import SpecError, SpecIssue
-from studies.spec.plan import build_plan, plan_settings, spec_hash
-from studies.spec.reading import dump_yaml
-from studies.spec.sampling import FIFOSpec, GridSpec, SearchSpec
-from studies.spec.sections import (
+from studies.schema import sections
+from studies.schema.errors import SpecError, SpecIssue
+from studies.schema.plan import build_plan, plan_settings, spec_hash
+from studies.schema.reading import dump_yaml
+from studies.schema.sampling import FIFOSpec, GridSpec, SearchSpec
+from studies.schema.sections import (
     FROZEN,
     CNNSpec,
     DataSpec,
@@ -40,7 +40,7 @@ from studies.spec.sections import (
     data_task,
     metric_issues,
 )
-from studies.spec.urls import StoragePath
+from studies.schema.urls import StoragePath
 from studies.tuning import LRGrid
 from workers.dotted import ROOT
 from workers.plan import StudyPlan

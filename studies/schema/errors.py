@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from studies.spec.urls import (
+from studies.schema.urls import (
     redact_text,
 )
 

@@ -12,10 +12,10 @@ from pydantic import (
     ValidationError,
 )
 
-from studies.spec.errors import SpecError, SpecIssue
-from studies.spec.loading import _pydantic_issues
-from studies.spec.sampling import CategoricalParam, FloatParam, IntParam
-from studies.spec.sections import TrialSections
+from studies.schema.errors import SpecError, SpecIssue
+from studies.schema.loading import _pydantic_issues
+from studies.schema.sampling import CategoricalParam, FloatParam, IntParam
+from studies.schema.sections import TrialSections
 from workers.dotted import PathError, set_path
 
 _TRIAL_ROOTS = ("model", "data", "training")

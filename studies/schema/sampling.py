@@ -14,7 +14,7 @@ from pydantic import (
     field_validator,
 )
 
-from studies.spec.sections import FROZEN, PosFloat, PosInt, Scalar, Seed, SpecModel
+from studies.schema.sections import FROZEN, PosFloat, PosInt, Scalar, Seed, SpecModel
 
 # --------------------------------------------------------------------------------------------------
 # Search space, sampler, scheduler

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from studies.spec.errors import SpecError, SpecIssue, _Path, _path_str
+from studies.schema.errors import SpecError, SpecIssue, _Path, _path_str
 
 # --------------------------------------------------------------------------------------------------
 # YAML: safe loading with line numbers, duplicate-key and python-tag rejection

@@ -2,15 +2,15 @@
 
 The shared machinery every study kind uses, one job per module:
 
-* :mod:`studies.spec.errors` — :class:`SpecIssue` / :class:`SpecError` (field path, message, YAML line);
-* :mod:`studies.spec.reading` — safe YAML reading with line numbers and limits;
-* :mod:`studies.spec.sections` — the shared sections (model, data, training, search space, resources,
+* :mod:`studies.schema.errors` — :class:`SpecIssue` / :class:`SpecError` (field path, message, YAML line);
+* :mod:`studies.schema.reading` — safe YAML reading with line numbers and limits;
+* :mod:`studies.schema.sections` — the shared sections (model, data, training, search space, resources,
   tracking, storage) a kind's spec class composes;
-* :mod:`studies.spec.space` — search-space checks against the trial sections;
-* :mod:`studies.spec.plan` — a :class:`workers.plan.StudyPlan` from sections, provenance tags;
-* :mod:`studies.spec.arms` — what the kinds with layer arms share (:class:`~studies.spec.arms.ArmStudySpec`);
-* :mod:`studies.spec.loading` — layering (defaults → file → preset → ``--set``) and validation;
-* :mod:`studies.spec.urls` — the URL-like fields (storage path, tracking URI, endpoints), redaction.
+* :mod:`studies.schema.space` — search-space checks against the trial sections;
+* :mod:`studies.schema.plan` — a :class:`workers.plan.StudyPlan` from sections, provenance tags;
+* :mod:`studies.schema.arms` — what the kinds with layer arms share (:class:`~studies.schema.arms.ArmStudySpec`);
+* :mod:`studies.schema.loading` — layering (defaults → file → preset → ``--set``) and validation;
+* :mod:`studies.schema.urls` — the URL-like fields (storage path, tracking URI, endpoints), redaction.
 
 Layering, lowest to highest: pydantic defaults → the YAML file → a named preset from the file's
 top-level ``presets:`` mapping → ``--set dotted.key=value`` overrides (values parsed as YAML). Every
@@ -18,28 +18,25 @@ problem is collected into one :class:`SpecError`, so the CLI prints all of them 
 traceback. Paths use dots for mapping keys *and* list indices (``search.space.2.high``), the same
 syntax ``--set`` accepts.
 
-A kind's spec class lives in its own folder (``studies/kinds/<kind>/spec.py``); ``StudySpec`` (the
-search kind's) is still importable from here for old callers, resolved on first use: the kinds sit
-above this package, so importing one here eagerly would be a cycle.
+A kind's spec class lives in its own folder (``studies/kinds/<kind>/spec.py``); the kinds sit above
+this package.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from studies.spec.errors import (
+from studies.schema.errors import (
     MAX_SHOWN_ISSUES,
     SpecError,
     SpecIssue,
 )
-from studies.spec.loading import (
+from studies.schema.loading import (
     layer_document,
     load_spec,
     read_spec_text,
     url_field_issues,
     validate_spec,
 )
-from studies.spec.plan import (
+from studies.schema.plan import (
     build_plan,
     compile_search,
     git_commit,
@@ -47,7 +44,7 @@ from studies.spec.plan import (
     resolve_storage_path,
     spec_hash,
 )
-from studies.spec.reading import (
+from studies.schema.reading import (
     MAX_YAML_BYTES,
     MAX_YAML_DEPTH,
     MAX_YAML_NODES,
@@ -55,7 +52,7 @@ from studies.spec.reading import (
     dump_yaml,
     parse_yaml,
 )
-from studies.spec.sampling import (
+from studies.schema.sampling import (
     Asha,
     CategoricalParam,
     FIFOSpec,
@@ -68,7 +65,7 @@ from studies.spec.sampling import (
     SearchSpec,
     TPESpec,
 )
-from studies.spec.sections import (
+from studies.schema.sections import (
     DATA_TASKS,
     LN2,
     AdaNormSpec,
@@ -105,10 +102,10 @@ from studies.spec.sections import (
     reported_metrics,
     trial_config,
 )
-from studies.spec.space import (
+from studies.schema.space import (
     check_search_space,
 )
-from studies.spec.urls import (
+from studies.schema.urls import (
     ArtifactLocation,
     EndpointURL,
     StoragePath,
@@ -161,7 +158,6 @@ __all__ = [
     "SpecIssue",
     "StoragePath",
     "StorageSpec",
-    "StudySpec",
     "TPESpec",
     "TableDataSpec",
     "TrackingSpec",
@@ -189,12 +185,3 @@ __all__ = [
     "url_field_issues",
     "validate_spec",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # PEP 562: the search kind's spec class at its old address, imported on first use.
-    if name == "StudySpec":
-        from studies.kinds.search.spec import StudySpec
-
-        return StudySpec
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

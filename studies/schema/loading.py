@@ -16,9 +16,9 @@ from pydantic import (
     ValidationError,
 )
 
-from studies.spec.errors import _SCALAR, SpecError, SpecIssue, _Path, _path_str
-from studies.spec.reading import MAX_YAML_BYTES, _parse_value, parse_yaml
-from studies.spec.urls import (
+from studies.schema.errors import _SCALAR, SpecError, SpecIssue, _Path, _path_str
+from studies.schema.reading import MAX_YAML_BYTES, _parse_value, parse_yaml
+from studies.schema.urls import (
     artifact_location_problem,
     endpoint_problem,
     storage_path_problem,

@@ -1,7 +1,7 @@
 """What every study entry point shares: the same options, the same loading, the same run.
 
 The scripts in ``studies/`` are thin wrappers around :func:`study_main`, which is what
-``autonorm-study run`` does too (:func:`studies.kinds.run_study_spec`), so ``--spec``, ``--preset``,
+``autonorm-study run`` does too (:func:`studies.running.run_study_spec`), so ``--spec``, ``--preset``,
 ``--set``, ``--storage-path`` and ``--tracking-uri`` mean the same everywhere. Spec problems are
 printed with their field paths and end the process with status 2, never with a traceback.
 
@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from studies.spec import SpecError
+from studies.schema import SpecError
 from workers.errors import StudyError
 
 __all__ = [
@@ -205,12 +205,12 @@ def print_where(outcome: Any, *, file: Any = None) -> None:
 def run_interruptible(spec: Any, *, run: Callable[..., Any] | None = None, **options: Any) -> tuple[Any, int]:
     """Run a study as a command-line driver: SIGINT/SIGTERM stop it cleanly (:mod:`workers.interrupts`).
 
-    ``options`` go to :func:`studies.kinds.run_study_spec` (``allow_changed_spec``, ...).
+    ``options`` go to :func:`studies.running.run_study_spec` (``allow_changed_spec``, ...).
 
     Returns:
         ``(outcome, 0)``, or ``(None, 128 + signal)`` after a stop, with how to resume printed.
     """
-    from studies.kinds import run_study_spec
+    from studies.running import run_study_spec
     from studies.study_dir import StudyDir
     from workers import interrupts
 
@@ -265,7 +265,8 @@ def study_main(
         if args.dry_run:
             from studies.decidability import check_decidable
 
-            spec = check_decidable(load_from_args(args), allow_exploratory=args.allow_exploratory)
+            loaded = load_from_args(args)
+            spec = check_decidable(loaded, kind_for(loaded), allow_exploratory=args.allow_exploratory)
             print(spec.to_yaml(), end="")
             from studies.study_dir import StudyDir
 

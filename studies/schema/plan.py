@@ -13,9 +13,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from studies.spec.reading import dump_yaml
-from studies.spec.sampling import CategoricalParam, SearchSpec
-from studies.spec.sections import ResourcesSpec, StorageSpec, TrackingSpec
+from studies.schema.reading import dump_yaml
+from studies.schema.sampling import CategoricalParam, SearchSpec
+from studies.schema.sections import ResourcesSpec, StorageSpec, TrackingSpec
 from workers.plan import (
     ParamDef,
     SamplerConfig,
