@@ -19,7 +19,7 @@ Ratios written to the JSON (``{"<name>": ratio}``, floats only):
 * ``autonorm_over_branches``: AutoNorm / (LayerNorm + DyT), each in the same mode (eager, or all
   compiled for ``_compiled``). Goal ≤ 1.6 eager, ≤ 1.1 compiled: the selector and the mixing cost
   little beyond the branches. ``autonorm_reference_over_branches`` is the same AutoNorm with its eager
-  fast paths switched off (``autonorm_core.norms._reference_paths``: module calls, autograd over the
+  fast paths switched off (``autonorm_core.norms.helpers._reference_paths``: module calls, autograd over the
   lerp, ``MeanBackward``), i.e. the code before the fused mixture, timed in the same rounds.
 * ``frozen_hard_over_branch``: frozen AutoNorm whose gate picks LayerNorm for every sample / LayerNorm,
   EAGER (the default path on CPU; ``_compiled`` is the compiled pair). Goal ≤ 1.15: the fast path
@@ -64,7 +64,8 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autonorm_core.norms import AutoNorm, _reference_paths, create_norm
+from autonorm_core.norms import AutoNorm, create_norm
+from autonorm_core.norms.helpers import _reference_paths
 
 SHAPES = ((64, 65, 128), (32, 197, 384))
 GOALS = {"autonorm_over_branches": 1.6, "frozen_hard_over_branch": 1.15}

@@ -20,7 +20,7 @@ Ratios written to the JSON (``bench/results/step.json``):
 * ``autonorm_over_frozen_ln``: AutoNorm in every sub-layer / LayerNorm in every sub-layer (the
   ``frozen_ln`` arm). Goal ≤ 1.10.
 * ``autonorm_reference_over_frozen_ln``: the same AutoNorm with its eager fast paths switched off
-  (``autonorm_core.norms._reference_paths``): the code before the fused mixture, same rounds.
+  (``autonorm_core.norms.helpers._reference_paths``): the code before the fused mixture, same rounds.
 * ``dyt_over_layernorm``: DyT in every sub-layer / LayerNorm in every sub-layer.
 * ``autonorm_s_frozen_over_frozen_ln``: AutoNorm-S after its freeze with every gate at LayerNorm
   (the frozen-hard fast path) / LayerNorm.
@@ -52,7 +52,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autonorm_core.models import PRESETS, ViTLite, ViTLiteConfig
-from autonorm_core.norms import AutoNorm, _reference_paths
+from autonorm_core.norms import AutoNorm
+from autonorm_core.norms.helpers import _reference_paths
 from autonorm_core.optim import adamw, param_groups
 
 RESULTS = Path(__file__).resolve().parent / "results" / "step.json"

@@ -542,7 +542,7 @@ def test_compiled_training_step_matches_eager() -> None:
 
 def _fast_and_reference(m: nn.Module, x: Tensor, mask: Tensor | None, seed: int = 4) -> list[list[Tensor]]:
     """Output, input gradient and every parameter gradient, with the fast paths and without."""
-    from autonorm_core.norms import _reference_paths
+    from autonorm_core.norms.helpers import _reference_paths
 
     dy = _input(x.shape, seed=11).to(x.dtype)
     runs = []
@@ -602,7 +602,7 @@ def test_fused_mixture_float32_matches_reference_within_float_tolerance() -> Non
 
 
 def test_fused_mixture_is_the_path_taken_and_passes_gradcheck() -> None:
-    from autonorm_core.norms import _DyTLayerNormMix
+    from autonorm_core.norms.fused import _DyTLayerNormMix
 
     m = AutoNorm(DIM, selector_init="default").train()
     y = m(_input((2, 3, DIM)).requires_grad_(True))
@@ -646,7 +646,7 @@ def test_random_selector_uses_the_fused_mixture_with_reference_values() -> None:
 
 
 def test_token_mean_backward_equals_autograd_mean() -> None:
-    from autonorm_core.norms import _pool_tokens
+    from autonorm_core.norms.helpers import _pool_tokens
 
     x = _input((3, 5, DIM)).requires_grad_(True)
     pooled = _pool_tokens(x)

@@ -19,6 +19,8 @@ import torch
 
 from autonorm_core import data
 from autonorm_core.data import DatasetNotFoundError, Splits, load_dataset, split_sizes
+from autonorm_core.datasources import _load_diabetes, _load_digits
+from autonorm_core.datasplits import _fixed_test_indices
 
 OFFLINE = ("fashion_mnist", "digits", "diabetes", "ptb_pos_sample", "pang_lee_polarity")
 DATA_ROOT_SETS = ("mnist", "cifar10", "cifar100", "svhn", "sst2", "ptb_pos")
@@ -112,7 +114,7 @@ def test_carve_is_deterministic_by_seed_and_test_split_is_not(
 
 
 def test_fixed_test_carve_is_disjoint_from_the_pool() -> None:
-    test_idx, pool_idx = data._fixed_test_indices(1797)
+    test_idx, pool_idx = _fixed_test_indices(1797)
     assert not set(test_idx) & set(pool_idx)
     assert sorted(test_idx + pool_idx) == list(range(1797))
     # Content check on digits: no test image is in train or val (digits has no duplicate images).
@@ -134,13 +136,13 @@ def test_bundled_sets_are_scikit_learns_own_rows(name: str) -> None:
 
     if name == "digits":
         bunch = load_digits()
-        want_x, want_y, raw = bunch.images, bunch.target, data._load_digits(None)
+        want_x, want_y, raw = bunch.images, bunch.target, _load_digits(None)
     else:
         bunch = load_diabetes(scaled=False)
-        want_x, want_y, raw = bunch.data, bunch.target, data._load_diabetes(None)
+        want_x, want_y, raw = bunch.data, bunch.target, _load_diabetes(None)
     got_x = np.concatenate([np.asarray(raw.pool_x), np.asarray(raw.test_x)])
     got_y = np.concatenate([np.asarray(raw.pool_y), np.asarray(raw.test_y)])
-    order = np.concatenate(data._fixed_test_indices(len(want_y))[::-1])  # pool rows, then test rows
+    order = np.concatenate(_fixed_test_indices(len(want_y))[::-1])  # pool rows, then test rows
     want_x = want_x.reshape(len(want_x), -1)[order].astype(got_x.dtype)  # the loaders' float32
     np.testing.assert_array_equal(got_x.reshape(len(got_x), -1), want_x)
     np.testing.assert_array_equal(got_y, want_y[order].astype(got_y.dtype))

@@ -383,7 +383,7 @@ def test_dyt_fused_backward_passes_gradcheck() -> None:
 
 
 def _dyt_apply(x: Tensor, alpha: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    from autonorm_core.norms import _DyTFunction
+    from autonorm_core.norms.simple import _DyTFunction
 
     out: Tensor = _DyTFunction.apply(x, alpha, weight, bias)
     return out

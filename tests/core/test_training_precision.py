@@ -137,8 +137,8 @@ def test_resolve_compile() -> None:
 
 def test_bf16_on_cpu_trains_under_autocast_with_float32_state() -> None:
     # LayerNorm, not AutoNorm: on CPU, autocast keeps layer_norm in bf16 while DyT's float32 alpha
-    # promotes its output to float32, and the AutoNorm mixture refuses the mixed pair (a norms.py
-    # matter; on CUDA autocast runs layer_norm in float32).
+    # promotes its output to float32, and the AutoNorm mixture refuses the mixed pair (an
+    # autonorm_core.norms matter; on CUDA autocast runs layer_norm in float32).
     model = make_model("layernorm")
     seen: list[tuple[bool, torch.dtype]] = []
     model.fc1.register_forward_hook(lambda m, a, out: seen.append((m.training, out.dtype)))

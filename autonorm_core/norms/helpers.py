@@ -1,0 +1,100 @@
+"""Shared pieces of the norm modules: the ``dim`` check, the fast-path switch, token pooling.
+
+Private to :mod:`autonorm_core.norms`; tests and benches import :func:`_reference_paths` from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar, cast
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _eager_only(fn: _F) -> _F:
+    """``torch.compiler.disable`` with its type kept (the decorator itself is untyped)."""
+    return cast(_F, torch.compiler.disable(fn))
+
+
+def _check_dim(dim: int) -> None:
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+        raise ValueError(f"dim must be a positive int, got {dim!r}")
+
+
+# Hand-written eager fast paths (:class:`_TokenMean`, :class:`_DyTLayerNormMix`) are on unless a caller
+# asks for the reference expressions (tests compare the two; bench/norms.py times both in one run).
+_FAST_PATHS = {"on": True}
+
+
+@contextmanager
+def _reference_paths() -> Iterator[None]:
+    """Within the block, mixtures and token pooling run the plain reference expressions (private)."""
+    previous = _FAST_PATHS["on"]
+    _FAST_PATHS["on"] = False
+    try:
+        yield
+    finally:
+        _FAST_PATHS["on"] = previous
+
+
+class _TokenMean(torch.autograd.Function):
+    """``x.mean(dim=1)`` of a ``(B, T, D)`` input whose backward returns a broadcast *view*.
+
+    Autograd's ``MeanBackward`` materialises ``grad.expand(B, T, D) / T`` as a full tensor before it
+    is added to the input's other gradient; the view costs nothing and the engine adds it in place
+    into the dense gradient of the mixture (one memory pass less per AutoNorm layer). Same values:
+    the forward is ``x.mean(1)``, the backward ``(grad / T)`` broadcast over the tokens.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        ctx.tokens = x.shape[1]
+        return x.mean(dim=1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        b, d = grad.shape
+        return (grad / ctx.tokens).unsqueeze(1).expand(b, ctx.tokens, d)
+
+
+def _pool_tokens(x: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Per-sample summary used by the self-conditioned layers: mean over the real tokens of (B, T, D).
+
+    ``mask`` (B, T) is True at real tokens; ``None`` averages over every position (bit-identical to
+    ``x.mean(1)``). Padding is excluded with ``where`` rather than a multiplication, so that whatever
+    the padded positions hold (even inf or NaN) cannot reach the result. A sample without any real
+    token pools to zeros.
+    """
+    if x.ndim == 3:
+        if mask is None:
+            if (
+                _FAST_PATHS["on"]
+                and x.requires_grad
+                and torch.is_grad_enabled()
+                and not torch.compiler.is_compiling()
+            ):
+                pooled: Tensor = _TokenMean.apply(x)
+                return pooled
+            return x.mean(dim=1)  # (B, D)
+        if mask.shape != x.shape[:2]:
+            raise ValueError(f"mask must have shape {tuple(x.shape[:2])} (B, T), got {tuple(mask.shape)}")
+        keep = mask.to(torch.bool).unsqueeze(-1)  # (B, T, 1)
+        total = torch.where(keep, x, x.new_zeros(())).sum(dim=1)  # (B, D)
+        count = keep.sum(dim=1).clamp_min(1).to(x.dtype)  # (B, 1)
+        return total / count
+    if x.ndim == 2:
+        if mask is not None:
+            raise ValueError("a mask applies to (B, T, D) token sequences, not to (B, D) vectors")
+        return x
+    raise ValueError(f"expected a (B, T, D) or (B, D) input, got shape {tuple(x.shape)}")
+
+
+def _per_sample(w: Tensor, like: Tensor) -> Tensor:
+    """Reshape per-sample weights (B,) to broadcast over the tokens and channels of ``like``."""
+    return w.to(like.dtype).reshape(w.shape[0], *([1] * (like.ndim - 1)))
