@@ -33,7 +33,8 @@ if TYPE_CHECKING:
         TrackingConfig,
         expected_trials,
     )
-    from workers.runner import StudyResult, TrialRecord, run_study
+    from workers.records import StudyResult, TrialRecord
+    from workers.runner import run_study
     from workers.search import DefineByRunSpace, PruningAwareOptunaSearch, create_sampler
     from workers.tracking import MlflowTrackingCallback, default_tracking_uri, study_key
     from workers.trainable import TrialFunction, TrialSession, autonorm_trial, resolve_trial_config
@@ -45,8 +46,8 @@ _EXPORTS: dict[str, str] = {
     "StorageConfig": "workers.plan",
     "StudyPlan": "workers.plan",
     "TrackingConfig": "workers.plan",
-    "StudyResult": "workers.runner",
-    "TrialRecord": "workers.runner",
+    "StudyResult": "workers.records",
+    "TrialRecord": "workers.records",
     "expected_trials": "workers.plan",
     "run_study": "workers.runner",
     "DefineByRunSpace": "workers.search",

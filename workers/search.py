@@ -34,12 +34,12 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule
 from ray.tune.search.optuna import OptunaSearch
 
 from workers.plan import ParamDef, SamplerConfig, SchedulerConfig, StudyPlan
+from workers.records import FINAL_STATUSES
 
 if TYPE_CHECKING:
     import optuna
 
 __all__ = [
-    "FINAL_STATUSES",
     "SAMPLERS",
     "SCHEDULERS",
     "DefineByRunSpace",
@@ -57,9 +57,6 @@ logger = logging.getLogger(__name__)
 
 SAMPLERS = ("tpe", "random", "cmaes", "grid")
 SCHEDULERS = ("fifo", "asha", "median")
-# Values of the ``status`` metric a trial reports on its last epoch. Any other value (``running``)
-# on a trial's last result means the trial did not get to finish: a scheduler stopped it.
-FINAL_STATUSES = ("completed", "diverged", "error")
 
 
 def _condition_holds(when: Sequence[tuple[str, Any]], values: Mapping[str, Any]) -> bool:

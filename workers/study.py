@@ -22,7 +22,8 @@ from types import TracebackType
 from typing import Any
 
 from workers.plan import StorageConfig, StudyPlan, TrackingConfig
-from workers.runner import StudyResult, run_study
+from workers.records import StudyResult
+from workers.runner import run_study
 from workers.session import ray_session
 from workers.storage import ResolvedStorage, resolve_storage
 from workers.trainable import TrialFunction
@@ -85,7 +86,7 @@ class StudyRunner:
         planned: Mapping[str, float] | None = None,
         resources: Sequence[tuple[str, float]] = (),
     ) -> None:
-        from workers.runner import _artifact_location, _tracking_uri
+        from workers.preflight import _artifact_location, _tracking_uri
         from workers.tracking import RetryPolicy, StudyTracker, study_key
 
         self.name = name
@@ -129,7 +130,7 @@ class StudyRunner:
         return self.tracker.run_id
 
     def __enter__(self) -> StudyRunner:
-        from workers.runner import precheck_local_resources
+        from workers.preflight import precheck_local_resources
 
         if self._resources:  # a trial the local cluster could never run: refused before it is started
             probe = StudyPlan(

@@ -78,7 +78,7 @@ def test_precheck_refuses_before_any_ray_start_and_leaves_unknown_resources_to_t
 
     from workers.errors import ResourceError
     from workers.plan import StudyPlan
-    from workers.runner import precheck_local_resources
+    from workers.preflight import precheck_local_resources
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("AUTONORM_ALLOW_PENDING_RESOURCES", raising=False)

@@ -10,9 +10,10 @@ from typing import Any
 import pyarrow.fs
 import pytest
 
+from workers.optuna_export import export_optuna_study
 from workers.plan import ParamDef, SamplerConfig, StorageConfig, StudyPlan, TrackingConfig, expected_trials
+from workers.preflight import _max_epochs, _tracking_uri
 from workers.progress import CHECKPOINT_LINE, ProgressCallback, format_eta, quiet_checkpoint_logs
-from workers.runner import _max_epochs, _tracking_uri, export_optuna_study
 from workers.storage import resolve_storage
 
 
@@ -127,7 +128,7 @@ def test_tune_no_longer_propagates_credentials() -> None:
     # Pins the private Ray list we edit: if Ray renames it, this fails instead of leaking silently.
     from ray.tune.execution import class_cache
 
-    from workers.runner import _CREDENTIAL_ENV_VARS, _stop_credential_propagation
+    from workers.tune_patches import _CREDENTIAL_ENV_VARS, _stop_credential_propagation
 
     _stop_credential_propagation()
     assert not (_CREDENTIAL_ENV_VARS & set(class_cache.ENV_VARS_TO_PROPAGATE))
@@ -291,8 +292,8 @@ def test_optuna_copy_for_remote_storage_leaves_no_scratch_behind(
     import optuna
     import pyarrow.fs
 
+    from workers.optuna_export import OPTUNA_DB, _save_optuna_study
     from workers.plan import StudyPlan
-    from workers.runner import OPTUNA_DB, _save_optuna_study
     from workers.storage import ResolvedStorage
 
     scratch_root = tmp_path / "tmp"

@@ -4,8 +4,8 @@ Every trial run carries what re-analysis needs: its resolved config as params (`
 Tune's own parameters (tag :data:`TAG_TRIAL_PARAMS`), its phase (``autonorm.phase``), its status
 (``autonorm.trial_status``), its Tune trial id (``ray.trial_id``) and every epoch's metrics (one step
 per epoch). :class:`TrackedTrials` walks a study run's children (phase runs, then their trial runs)
-and turns each trial run back into a :class:`workers.runner.TrialRecord`; inside :func:`replaying`,
-:func:`workers.runner.read_trials` answers with those records instead of reading Tune's experiment
+and turns each trial run back into a :class:`workers.records.TrialRecord`; inside :func:`replaying`,
+:func:`workers.results.read_trials` answers with those records instead of reading Tune's experiment
 directory, so a kind's own ``report`` re-analyses a study whose directory is gone.
 """
 
@@ -16,8 +16,9 @@ import contextvars
 import json
 import math
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from workers.records import TrialRecord
 from workers.tracking.names import (
     ROLE_TRIAL,
     TAG_PARENT,
@@ -27,9 +28,6 @@ from workers.tracking.names import (
     TAG_TRIAL_ID,
     TAG_TRIAL_STATUS,
 )
-
-if TYPE_CHECKING:
-    from workers.runner import TrialRecord
 
 __all__ = [
     "TAG_TRIAL_PARAMS",
@@ -96,7 +94,7 @@ def unflatten_params(params: Mapping[str, str]) -> dict[str, Any]:
 
 
 class TrackedTrials:
-    """The trial runs under one study run, by phase, as :class:`workers.runner.TrialRecord`.
+    """The trial runs under one study run, by phase, as :class:`workers.records.TrialRecord`.
 
     Args:
         client: an ``mlflow.MlflowClient`` of the study's tracking store.
@@ -167,8 +165,6 @@ class TrackedTrials:
         return tuple(rows[step] for step in sorted(rows))
 
     def record(self, run: Any, *, history: bool) -> TrialRecord:
-        from workers.runner import TrialRecord
-
         tags = run.data.tags
         status = tags.get(TAG_TRIAL_STATUS)
         if status not in _STATUSES:
@@ -205,7 +201,7 @@ _SOURCE: contextvars.ContextVar[TrackedTrials | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def replaying(source: TrackedTrials) -> Iterator[TrackedTrials]:
-    """Inside the block :func:`workers.runner.read_trials` reads ``source``, not the study directory."""
+    """Inside the block :func:`workers.results.read_trials` reads ``source``, not the study directory."""
     token = _SOURCE.set(source)
     try:
         yield source

@@ -1,0 +1,102 @@
+"""A phase's trials read back: from Tune's ``Trial`` objects, from the study directory (no Ray cluster
+needed), or, inside :func:`workers.tracking.replay.replaying`, from the phase's trial runs in MLflow."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from workers.plan import StudyPlan
+from workers.records import TrialRecord, trial_status
+from workers.storage import resolve_storage
+
+__all__ = ["read_trials"]
+
+
+def _record(trial: Any, run_ids: Mapping[str, str], base_config: Mapping[str, Any]) -> TrialRecord:
+    from workers.trainable import config_from_result
+
+    last = dict(trial.last_result or {})
+    params = dict(trial.config or {})
+    return TrialRecord(
+        trial_id=trial.trial_id,
+        params=params,
+        config=config_from_result(last, base_config, params),
+        status=trial_status(trial.status, last),
+        metrics=last,
+        node_id=last.get("node_id"),
+        mlflow_run_id=run_ids.get(trial.trial_id),
+    )
+
+
+def _tune_results(trials: Sequence[Any]) -> dict[str, list[dict[str, Any]]]:
+    """Every result each trial reported, as Tune keeps it in the study directory (its
+    ``result.json``, one JSON object per line; local or S3). A file that cannot be read is skipped:
+    its trial's results then come from this run's memory only."""
+    import json
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for trial in trials:
+        try:
+            fs = trial.storage.storage_filesystem
+            with fs.open_input_stream(f"{trial.path}/result.json") as stream:
+                text = stream.read().decode("utf-8", errors="replace")
+        except Exception:
+            continue
+        rows = []
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError):
+                rows.append(json.loads(line))
+        out[trial.trial_id] = rows
+    return out
+
+
+def _summary(trials: list[Any] | None, total: int) -> dict[str, float] | None:
+    if trials is None:
+        return None
+    counts = {"completed": 0, "diverged": 0, "pruned": 0, "error": 0}
+    for trial in trials:
+        counts[trial_status(trial.status, trial.last_result)] += 1
+    summary = {f"trials_{k}": float(v) for k, v in counts.items()}
+    summary["trials_expected"] = float(total)
+    return summary
+
+
+def read_trials(plan: StudyPlan, *, history: bool = True) -> list[TrialRecord]:
+    """A study's trials read back from its Tune experiment directory (no Ray cluster needed).
+
+    Same records as :func:`workers.runner.run_study` returns (``mlflow_run_id`` excepted), so status and reports
+    use one vocabulary. Empty when the study has not written its state yet. Inside
+    :func:`workers.tracking.replay.replaying`: the phase's trial runs in MLflow instead.
+    """
+    from workers.tracking.replay import replayed
+
+    replay = replayed(plan.name, history=history)
+    if replay is not None:
+        return replay
+    from ray.tune import ExperimentAnalysis
+
+    storage = resolve_storage(plan.storage)
+    path = storage.experiment_path(plan.name)
+    # Trials that never reported have no result file yet; Tune warns about each.
+    quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        analysis = ExperimentAnalysis(path, storage_filesystem=storage.filesystem)
+    except (ValueError, FileNotFoundError):
+        return []
+    finally:
+        quiet.setLevel(level)
+    frames = analysis.trial_dataframes if history else {}
+    records = []
+    for trial in analysis.trials:
+        record = _record(trial, {}, plan.base_config)
+        df = frames.get(trial.trial_id)
+        if df is not None and not df.empty:
+            record = dataclasses.replace(record, history=tuple(df.to_dict(orient="records")))
+        records.append(record)
+    return records
