@@ -47,8 +47,10 @@ def _specs() -> tuple[tuple[str, str, str, str], ...]:
 
     out = []
     for kind in KINDS.values():
-        module, cls = kind.spec.split(":")
-        out.append((module, cls, kind.title or f"{kind.name} studies", kind.summary))
+        spec_class = kind.spec_class()
+        out.append(
+            (spec_class.__module__, spec_class.__name__, kind.title or f"{kind.name} studies", kind.summary)
+        )
     return tuple(out)
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "legend_handles",
     "md_fence",
     "md_table",
+    "plot_gate_entropy",
     "render_html",
     "render_markdown",
     "resources_lines",
@@ -415,3 +416,80 @@ def render_html(doc: Document, images: Sequence[str | Path] = ()) -> str:
         inline=_inline,
         images=[(Path(p).stem, data_uri(Path(p)), caption(p, doc.captions)) for p in images],
     )
+
+
+_GATE_KEY = re.compile(r"^gate_entropy[/._](?:layer[_.]?)?(?P<layer>[A-Za-z0-9_.]+)$")
+
+
+def plot_gate_entropy(
+    history_by_trial: Mapping[str, Sequence[Mapping[str, Any]]], path: str | Path, *, max_trials: int = 12
+) -> Path:
+    """Gate entropy per layer over epochs, one panel per trial (AutoNorm search study).
+
+    Args:
+        history_by_trial: trial name -> its per-epoch results (``ray.tune.report`` dicts or MLflow
+            metric rows). Per-layer keys look like ``gate_entropy/<layer>``, ``gate_entropy_<layer>``
+            or ``gate_entropy.layer_<i>``; ``gate_entropy_mean`` (or a bare ``gate_entropy``) is drawn
+            as the mean. The x axis is ``epoch`` when present, else the row number (1-based).
+        path: the PNG to write.
+        max_trials: panels beyond this are left out (the first ones in the mapping's order are kept).
+
+    Raises:
+        ValueError: no trial has any gate-entropy key.
+    """
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    trials = [(name, list(rows)) for name, rows in history_by_trial.items()][:max_trials]
+    series: list[tuple[str, dict[str, tuple[list[float], list[float]]]]] = []
+    for name, rows in trials:
+        per: dict[str, tuple[list[float], list[float]]] = {}
+        for i, row in enumerate(rows):
+            epoch: Any = row.get("epoch")
+            x = float(epoch) if finite(epoch) else float(i + 1)
+            for key, value in row.items():
+                if key in ("gate_entropy_mean", "gate_entropy"):
+                    label = "mean"
+                else:
+                    m = _GATE_KEY.match(key)
+                    if m is None or m.group("layer") == "mean":
+                        label = "mean" if m is not None else ""
+                    else:
+                        label = m.group("layer")
+                if not label or not finite(value):
+                    continue  # Tune's data frames hold NaN for epochs that did not report a key
+                xs, ys = per.setdefault(label, ([], []))
+                xs.append(x)
+                ys.append(float(value))
+        if per:
+            series.append((name, per))
+    if not series:
+        raise ValueError(
+            "no gate-entropy metrics found (keys like 'gate_entropy/<layer>' or 'gate_entropy_mean')"
+        )
+    ncols = min(3, len(series))
+    nrows = math.ceil(len(series) / ncols)
+    fig = Figure(figsize=(4.6 * ncols, 3.4 * nrows))
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
+    for ax, (name, per) in zip(axes.flat, series):
+        layers = sorted((k for k in per if k != "mean"), key=lambda s: (len(s), s))
+        cmap = matplotlib.colormaps["viridis"]
+        for j, layer in enumerate(layers):
+            xs, ys = per[layer]
+            ax.plot(xs, ys, color=cmap(j / max(1, len(layers) - 1)), lw=1.2, label=f"layer {layer}")
+        if "mean" in per:
+            xs, ys = per["mean"]
+            ax.plot(xs, ys, color="black", lw=2.0, ls="--", label="mean")
+        ax.axhline(math.log(2), color="gray", lw=0.8, ls=":")
+        ax.set_ylim(-0.02, max(math.log(2), *(max(v[1]) for v in per.values())) * 1.05)
+        ax.set_title(str(name), fontsize=9)
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        if len(layers) <= 12:
+            ax.legend(fontsize=6, ncol=2)
+    for ax in list(axes.flat)[len(series) :]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("gate entropy H (nats; ln 2 dotted)")
+    fig.tight_layout()
+    return save_figure(fig, path)

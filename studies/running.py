@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from studies.kinds import kind_for
-from studies.kinds.base import StudyKind, StudyOutcome
+from studies.kinds.contract import StudyKind, StudyOutcome
 from studies.schema import SpecError, SpecIssue, parse_yaml
 from studies.sequential import ExtendRefused
 from studies.study_dir import SPEC_FILE

@@ -1,28 +1,38 @@
-"""Study kinds: one registry, one way to load, run, inspect and report every study.
+"""Study kinds: the registry, and loading a spec of any kind.
 
-Every spec names its kind in ``kind:`` (absent: :data:`DEFAULT_KIND`). A kind is a folder
-``studies/kinds/<kind>/`` whose ``__init__.py`` defines ``KIND``, an object implementing the contract
-:class:`studies.kinds.base.StudyKind` (documented there: spec class, phases, run, analyse, status,
-report, power). :data:`KINDS` maps each ``kind:`` value to that object; adding a kind is one line of
-:data:`KIND_MODULES` (docs/extending.md).
+Every spec names its kind in ``kind:`` (absent: :data:`DEFAULT_KIND`). A kind is an instance of a
+:class:`studies.kinds.contract.StudyKind` subclass, whose methods are the kind (spec class, phases,
+run, analyse, status, report, power; documented there). :data:`KINDS` maps each ``kind:`` value to
+it, from two sources:
 
-This module is the registry and loading only; running a spec is :mod:`studies.running`.
+* the shipped kinds, one line each of :data:`KIND_MODULES` (a package ``studies/kinds/<kind>/``
+  whose ``__init__.py`` defines ``KIND``);
+* kinds installed from other packages: entry points in the group :data:`ENTRY_POINT_GROUP`, each
+  naming a :class:`StudyKind` subclass or instance (``pyproject.toml``: ``[project.entry-points.
+  "autonorm_studies.kinds"] mykind = "my_package.kind:MyKind"``; docs/extending.md).
+
+Two kinds of one name are refused at load, both sources named. This module is the registry only;
+running a spec is :mod:`studies.running`.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Mapping, Sequence
+import importlib.metadata
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import SHARED_VERDICT_FIELDS, Phase, StudyKind, StudyOutcome
+from studies.kinds.contract import SHARED_VERDICT_FIELDS, Phase, StudyKind, StudyOutcome
 from studies.schema import SpecError, SpecIssue, load_spec, parse_yaml, read_spec_text
 
 __all__ = [
     "DEFAULT_KIND",
+    "ENTRY_POINT_GROUP",
     "KINDS",
     "KIND_MODULES",
+    "KIND_SOURCES",
     "SHARED_VERDICT_FIELDS",
     "Phase",
     "StudyKind",
@@ -38,24 +48,45 @@ KIND_MODULES: tuple[str, ...] = (
     "studies.kinds.batchsize",
     "studies.kinds.compare",
 )
-"""The registered kinds: each module defines ``KIND`` (a :class:`StudyKind`). One line per kind."""
+"""The shipped kinds: each module defines ``KIND`` (a :class:`StudyKind`). One line per kind."""
+
+ENTRY_POINT_GROUP = "autonorm_studies.kinds"
+"""The entry-point group through which other installed packages add kinds."""
 
 DEFAULT_KIND = "search"
 """The kind of a spec that names none in ``kind:``."""
 
 
-def _registry() -> dict[str, StudyKind]:
+def _as_kind(loaded: Any, source: str) -> StudyKind:
+    kind = loaded() if isinstance(loaded, type) and issubclass(loaded, StudyKind) else loaded
+    if not isinstance(kind, StudyKind) or not isinstance(getattr(kind, "name", None), str):
+        raise TypeError(f"{source} must be a StudyKind subclass or instance with a `name`, got {loaded!r}")
+    return kind
+
+
+def _registry() -> tuple[dict[str, StudyKind], dict[str, str]]:
     kinds: dict[str, StudyKind] = {}
-    for module in KIND_MODULES:
-        kind = importlib.import_module(module).KIND
-        if not isinstance(kind, StudyKind) or kind.name in kinds:
-            raise TypeError(f"{module}.KIND must be a StudyKind with a name of its own")
-        kinds[kind.name] = kind
-    return kinds
+    sources: dict[str, str] = {}
+    found: list[tuple[str, Callable[[], Any]]] = [
+        (f"{module}.KIND", functools.partial(lambda m: importlib.import_module(m).KIND, module))
+        for module in KIND_MODULES
+    ]
+    for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        where = f" (package {ep.dist.name})" if ep.dist is not None else ""
+        found.append((f"entry point {ep.name} = {ep.value}{where}", ep.load))
+    for source, load in found:
+        kind = _as_kind(load(), source)
+        if kind.name in kinds:
+            raise TypeError(f"two study kinds are named {kind.name!r}: {sources[kind.name]} and {source}")
+        kinds[kind.name], sources[kind.name] = kind, source
+    return kinds, sources
 
 
-KINDS: dict[str, StudyKind] = _registry()
-"""``kind:`` value -> the kind (:class:`studies.kinds.base.StudyKind`)."""
+KINDS: dict[str, StudyKind]
+"""``kind:`` value -> the kind (:class:`studies.kinds.contract.StudyKind`)."""
+KIND_SOURCES: dict[str, str]
+"""``kind:`` value -> where it came from (``studies.kinds.batchsize.KIND``, ``entry point ...``)."""
+KINDS, KIND_SOURCES = _registry()
 
 
 def kind_of(document: Mapping[str, Any], *, source: str | None = None, line: int | None = None) -> StudyKind:

@@ -13,12 +13,12 @@ import pytest
 from studies.batchsize_correlation import DEFAULT_SPEC, main
 from studies.kinds import StudyOutcome
 from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
-from studies.kinds.batchsize.study import select_learning_rates, trials_table
+from studies.kinds.batchsize.workflow import select_learning_rates, trials_table
 from studies.running import run_study_spec
 from studies.schema import SpecError, load_spec
 from workers.dotted import ROOT, with_values
 from workers.plan import expected_trials
-from workers.runner import TrialRecord
+from workers.records import TrialRecord
 from workers.trainable import TrialSession
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

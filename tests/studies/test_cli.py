@@ -478,7 +478,7 @@ def tiny_trial(config: dict[str, Any], session: Any) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from workers.runner import read_trials
+    from workers.results import read_trials
 
     storage = tmp_path_factory.mktemp("study")
     spec = load_spec(
@@ -494,7 +494,7 @@ def tiny_study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Any
     )
     import dataclasses
 
-    from studies.kinds.search.kind import search_plan
+    from studies.kinds.search.plans import search_plan
 
     plan = search_plan(spec)  # the search phase: <study>/search/
     plan = dataclasses.replace(plan, storage=dataclasses.replace(plan.storage, path=str(storage / spec.name)))
@@ -507,7 +507,7 @@ def tiny_study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Any
 def test_status_reads_the_study_directory(tiny_study: Any, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from workers.runner import best_trial
+    from workers.records import best_trial
 
     _, plan, outcome, trials, study_dir = tiny_study
     assert cli.main(["status", str(study_dir), "--json"]) == 0
@@ -524,7 +524,7 @@ def test_status_reads_the_study_directory(tiny_study: Any, capsys: pytest.Captur
 @pytest.mark.ray
 @pytest.mark.slow
 def test_report_regenerates_from_the_directory(tiny_study: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    from workers.runner import best_trial
+    from workers.records import best_trial
 
     _, plan, _, trials, study_dir = tiny_study
     assert cli.main(["report", str(study_dir)]) == 0

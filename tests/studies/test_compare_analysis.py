@@ -15,7 +15,7 @@ from studies.kinds import kind_for
 from studies.kinds.compare.analysis import compare_arms, hypothesis_verdict
 from studies.kinds.compare.decidability import undecidable
 from studies.kinds.compare.spec import CompareStudySpec
-from studies.kinds.compare.study import analyse
+from studies.kinds.compare.workflow import analyse
 from studies.reporting import json_safe
 from studies.schema import SpecError
 from studies.stats import holm, paired_contrast
@@ -353,10 +353,8 @@ def test_arms_in_no_default_contrast_leave_no_contrast_and_are_refused() -> None
 
 def test_undecidable_designs_are_the_ones_the_analysis_calls_underpowered() -> None:
     smoke = _spec(preset="smoke")
-    assert {u.hypothesis for u in undecidable(smoke, kind_for(smoke))} == set(smoke.contrast_specs)
-    assert all(
-        u.seeds_needed == 7 for u in undecidable(smoke, kind_for(smoke))
-    )  # 2 contrasts: 2/2^7 x 2 < 0.05 <= 2/2^6 x 2
+    assert {u.hypothesis for u in undecidable(smoke)} == set(smoke.contrast_specs)
+    assert all(u.seeds_needed == 7 for u in undecidable(smoke))  # 2 contrasts: 2/2^7 x 2 < 0.05 <= 2/2^6 x 2
     means = {"corrected": 0.95, "linear_batchnorm": 0.85, "linear": 0.75}
     six = _run(_table(means, seeds=SEEDS[:6]))
     seven = _run(_table(means, seeds=SEEDS[:7]))
@@ -367,9 +365,7 @@ def test_undecidable_designs_are_the_ones_the_analysis_calls_underpowered() -> N
     from studies.decidability import check_decidable
 
     seven_seeds = _spec("seeds=[0, 1, 2, 3, 4, 5, 6]")  # the paper's 4 contrasts need 8
-    assert {u.hypothesis for u in undecidable(seven_seeds, kind_for(seven_seeds))} == set(
-        seven_seeds.contrast_specs
-    )
+    assert {u.hypothesis for u in undecidable(seven_seeds)} == set(seven_seeds.contrast_specs)
     with pytest.raises(SpecError) as err:  # validate/plan/run refuse it unless exploratory
         check_decidable(seven_seeds, kind_for(seven_seeds))
     assert {i.path for i in err.value.issues} == {"seeds"} and "at least 8 seeds" in err.value.format()

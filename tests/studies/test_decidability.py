@@ -100,7 +100,8 @@ def test_exploratory_runs_anyway_and_is_recorded() -> None:
     marked = check_decidable(spec, kind_for(spec), allow_exploratory=True)
     assert marked.exploratory is True and spec.exploratory is False
     assert load_study(SEARCH, [FIVE_SEEDS, "exploratory=true"]).exploratory is True
-    assert check_decidable(load_study(SEARCH, [FIVE_SEEDS, "exploratory=true"])).exploratory is True
+    explored = load_study(SEARCH, [FIVE_SEEDS, "exploratory=true"])
+    assert check_decidable(explored, kind_for(explored)).exploratory is True
 
 
 def test_sequential_floor_is_the_mixture_bound() -> None:

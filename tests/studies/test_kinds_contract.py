@@ -29,7 +29,7 @@ from studies.kinds import (
     load_study,
     presets_of,
 )
-from studies.kinds.base import STUDY_VERDICTS
+from studies.kinds.contract import STUDY_VERDICTS
 from studies.planning import plan_study
 from studies.schema import SpecError
 

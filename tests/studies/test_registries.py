@@ -20,6 +20,7 @@ from autonorm_core.models.affine_nets import CNN_LAYERS, MLP_LAYERS
 from autonorm_core.norms import list_norms
 from autonorm_core.training import TrainConfig, fit
 from autonorm_core.training import reported_metrics as core_reported_metrics
+from studies.kinds.search.spec import StudySpec
 from studies.schema import (
     DATA_TASKS,
     ConvLayerSpec,
@@ -29,7 +30,6 @@ from studies.schema import (
     ModelSpec,
     NormSpec,
     SpecError,
-    StudySpec,
     metric_issues,
     reported_metrics,
     validate_spec,

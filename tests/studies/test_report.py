@@ -17,17 +17,16 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from studies.analysis import batchsize_trend
+from studies.kinds.batchsize.analysis import batchsize_trend
 from studies.kinds.batchsize.report import (
     VERDICT_COLORS,
     cell_summary,
-    plot_gate_entropy,
     render_html,
     render_markdown,
     verdict_table,
     write_batchsize_report,
 )
-from studies.reporting import CAPTIONS, COLORS, legend_handles
+from studies.reporting import CAPTIONS, COLORS, legend_handles, plot_gate_entropy
 
 ARGS: dict[str, Any] = {
     "control": "linear",

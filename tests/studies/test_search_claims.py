@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from studies.kinds import load_study
-from studies.kinds.search.study import arm_config, total_trials
+from studies.kinds.search.workflow import arm_config, total_trials
 from studies.running import run_study_spec
 from studies.schema import SpecError
 from workers.trainable import TrialSession
@@ -223,7 +223,7 @@ def test_claims_end_to_end(local_ray: None, tmp_path: Path) -> None:
 
 
 def test_a_claim_about_an_arm_tuned_at_the_edge_of_its_grid_is_inconclusive() -> None:
-    from studies.kinds.search.study import gate_lr_edges
+    from studies.kinds.search.workflow import gate_lr_edges
 
     claims = {
         "a": {"verdict": "refuted", "reasons": ["CI lies entirely in the opposite direction"]},

@@ -11,11 +11,11 @@ import pytest
 from pydantic import ValidationError
 
 from studies import schema as spec_mod
+from studies.kinds.search.spec import StudySpec
 from studies.schema import (
     LN2,
     SpecError,
     SpecIssue,
-    StudySpec,
     TrialSections,
     check_search_space,
     load_spec,

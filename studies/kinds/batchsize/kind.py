@@ -1,44 +1,31 @@
-"""The batch-size kind's contract object (:class:`BatchSizeKind`) and its phases.
+"""The batch-size kind (:class:`BatchSizeKind`): does a divergence-correcting layer get worse as the batch grows?
 
-Per budget (``epochs``, ``updates``), each phase in its own folder with its own phase run:
-``tune-<budget>`` (every arm's η on the grid at the reference batch size, on the tuning seeds), then
-``confirm-<budget>`` (arms x batch sizes x seeds with the tuned η).
-
-Light on imports: the run, analysis and report modules are imported on use.
+Light on imports: its phases come from :mod:`studies.kinds.batchsize.plans`; running, analysing and
+reporting (:mod:`studies.kinds.batchsize.workflow`, Ray and pandas) are imported inside the methods.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import Phase, StudyKind
-from studies.kinds.batchsize.spec import cell_key
+from pydantic import BaseModel
 
-__all__ = ["KIND_NAME", "BatchSizeKind", "placeholder_lr"]
+from studies.kinds.batchsize import plans
+from studies.kinds.contract import Phase, StudyKind, StudyOutcome
 
-KIND_NAME = "batchsize"
-
-
-def placeholder_lr(spec: Any) -> dict[str, float]:
-    """The spec's η for every arm (every cell for ``lr_policy: tuned``): what a confirmatory plan is
-    built with before the tuning phase has chosen."""
-    if spec.lr_policy == "tuned":
-        return {cell_key(a, b): spec.training.lr for a in spec.arms for b in spec.batch_sizes}
-    return {a: spec.training.lr for a in spec.arms}
+__all__ = ["BatchSizeKind"]
 
 
 class BatchSizeKind(StudyKind):
     """``kind: batchsize``: does a divergence-correcting layer get worse as the batch grows?"""
 
-    name = KIND_NAME
-    spec = "studies.kinds.batchsize.spec:BatchSizeStudySpec"
+    name = "batchsize"
     script = "studies/batchsize_correlation.py"
     title = "Batch-size studies"
     summary = "The affine-divergence batch-size protocol, e.g. `studies/specs/batchsize_correlation.yaml`."
-    module = "studies.kinds.batchsize.study"
-    decidability = "studies.kinds.batchsize.decidability"
     example = ("studies/specs/batchsize_correlation.yaml", "smoke")
     tiny = (
         "training.epochs=1",
@@ -49,32 +36,51 @@ class BatchSizeKind(StudyKind):
         "max_concurrent=1",  # one trial actor per phase: each actor process costs seconds of CPU to start
     )
 
+    def spec_class(self) -> type[BaseModel]:
+        from studies.kinds.batchsize.spec import BatchSizeStudySpec
+
+        return BatchSizeStudySpec
+
     def phases(self, spec: Any) -> list[Phase]:
         """Per budget ``tune-<budget>``, the optional range-extension rounds ``tune-<budget>-ext<k>``
-        (run only while a tuned η sits on the grid's edge), then ``confirm-<budget>`` (with the spec's
-        η standing in for the tuned one: the trial count and the update counts do not depend on it);
-        a sequential design's first look is ``confirm-<budget>``, its later looks the optional
-        ``confirm-<budget>-look<j>``."""
-        placeholder = placeholder_lr(spec)
-        tuning = spec.lr_tuning
-        rounds = tuning.max_extensions if tuning.lr_grid().extendable else 0
-        edge = {cell: tuning.high for cell in spec.tuning_cells}  # the rate does not change the cost
-        out = []
-        for budget in spec.budgets:
-            out.append(Phase.of(spec.tuning_plan(budget)))
-            out += [
-                Phase.of(spec.extension_plan(budget, k, edge), optional=True) for k in range(1, rounds + 1)
-            ]
-            out.append(Phase.of(spec.confirmatory_plan(budget, placeholder)))
-            if spec.sequential is not None:  # the looks after the first: run until decided
-                looks = range(2, len(spec.sequential.schedule()) + 1)
-                out += [
-                    Phase.of(spec.confirmatory_plan(budget, placeholder, look=j), look=True) for j in looks
-                ]
-        return out
+        (run only while a tuned η sits on the grid's edge), then ``confirm-<budget>`` and a sequential
+        design's optional later looks ``confirm-<budget>-look<j>`` (:func:`studies.kinds.batchsize.plans.phases`)."""
+        return plans.phases(spec)
+
+    def undecidable(self, spec: Any) -> list[Any]:
+        from studies.kinds.batchsize.decidability import undecidable
+
+        return undecidable(spec)
+
+    def run(self, spec: Any, **runner_options: Any) -> StudyOutcome:
+        from studies.kinds.batchsize.workflow import run
+
+        return run(spec, **runner_options)
+
+    def analyse(self, table: Any, spec: Any, **inputs: Any) -> dict[str, Any]:
+        from studies.kinds.batchsize.workflow import analyse
+
+        return analyse(table, spec, **inputs)
+
+    def status(self, spec: Any) -> dict[str, Any]:
+        from studies.kinds.batchsize.workflow import status
+
+        return status(spec)
+
+    def report(self, spec: Any, out_dir: Path) -> Path:
+        from studies.kinds.batchsize.workflow import report
+
+        return report(spec, out_dir)
+
+    def power(
+        self, spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
+    ) -> dict[str, Any]:
+        from studies.kinds.batchsize.power import pilot
+
+        return pilot(spec, study_dir, power=power, min_effect=min_effect, alpha=alpha)
 
     def extended_spec(self, spec: Any, seeds: int, verdict: Mapping[str, Any]) -> Any:
-        from studies.kinds.batchsize.study import extended_spec
+        from studies.kinds.batchsize.workflow import extended_spec
 
         return extended_spec(spec, seeds, verdict)
 

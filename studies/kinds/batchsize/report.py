@@ -17,7 +17,6 @@ is drawn in red (red reads as "bad" or "alarm", and neither outcome is).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,7 +51,6 @@ __all__ = [
     "control_table",
     "metric_range",
     "plot_forest",
-    "plot_gate_entropy",
     "plot_metric_vs_batch_size",
     "render_html",
     "render_markdown",
@@ -63,7 +61,6 @@ __all__ = [
 
 #: Verdict and control-label colours (blue / orange / grey; never red for "supported").
 VERDICT_COLORS = COLORS
-_GATE_KEY = re.compile(r"^gate_entropy[/._](?:layer[_.]?)?(?P<layer>[A-Za-z0-9_.]+)$")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -410,77 +407,6 @@ def plot_forest(result: Mapping[str, Any], path: str | Path) -> Path:
     fig.legend(handles=handles, loc="lower center", ncol=max(1, len(handles)), fontsize=8, frameon=False)
     fig.suptitle(f"{result.get('confidence', 0.95):.0%} CIs over seeds (dotted: −δ)", fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
-    return save_figure(fig, path)
-
-
-def plot_gate_entropy(
-    history_by_trial: Mapping[str, Sequence[Mapping[str, Any]]], path: str | Path, *, max_trials: int = 12
-) -> Path:
-    """Gate entropy per layer over epochs, one panel per trial (AutoNorm search study).
-
-    Args:
-        history_by_trial: trial name -> its per-epoch results (``ray.tune.report`` dicts or MLflow
-            metric rows). Per-layer keys look like ``gate_entropy/<layer>``, ``gate_entropy_<layer>``
-            or ``gate_entropy.layer_<i>``; ``gate_entropy_mean`` (or a bare ``gate_entropy``) is drawn
-            as the mean. The x axis is ``epoch`` when present, else the row number (1-based).
-        path: the PNG to write.
-        max_trials: panels beyond this are left out (the first ones in the mapping's order are kept).
-
-    Raises:
-        ValueError: no trial has any gate-entropy key.
-    """
-    trials = [(name, list(rows)) for name, rows in history_by_trial.items()][:max_trials]
-    series: list[tuple[str, dict[str, tuple[list[float], list[float]]]]] = []
-    for name, rows in trials:
-        per: dict[str, tuple[list[float], list[float]]] = {}
-        for i, row in enumerate(rows):
-            epoch: Any = row.get("epoch")
-            x = float(epoch) if _finite(epoch) else float(i + 1)
-            for key, value in row.items():
-                if key in ("gate_entropy_mean", "gate_entropy"):
-                    label = "mean"
-                else:
-                    m = _GATE_KEY.match(key)
-                    if m is None or m.group("layer") == "mean":
-                        label = "mean" if m is not None else ""
-                    else:
-                        label = m.group("layer")
-                if not label or not _finite(value):
-                    continue  # Tune's data frames hold NaN for epochs that did not report a key
-                xs, ys = per.setdefault(label, ([], []))
-                xs.append(x)
-                ys.append(float(value))
-        if per:
-            series.append((name, per))
-    if not series:
-        raise ValueError(
-            "no gate-entropy metrics found (keys like 'gate_entropy/<layer>' or 'gate_entropy_mean')"
-        )
-    ncols = min(3, len(series))
-    nrows = math.ceil(len(series) / ncols)
-    fig = Figure(figsize=(4.6 * ncols, 3.4 * nrows))
-    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
-    for ax, (name, per) in zip(axes.flat, series):
-        layers = sorted((k for k in per if k != "mean"), key=lambda s: (len(s), s))
-        cmap = matplotlib.colormaps["viridis"]
-        for j, layer in enumerate(layers):
-            xs, ys = per[layer]
-            ax.plot(xs, ys, color=cmap(j / max(1, len(layers) - 1)), lw=1.2, label=f"layer {layer}")
-        if "mean" in per:
-            xs, ys = per["mean"]
-            ax.plot(xs, ys, color="black", lw=2.0, ls="--", label="mean")
-        ax.axhline(math.log(2), color="gray", lw=0.8, ls=":")
-        ax.set_ylim(-0.02, max(math.log(2), *(max(v[1]) for v in per.values())) * 1.05)
-        ax.set_title(str(name), fontsize=9)
-        ax.set_xlabel("epoch")
-        ax.grid(alpha=0.3)
-        if len(layers) <= 12:
-            ax.legend(fontsize=6, ncol=2)
-    for ax in list(axes.flat)[len(series) :]:
-        ax.set_visible(False)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("gate entropy H (nats; ln 2 dotted)")
-    fig.tight_layout()
     return save_figure(fig, path)
 
 

@@ -1,7 +1,7 @@
 """The compare kind: arms x seeds, paired contrasts against reference arms (the Affine Divergence table).
 
-``KIND`` is the registered contract object (:class:`studies.kinds.compare.kind.CompareKind`); the
-run, status and report functions live in :mod:`studies.kinds.compare.study` (they import Ray).
+``KIND`` is the registered kind (:class:`studies.kinds.compare.kind.CompareKind`): its methods are the kind; the
+heavy work (Ray, pandas) is in :mod:`studies.kinds.compare.workflow`, imported on use.
 """
 
 from studies.kinds.compare.kind import CompareKind

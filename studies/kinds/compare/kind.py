@@ -1,35 +1,33 @@
-"""The compare kind's contract object (:class:`CompareKind`) and its phases.
+"""The compare kind (:class:`CompareKind`): does each arm beat its reference arm, as the paper's table says?
 
-``tune`` (every arm's η on the grid, on the tuning seeds), the optional range extensions
-``tune-ext<k>`` (only while a tuned η sits on the grid's edge), then ``confirm`` (arms x seeds with
-the tuned η). Light on imports: the run, analysis and report modules are imported on use.
+Light on imports: its phases come from :mod:`studies.kinds.compare.plans`; running, analysing and
+reporting (:mod:`studies.kinds.compare.workflow`, Ray and pandas) are imported inside the methods.
 """
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import Phase, StudyKind
+from pydantic import BaseModel
 
-__all__ = ["KIND_NAME", "CompareKind"]
+from studies.kinds.compare import plans
+from studies.kinds.contract import Phase, StudyKind, StudyOutcome
 
-KIND_NAME = "compare"
+__all__ = ["CompareKind"]
 
 
 class CompareKind(StudyKind):
     """``kind: compare``: does each arm beat its reference arm, as the paper's table says?"""
 
-    name = KIND_NAME
-    spec = "studies.kinds.compare.spec:CompareStudySpec"
+    name = "compare"
     script = None
     title = "Compare studies"
     summary = (
         "Arms x seeds with paired contrasts against reference arms (the Affine Divergence main table), "
         "e.g. `studies/specs/affine_divergence_table.yaml`."
     )
-    module = "studies.kinds.compare.study"
-    decidability = "studies.kinds.compare.decidability"
     example = ("studies/specs/affine_divergence_table.yaml", "smoke")
     tiny = (
         "training.epochs=1",
@@ -40,18 +38,46 @@ class CompareKind(StudyKind):
         "max_concurrent=1",  # one trial actor per phase: each actor process costs seconds of CPU to start
     )
 
+    def spec_class(self) -> type[BaseModel]:
+        from studies.kinds.compare.spec import CompareStudySpec
+
+        return CompareStudySpec
+
     def phases(self, spec: Any) -> list[Phase]:
-        """``tune``, the optional ``tune-ext<k>`` rounds, ``confirm`` (the spec's η standing in for
-        the tuned one: the trial count does not depend on it)."""
-        tuning = spec.lr_tuning
-        rounds = tuning.max_extensions if tuning.lr_grid().extendable else 0
-        edge = {arm: tuning.high for arm in spec.arm_names}  # the rate does not change the cost
-        placeholder = {arm: spec.training.lr for arm in spec.arm_names}
-        return [
-            Phase.of(spec.tuning_plan()),
-            *(Phase.of(spec.extension_plan(k, edge), optional=True) for k in range(1, rounds + 1)),
-            Phase.of(spec.confirmatory_plan(placeholder)),
-        ]
+        """``tune``, the optional ``tune-ext<k>`` rounds, ``confirm`` (:func:`studies.kinds.compare.plans.phases`)."""
+        return plans.phases(spec)
+
+    def undecidable(self, spec: Any) -> list[Any]:
+        from studies.kinds.compare.decidability import undecidable
+
+        return undecidable(spec)
+
+    def run(self, spec: Any, **runner_options: Any) -> StudyOutcome:
+        from studies.kinds.compare.workflow import run
+
+        return run(spec, **runner_options)
+
+    def analyse(self, table: Any, spec: Any, **inputs: Any) -> dict[str, Any]:
+        from studies.kinds.compare.workflow import analyse
+
+        return analyse(table, spec, **inputs)
+
+    def status(self, spec: Any) -> dict[str, Any]:
+        from studies.kinds.compare.workflow import status
+
+        return status(spec)
+
+    def report(self, spec: Any, out_dir: Path) -> Path:
+        from studies.kinds.compare.workflow import report
+
+        return report(spec, out_dir)
+
+    def power(
+        self, spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
+    ) -> dict[str, Any]:
+        from studies.kinds.compare.workflow import pilot
+
+        return pilot(spec, study_dir, power=power, min_effect=min_effect, alpha=alpha)
 
     def describe(self, spec: Any) -> str:
         return (

@@ -24,12 +24,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import StudyOutcome, hypothesis_entry, stored_rounds, study_runner
+from studies.kinds.contract import StudyOutcome
+from studies.kinds.kit import hypothesis_entry, stored_rounds, study_runner
 from studies.kinds.search.claims import CONFIRM_COLUMNS
-from studies.kinds.search.kind import (
-    KIND_NAME,
+from studies.kinds.search.plans import (
     SEARCH_PHASE,
-    SearchKind,
     arm_config,
     confirm_plan,
     extension_plan,
@@ -37,11 +36,15 @@ from studies.kinds.search.kind import (
     search_plan,
     tune_plan,
 )
+from studies.kinds.search.plans import (
+    phases as planned_phases,
+)
 from studies.kinds.search.power import pilot
 from studies.kinds.search.spec import StudySpec
 from studies.tuning import RunPoints, tune
 from workers.plan import StudyPlan, expected_trials
-from workers.runner import StudyResult, TrialRecord, best_trial, read_trials
+from workers.records import StudyResult, TrialRecord, best_trial
+from workers.results import read_trials
 
 __all__ = ["analyse", "arm_config", "describe_result", "pilot", "report", "run", "status", "total_trials"]
 
@@ -50,7 +53,7 @@ SPEC = StudySpec
 
 def total_trials(spec: StudySpec) -> int:
     """Search trials plus, with ``confirm:``, every arm's tuning and confirmatory trials."""
-    return SearchKind().total_trials(spec)
+    return sum(len(p.configs) for p in planned_phases(spec) if not p.optional)
 
 
 def describe_result(result: StudyResult, plan: StudyPlan) -> dict[str, Any]:
@@ -75,7 +78,7 @@ def describe_result(result: StudyResult, plan: StudyPlan) -> dict[str, Any]:
 
 def run(spec: StudySpec, **runner_options: Any) -> StudyOutcome:
     """Run the search and, with ``confirm:``, the confirmatory phases and the claims; idempotent (a
-    rerun resumes). ``runner_options``: :data:`studies.kinds.base.RUNNER_OPTIONS`."""
+    rerun resumes). ``runner_options``: :data:`studies.kinds.kit.RUNNER_OPTIONS`."""
     study = spec.to_plan()
     plan = search_plan(spec)
     with study_runner(study, expected_trials=total_trials(spec), **runner_options) as runner:
@@ -100,7 +103,7 @@ def run(spec: StudySpec, **runner_options: Any) -> StudyOutcome:
             runner.log_outputs(files=[path], tags={"verdict/study": str(verdict["study_verdict"])})
         summary["study_verdict"] = verdict["study_verdict"]
     return StudyOutcome(
-        kind=KIND_NAME,
+        kind=spec.kind,
         name=study.name,
         study_dir=runner.study_uri,
         tracking_uri=runner.tracking_uri,
@@ -150,7 +153,7 @@ def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
         best = inputs.get("best")
         metric = inputs.get("metric") or spec.search.metric
         return {
-            "kind": KIND_NAME,
+            "kind": spec.kind,
             "study_verdict": "none",
             "hypotheses": {},
             "metric": metric,
@@ -179,7 +182,7 @@ def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
             claim["verdict"] = "inconclusive"
             claim.setdefault("reasons", []).append("no completed search trial")
     return {
-        "kind": KIND_NAME,
+        "kind": spec.kind,
         "study_verdict": study_verdict_of(claims),
         "hypotheses": {cid: hypothesis_entry(c) for cid, c in claims.items()},
         "claims": claims,
@@ -551,7 +554,7 @@ def _gate_entropy_plot(plan: StudyPlan, out_dir: Path) -> Path | None:
     A plotting failure must not turn a finished study into a failed one: it is reported on stderr.
     """
     try:
-        from studies.kinds.batchsize.report import plot_gate_entropy
+        from studies.reporting import plot_gate_entropy
 
         trials = read_trials(plan)
         best = best_trial(trials, plan.metric, plan.mode)
@@ -609,7 +612,7 @@ def status(spec: StudySpec) -> dict[str, Any]:
     phases: dict[str, Any] = {}
     counts: Counter[str] = Counter()
     optional_run = 0  # trials of range extensions and later looks that ran: each raised the count
-    for phase in SearchKind().phases(spec):
+    for phase in planned_phases(spec):
         ts = (
             trials if phase.name == SEARCH_PHASE else read_trials(where.phase_plan(phase.name), history=False)
         )
@@ -618,7 +621,7 @@ def status(spec: StudySpec) -> dict[str, Any]:
         optional_run += len(ts) if phase.optional else 0
     out: dict[str, Any] = {
         "study": spec.name,
-        "kind": KIND_NAME,
+        "kind": spec.kind,
         "directory": where.uri,
         "expected_trials": total_trials(spec) + optional_run,
         "trials": sum(counts.values()),
@@ -752,7 +755,7 @@ def _original_wall_time(spec: StudySpec) -> float:
 
 
 def _phase_names(spec: StudySpec) -> list[str]:
-    return [phase.name for phase in SearchKind().phases(spec)]
+    return [phase.name for phase in planned_phases(spec)]
 
 
 def _claims_report(

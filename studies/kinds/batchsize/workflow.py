@@ -1,6 +1,6 @@
-"""``kind: batchsize``: does a divergence-correcting layer get worse as the batch grows?
+"""The batch-size kind's workflow: run its phases, analyse, write and log the outputs; status; report.
 
-Phases (docs/science.md, "The batch-size hypothesis"; :mod:`studies.kinds.batchsize.kind`), each in
+Phases (docs/science.md, "The batch-size hypothesis"; :mod:`studies.kinds.batchsize.plans`), each in
 its own folder with its own phase run nested under the study's MLflow run:
 
 1. ``tune-<budget>``, one grid plan per budget: every arm's η on a log-spaced grid at the reference
@@ -27,8 +27,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.base import (
-    StudyOutcome,
+from studies.kinds.batchsize.plans import phases as planned_phases
+from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
+from studies.kinds.contract import StudyOutcome
+from studies.kinds.kit import (
     arm_of,
     hypothesis_entry,
     log_study_outputs,
@@ -41,15 +43,12 @@ from studies.kinds.base import (
     study_outcome,
     study_runner,
 )
-from studies.kinds.batchsize.kind import KIND_NAME, BatchSizeKind
-from studies.kinds.batchsize.power import pilot
-from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
 from studies.tuning import RunPoints, tuned_lines, tuned_rates
-from workers.runner import TrialRecord, read_trials
+from workers.records import TrialRecord
+from workers.results import read_trials
 
 __all__ = [
     "analyse",
-    "pilot",
     "report",
     "run",
     "select_learning_rates",
@@ -59,7 +58,7 @@ __all__ = [
 ]
 
 SPEC = BatchSizeStudySpec
-_TAG = KIND_NAME
+_TAG = "batchsize"
 
 
 def _say(message: str) -> None:
@@ -187,7 +186,7 @@ def analyse(table: Any, spec: BatchSizeStudySpec, **inputs: Any) -> dict[str, An
         for arm, label in (verdict.get("verdict") or {}).items()
     }
     return {
-        "kind": KIND_NAME,
+        "kind": spec.kind,
         "study_verdict": verdict.get("study_verdict"),
         "hypotheses": hypotheses,
         **verdict,
@@ -471,7 +470,7 @@ def run(
     spec: BatchSizeStudySpec, *, environ: Mapping[str, str] | None = None, **runner_options: Any
 ) -> StudyOutcome:
     """Run every phase, analyse, write and log the outputs; idempotent (a rerun resumes).
-    ``runner_options``: :data:`studies.kinds.base.RUNNER_OPTIONS`."""
+    ``runner_options``: :data:`studies.kinds.kit.RUNNER_OPTIONS`."""
     import pandas as pd
 
     study = spec.study_plan(environ=environ)
@@ -511,7 +510,6 @@ def run(
     _print_verdict(spec, verdict, runner.study_uri, runner.run_id, runner.tracking_uri)
     _say(f"wall time {runner.wall_time_s / 60:.1f} min, {cpu_h:.3f} CPU h, {gpu_h:.3f} GPU h")
     return study_outcome(
-        KIND_NAME,
         spec,
         runner,
         verdict,
@@ -569,14 +567,14 @@ def _print_verdict(
 
 
 def _phase_trials(spec: BatchSizeStudySpec, *, history: bool = False) -> dict[str, list[TrialRecord]]:
-    return read_phase_trials(BatchSizeKind(), spec, history=history)
+    return read_phase_trials(planned_phases(spec), spec, history=history)
 
 
 def status(spec: BatchSizeStudySpec) -> dict[str, Any]:
     """Progress of every phase from the study directory."""
     phases = _phase_trials(spec)
     # Extension rounds and looks that ran add their trials to expected_trials (each changes the count).
-    fields, verdict = phase_status(BatchSizeKind(), KIND_NAME, spec, phases)
+    fields, verdict = phase_status(planned_phases(spec), spec, phases)
     return {
         **fields,
         "verdict": verdict.get("verdict") if verdict else None,

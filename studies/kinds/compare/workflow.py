@@ -23,11 +23,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds import base
-from studies.kinds.compare.kind import KIND_NAME, CompareKind
+from studies.kinds import kit as base
+from studies.kinds.compare.plans import phases as planned_phases
 from studies.kinds.compare.spec import CompareStudySpec
+from studies.kinds.contract import StudyOutcome
 from studies.tuning import RunPoints, tuned_lines, tuned_rates
-from workers.runner import TrialRecord
+from workers.records import TrialRecord
 
 __all__ = ["analyse", "pilot", "report", "run", "select_learning_rates", "status", "trials_table"]
 
@@ -35,7 +36,7 @@ TABLE_FILE = "trials.csv"
 
 
 def _say(message: str) -> None:
-    print(f"[{KIND_NAME}] {message}", flush=True)
+    print(f"[compare] {message}", flush=True)
 
 
 def select_learning_rates(
@@ -112,7 +113,7 @@ def analyse(table: Any, spec: CompareStudySpec, **inputs: Any) -> dict[str, Any]
         name: {**base.hypothesis_entry(res), "verdict": res["hypothesis"]} for name, res in contrasts.items()
     }
     return {
-        "kind": KIND_NAME,
+        "kind": spec.kind,
         "study_verdict": result["study_verdict"],
         "hypotheses": hypotheses,
         "hypothesis": spec.hypothesis,
@@ -194,9 +195,9 @@ def _extension_reader(spec: CompareStudySpec) -> RunPoints:
 
 def run(
     spec: CompareStudySpec, *, environ: Mapping[str, str] | None = None, **runner_options: Any
-) -> base.StudyOutcome:
+) -> StudyOutcome:
     """Tune every arm's η, confirm on every seed, analyse the contrasts, write and log the outputs. A
-    rerun resumes where this one stopped. ``runner_options``: :data:`studies.kinds.base.RUNNER_OPTIONS`."""
+    rerun resumes where this one stopped. ``runner_options``: :data:`studies.kinds.kit.RUNNER_OPTIONS`."""
     study = spec.study_plan(environ=environ)
     _say(
         f"study {spec.name!r}: {len(spec.arm_names)} arms x {len(spec.seeds)} seeds = "
@@ -234,9 +235,7 @@ def run(
     _print_verdict(verdict, runner.study_uri, runner.run_id, runner.tracking_uri)
     verdicts = {"contrasts": {n: c["verdict"] for n, c in verdict["contrasts"].items()}}
     tuned = {arm: rec["lr"] for arm, rec in record.items()}
-    return base.study_outcome(
-        KIND_NAME, spec, runner, verdict, table, files, verdicts=verdicts, tuned_lr=tuned
-    )
+    return base.study_outcome(spec, runner, verdict, table, files, verdicts=verdicts, tuned_lr=tuned)
 
 
 def _print_verdict(verdict: Mapping[str, Any], study_dir: str, run_id: str | None, uri: str) -> None:
@@ -259,13 +258,13 @@ def _print_verdict(verdict: Mapping[str, Any], study_dir: str, run_id: str | Non
 
 
 def _phase_trials(spec: CompareStudySpec) -> dict[str, list[TrialRecord]]:
-    return base.read_phase_trials(CompareKind(), spec)
+    return base.read_phase_trials(planned_phases(spec), spec)
 
 
 def status(spec: CompareStudySpec) -> dict[str, Any]:
     """Progress of every phase from the study directory."""
     phases = _phase_trials(spec)
-    fields, verdict = base.phase_status(CompareKind(), KIND_NAME, spec, phases)
+    fields, verdict = base.phase_status(planned_phases(spec), spec, phases)
     return {
         **fields,
         "contrasts": {n: c.get("verdict") for n, c in (verdict.get("contrasts") or {}).items()}
