@@ -1,7 +1,7 @@
 """This machine's measured step times, kept between commands, so ``run`` does not time them again.
 
 ``autonorm-study run`` prints an estimate before it starts (trials, CPU/GPU hours, wall time): each
-trial config's training steps are timed on this machine first (:func:`studies.planning.calibrate_trial`),
+trial config's training steps are timed on this machine first (:func:`studies.calibration.calibrate_trial`),
 about 3 s of the command's start on 2 CPU cores, most of it importing torch. What was measured is kept
 in ``$AUTONORM_DATA_DIR`` (or ``~/.cache/autonorm-studies``) ``/calibration/<machine>.json``: a later
 ``run`` on the same machine reuses the step times younger than :data:`MAX_AGE_S` and times only the
@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from studies.calibration import data_key, timing_key
 
 __all__ = ["ENV", "MAX_AGE_S", "CalibrationCache"]
 
@@ -104,8 +106,6 @@ class CalibrationCache:
         return env.get(ENV, "").strip().lower() not in ("off", "0", "false", "no")
 
     def key(self, config: Mapping[str, Any], *, threads: int, device: str) -> str:
-        from studies.planning import data_key, timing_key
-
         data = dict(config.get("data") or {})
         return json.dumps(
             [timing_key(config), data_key(config), _data_files(data), int(threads), str(device)],
@@ -140,7 +140,7 @@ class CalibrationCache:
     def put(
         self, config: Mapping[str, Any], measured: Mapping[str, Any], *, threads: int, device: str
     ) -> None:
-        """Keep one measurement (what :func:`studies.planning.calibrate_trial` returned)."""
+        """Keep one measurement (what :func:`studies.calibration.calibrate_trial` returned)."""
         now = time.time() if self._now is None else self._now
         self._load()[self.key(config, threads=threads, device=device)] = {
             "step_s": float(measured["step_s"]),

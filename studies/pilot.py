@@ -9,10 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from studies.planning import _duration, plan_study
+from studies.planning import format_duration, plan_study
 
 if TYPE_CHECKING:
-    from studies.kinds.base import StudyKind
+    from studies.kinds.contract import StudyKind
 
 __all__ = [
     "chance_accuracy",
@@ -148,9 +148,9 @@ def pilot_power(
 ) -> dict[str, Any]:
     """Seeds each confirmatory test needs, from a finished pilot, and the cost of the study with them.
 
-    The kind estimates the seeds (:meth:`~studies.kinds.base.StudyKind.power`; e.g. the batch-size
+    The kind estimates the seeds (:meth:`~studies.kinds.contract.StudyKind.power`; e.g. the batch-size
     kind's per-seed interaction slopes, the search kind's per-seed paired contrasts); this function
-    prices the study with that many seeds (:meth:`~studies.kinds.base.StudyKind.with_seeds`, then
+    prices the study with that many seeds (:meth:`~studies.kinds.contract.StudyKind.with_seeds`, then
     :func:`plan_study`) and says it in words. ``alpha`` defaults to the spec's.
 
     Returns:
@@ -218,7 +218,7 @@ def _statement(spec: Any, r: Mapping[str, Any], directory: Path) -> str:
             parts.append(
                 f"Running the study with {r['k']} seeds{extra} takes {c['trials']} trials, about "
                 f"{c['cpu_hours']:.3g} CPU-hours and {c['gpu_hours']:.3g} GPU-hours, and about "
-                f"{_duration(c['wall_s'])} of wall time on {c['cluster']['cpus']:g} CPUs / {c['cluster']['gpus']:g} GPUs."
+                f"{format_duration(c['wall_s'])} of wall time on {c['cluster']['cpus']:g} CPUs / {c['cluster']['gpus']:g} GPUs."
             )
         else:
             parts.append(f"The study needs {r['k']} seeds{extra}; {r['cost_note']}.")

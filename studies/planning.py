@@ -4,16 +4,14 @@ Two questions, answered from the spec alone (and, for the second, a finished pil
 
 * :func:`plan_study`: every phase the kind's ``run`` will run, with its trials (tuning included),
   epochs and updates per trial, the predicted time of a trial, CPU- and GPU-hours and the wall
-  time on a given cluster. Step times are measured here, on this machine, by building each distinct
-  (model, data, batch size) of the study exactly as a trial does (the trial's data parsing,
-  :func:`autonorm_core.data.load_dataset`, :func:`autonorm_core.models.create_model` under the
-  trial's seeded RNG fork, :meth:`autonorm_core.training.TrainConfig.from_dict`) and running a few
-  real updates of :func:`autonorm_core.training.fit`; or they are read from a calibration measured
+  time on a given cluster. Step times are measured on this machine, a few real updates of each
+  distinct (model, data, batch size) of the study run exactly as a trial runs them
+  (:func:`studies.calibration.calibrate_trial`); or they are read from a calibration measured
   on the target kind of machine (the ``calibration`` this function returns is such a mapping: save
   it there with :func:`save_calibration`, load it here with :func:`load_calibration`).
-* :func:`pilot_power`: from a finished pilot study directory, the per-seed values of the quantity
-  each confirmatory test is run on, the seeds K each test needs for the requested power
-  (:func:`studies.stats.seeds_needed`), and the cost of the study with that many seeds.
+* :func:`studies.pilot.pilot_power`: from a finished pilot study directory, the per-seed values of
+  the quantity each confirmatory test is run on, the seeds K each test needs for the requested
+  power (:func:`studies.stats.seeds_needed`), and the cost of the study with that many seeds.
 
 Time model (all seconds; every constant can be overridden by the calibration mapping)::
 
@@ -22,16 +20,12 @@ Time model (all seconds; every constant can be overridden by the calibration map
     study   = study_start_s + calibration_s + sum of the phases (phases run one after another)
     slots   = min(max_concurrent, floor(cpus / cpu per trial), floor(gpus / gpu per trial) if gpu > 0)
 
-``key`` is :func:`timing_key` of a trial config (model, data, batch size; a budget changes how many
-updates and epochs a trial runs, not how long one takes). ``step_s`` is the median time between the
-starts of consecutive training forwards (one whole update: forward, loss, backward, optimizer step,
-batch indexing), warm-up updates excluded, with torch limited to the trial's CPUs (Ray sets
-``OMP_NUM_THREADS`` to them). ``eval_s`` is one epoch's end: validation and test passes (timed on a
-subset of ``eval_rows`` rows each and scaled to the real split sizes) plus the checkpoint the trial
-writes every epoch. ``setup_s`` is loading the data and building the model, which a trial does at
-its start. The constants below were measured with the smoke preset of the batch-size study on a
-2-core machine (local Ray, reused actors); they are the part of a trial that does not scale with
-the work.
+``key`` is :func:`studies.calibration.timing_key` of a trial config (model, data, batch size; a
+budget changes how many updates and epochs a trial runs, not how long one takes). ``step_s`` (one
+whole update), ``eval_s`` (one epoch's end: validation, test and the checkpoint) and ``setup_s``
+(loading the data, building the model) are what :mod:`studies.calibration` measures. The constants
+below were measured with the smoke preset of the batch-size study on a 2-core machine (local Ray,
+reused actors); they are the part of a trial that does not scale with the work.
 
 Only a Tune grid is enumerated exactly; a sampled search's trials are taken at the spec's base
 config (the sampled values do not change a trial's update count unless ``training.epochs``,
@@ -41,22 +35,18 @@ makes every figure an upper bound (``upper_bound`` in the phase).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import heapq
-import itertools
 import json
 import math
 import os
 import platform
-import statistics
-import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from studies.kinds.base import Phase, StudyKind
+from studies.calibration import calibrate_trial, data_key, load_trial_data, timing_key
+from studies.kinds.contract import Phase, StudyKind
 from workers.plan import StudyPlan
 
 if TYPE_CHECKING:
@@ -64,13 +54,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULTS",
-    "calibrate_trial",
+    "format_duration",
     "format_plan",
     "load_calibration",
     "phases_of",
     "plan_study",
     "save_calibration",
-    "timing_key",
 ]
 
 #: Fixed costs (seconds) that do not scale with a trial's work; the calibration mapping overrides each.
@@ -108,219 +97,13 @@ DEFAULTS: dict[str, float] = {
 
 def phases_of(spec: Any, kind: StudyKind) -> list[Phase]:
     """The phases ``run`` runs for ``spec``, in order, each with every trial config: the kind's
-    :meth:`~studies.kinds.base.StudyKind.phases`."""
+    :meth:`~studies.kinds.contract.StudyKind.phases`."""
     return kind.phases(spec)
 
 
 # --------------------------------------------------------------------------------------------------
-# Keys
+# Calibration mappings: given, saved, looked up
 # --------------------------------------------------------------------------------------------------
-
-
-def _canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def _data_section(config: Mapping[str, Any]) -> dict[str, Any]:
-    return dict(config.get("data") or {})
-
-
-def data_key(config: Mapping[str, Any]) -> str:
-    """``digits`` or ``digits{...}`` with the data section's other fields (sizes do not depend on the seed)."""
-    data = _data_section(config)
-    name = str(data.pop("type", "?"))
-    data = {k: v for k, v in data.items() if v is not None}
-    return name + (_canonical(data) if data else "")
-
-
-def timing_key(config: Mapping[str, Any]) -> str:
-    """The calibration key of a trial config: model, data and batch size, e.g.
-    ``mlp:tiny[hidden=[32],layer=corrected]|digits|B=32``.
-
-    Sub-sections with a ``type`` show as ``name=type`` (the arm of a batch-size study, the norm and
-    linear of a search), other fields as ``name=value``; learning rate, seed, epochs and budget are
-    not part of it (they do not change how long one update takes).
-    """
-    model = dict(config.get("model") or {})
-    mtype = str(model.pop("type", "?"))
-    preset = model.pop("preset", None)
-    parts = []
-    for name in sorted(model):
-        value = model[name]
-        if isinstance(value, Mapping):
-            if "type" in value:
-                parts.append(f"{name}={value['type']}")
-        elif value is not None:
-            parts.append(f"{name}={_canonical(value)}")
-    head = mtype + (f":{preset}" if preset is not None else "")
-    batch = (config.get("training") or {}).get("batch_size")
-    data = _data_section(config).get("type", "?")
-    return f"{head}[{','.join(parts)}]|{data}|B={batch}"
-
-
-# --------------------------------------------------------------------------------------------------
-# Calibration: real training steps through the trial's code path
-# --------------------------------------------------------------------------------------------------
-
-
-def _trial_data_args(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The data-set name and :func:`load_dataset` keywords, parsed as :func:`workers.trainable.autonorm_trial` does."""
-    data = _data_section(config)
-    name = str(data.pop("type"))
-    subset = data.pop("subset", None)
-    if isinstance(subset, list):
-        subset = tuple(subset)
-    kwargs = {
-        "seed": int(config.get("seed", 0)),
-        "data_root": data.pop("data_root", None),
-        "val_fraction": float(data.pop("val_fraction", 0.1)),
-        "subset": subset,
-    }
-    for key in ("path", "target", "test_path"):  # the generic loaders' keywords
-        value = data.pop(key, None)
-        if value is not None:
-            kwargs[key] = value
-    if data:
-        raise ValueError(f"unknown data keys {sorted(data)}; valid: type, subset, val_fraction, data_root")
-    return name, kwargs
-
-
-def _load(config: Mapping[str, Any], device: str) -> tuple[Any, float]:
-    from autonorm_core.data import load_dataset
-
-    name, kwargs = _trial_data_args(config)
-    t0 = time.perf_counter()
-    splits = load_dataset(name, device=device, **kwargs)
-    return splits, time.perf_counter() - t0
-
-
-@contextlib.contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, n))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-class _Marks:
-    """``fit`` callback + model hook + checkpoint_fn recording when each part of an epoch starts."""
-
-    def __init__(self, out_dir: str) -> None:
-        self.events: list[tuple[float, str]] = []
-        self._path = os.path.join(out_dir, "state.pt")
-
-    def forward(self, module: Any, args: Any) -> None:
-        self.events.append((time.perf_counter(), "train" if module.training else "eval"))
-
-    def checkpoint_fn(self, epoch: int, state: dict[str, Any]) -> None:
-        from autonorm_core.training import save_state
-
-        self.events.append((time.perf_counter(), "ckpt"))
-        save_state(self._path, state)  # what the trial's report does with every epoch's state
-        self.events.append((time.perf_counter(), "ckpt_end"))
-
-    def on_epoch_end(self, epoch: int, model: Any, metrics: dict[str, float]) -> None:
-        self.events.append((time.perf_counter(), "epoch"))
-
-
-def calibrate_trial(
-    config: Mapping[str, Any],
-    *,
-    steps: int = 10,
-    warmup: int = 3,
-    eval_rows: int = 256,
-    threads: int = 1,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """Time one trial config's real training steps on this machine.
-
-    Builds data, model and training config as :func:`workers.trainable.autonorm_trial` does, then runs
-    :func:`autonorm_core.training.fit` for ``warmup + steps + 1`` updates (``budget="updates"``; the
-    validation and test splits cut to ``eval_rows`` rows so the epoch ends stay cheap) with hooks
-    that record the start of every forward pass and the checkpoint write.
-
-    Returns:
-        ``{"step_s", "eval_s", "setup_s", "steps", "data": {"train", "val", "test"}}``: the median
-        update time after the warm-up, one epoch end (validation + test passes scaled to the real
-        split sizes, plus the checkpoint), data loading + model build, the updates timed, the split
-        sizes.
-    """
-    import torch
-
-    from autonorm_core.models import create_model
-    from autonorm_core.training import TrainConfig, fit
-
-    if steps < 1 or warmup < 0 or eval_rows < 1:
-        raise ValueError(f"need steps >= 1, warmup >= 0, eval_rows >= 1; got {steps}, {warmup}, {eval_rows}")
-    seed = int(config.get("seed", 0))
-    with _torch_threads(threads):
-        splits, load_s = _load(config, device)
-        model_cfg = dict(config["model"])
-        model_name = model_cfg.pop("type")
-        t0 = time.perf_counter()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = create_model(model_name, splits, **model_cfg)
-        cfg = TrainConfig.from_dict(config.get("training", {}))
-        build_s = time.perf_counter() - t0
-        sizes = dict(splits.sizes)
-        e_val, e_test = min(eval_rows, sizes["val"]), min(eval_rows, sizes["test"])
-        small = dataclasses.replace(
-            splits,
-            val=(splits.val[0][:e_val], splits.val[1][:e_val]),
-            test=(splits.test[0][:e_test], splits.test[1][:e_test]),
-        )
-        timing_cfg = dataclasses.replace(cfg, budget="updates", max_updates=warmup + steps + 1)
-        with tempfile.TemporaryDirectory(prefix="autonorm-plan-") as tmp:
-            marks = _Marks(tmp)
-            handle = model.register_forward_pre_hook(marks.forward)
-            try:
-                fit(
-                    model,
-                    small,
-                    timing_cfg,
-                    seed=seed,
-                    callbacks=(marks,),
-                    device=device,
-                    checkpoint_fn=marks.checkpoint_fn,
-                )
-            finally:
-                handle.remove()
-    ev = marks.events
-    intervals = [b[0] - a[0] for a, b in itertools.pairwise(ev) if a[1] == "train" and b[1] == "train"]
-    timed = intervals[warmup:] or intervals
-    if not timed:
-        raise RuntimeError(f"no update was timed for {timing_key(config)} (events: {len(ev)})")
-    evals: list[float] = []
-    ckpts: list[float] = []
-    start: float | None = None
-    prev = 0.0
-    for t, what in ev:
-        if what == "eval" and start is None:
-            start = t
-        elif what == "ckpt":
-            if start is not None:
-                evals.append(t - start)
-            start = None
-        elif what == "ckpt_end":
-            ckpts.append(t - prev)
-        prev = t
-    evals = evals[1:] or evals  # the first epoch end warms the evaluation up
-    ckpts = ckpts[1:] or ckpts
-    scale = (sizes["val"] + sizes["test"]) / max(1, e_val + e_test)
-    eval_s = (statistics.median(evals) if evals else 0.0) * scale
-    eval_s += statistics.median(ckpts) if ckpts else 0.0
-    return {
-        "step_s": float(statistics.median(timed)),
-        "eval_s": float(eval_s),
-        "setup_s": float(load_s + build_s),
-        "steps": len(timed),
-        "data": sizes,
-    }
 
 
 def load_calibration(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -410,7 +193,7 @@ def plan_study(
 
     Args:
         spec: a validated spec of any kind (``studies.kinds.load_study``).
-        kind: the spec's kind (``studies.kinds.kind_for(spec)``).
+        kind: the spec's kind (from the registry, :func:`studies.kinds.kind_for`).
         cpus / gpus: the cluster (default: this machine's CPUs, no GPU).
         calibration: measured values to use instead of measuring here (schema: the ``calibration``
             this function returns): ``step_s`` / ``eval_s`` / ``setup_s`` as ``{key: s}`` (``"*"``
@@ -516,7 +299,7 @@ def plan_study(
     def sizes_of(config: Mapping[str, Any]) -> dict[str, int]:
         dk = data_key(config)
         if dk not in data_sizes:
-            splits, _ = _load(config, "cpu")
+            splits, _ = load_trial_data(config, "cpu")
             data_sizes[dk] = dict(splits.sizes)
         return data_sizes[dk]
 
@@ -674,7 +457,8 @@ def _expected_cost(
     }
 
 
-def _duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
+    """``42 s``, ``3.5 min`` or ``2.1 h`` (``n/a`` when not finite): the durations of a plan's text."""
     if not math.isfinite(seconds):
         return "n/a"
     if seconds < 120:
@@ -689,12 +473,12 @@ def format_plan(result: Mapping[str, Any]) -> str:
     c = result["cluster"]
     lines = [
         f"study {result['study']} ({result['kind']}): {result['trials']} trials, "
-        f"{result['cpu_hours']:.3g} CPU h, {result['gpu_hours']:.3g} GPU h, wall ~{_duration(result['wall_s'])} "
+        f"{result['cpu_hours']:.3g} CPU h, {result['gpu_hours']:.3g} GPU h, wall ~{format_duration(result['wall_s'])} "
         f"on {c['cpus']:g} CPUs / {c['gpus']:g} GPUs",
     ]
     if result.get("trials_max", result["trials"]) != result["trials"]:
         lines.append(
-            f"  at most {result['trials_max']} trials, wall ~{_duration(result['wall_s_max'])} "
+            f"  at most {result['trials_max']} trials, wall ~{format_duration(result['wall_s_max'])} "
             "(every learning-rate range extension firing, every look to max_seeds)"
         )
     if "trials_expected" in result:
@@ -702,7 +486,7 @@ def format_plan(result: Mapping[str, Any]) -> str:
         lines.append(
             f"  sequential, looks at {exp['looks']} seeds: expected ~{exp['no_effect']['seeds']:.1f} seeds with no "
             f"effect, ~{exp['min_effect']['seeds']:.1f} at min_effect: ~{result['trials_expected']} trials, "
-            f"wall ~{_duration(result['wall_s_expected'])}"
+            f"wall ~{format_duration(result['wall_s_expected'])}"
         )
     for ph in result["phases"]:
         size = (
@@ -713,9 +497,9 @@ def format_plan(result: Mapping[str, Any]) -> str:
             else ph["budget"]
         )
         lines.append(
-            f"  {ph['name']:<22} {ph['trials']:>5} trials x {size:<12} trial ~{_duration(ph['trial_s'])} "
-            f"({_duration(ph['trial_s_min'])}-{_duration(ph['trial_s_max'])}), {ph['slots']} at once, "
-            f"wall ~{_duration(ph['wall_s'])}"
+            f"  {ph['name']:<22} {ph['trials']:>5} trials x {size:<12} trial ~{format_duration(ph['trial_s'])} "
+            f"({format_duration(ph['trial_s_min'])}-{format_duration(ph['trial_s_max'])}), {ph['slots']} at once, "
+            f"wall ~{format_duration(ph['wall_s'])}"
             + (" (upper bound: early stopping)" if ph["upper_bound"] else "")
             + (" (only if needed)" if ph.get("optional") else "")
         )

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from studies.calibration import timing_key
 from studies.calibration_cache import MAX_AGE_S, CalibrationCache
 from studies.kinds import KINDS, kind_for, load_study
-from studies.planning import phases_of, plan_study, timing_key
+from studies.planning import phases_of, plan_study
 
 ROOT = Path(__file__).resolve().parents[2]
 

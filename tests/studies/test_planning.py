@@ -10,10 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studies.analysis import ols_slope
+from studies.calibration import timing_key
 from studies.kinds import KINDS, kind_for, load_study
+from studies.kinds.batchsize.analysis import ols_slope
 from studies.pilot import pilot_power
-from studies.planning import phases_of, plan_study, timing_key
+from studies.planning import phases_of, plan_study
 from studies.stats import seeds_needed
 
 SPECS = Path(__file__).resolve().parents[2] / "studies" / "specs"

@@ -24,6 +24,9 @@ Design choices that matter for validity:
   ``inconclusive`` whatever its statistics say, with the reason named.
 * Every random draw comes from a ``numpy.random.Generator`` owned by the call, derived from ``seed``,
   the budget and the arm name, so results do not depend on global state or on the other arms.
+
+One arm's statistics are in :mod:`studies.kinds.batchsize.armstats`, the rules from statistics to
+labels and verdicts beyond :func:`verdict_for` in :mod:`studies.kinds.batchsize.verdicts`.
 """
 
 from __future__ import annotations
@@ -35,19 +38,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from studies.kinds.batchsize.armstats import arm_statistics, cell_key, interaction_looks
 from studies.kinds.batchsize.hypothesis import DIVERGENCE_FIXES, HYPOTHESIS, MIN_SEEDS
 from studies.kinds.batchsize.hypothesis import MIN_BATCH_SIZES as _MIN_BATCH_SIZES
-from studies.kinds.batchsize.seedstats import arm_rng, none_if_nan, row_slopes, row_spearman
-from studies.stats import (
-    EXACT_PERMUTATION_LIMIT,
-    holm,
-    log_n_permutations,
-    ols_slope,
-    permutation_p_value,
-    seed_interval,
-    sequential_looks,
-    t_test_p,
+from studies.kinds.batchsize.seedstats import none_if_nan
+from studies.kinds.batchsize.verdicts import (
+    combine_budgets,
+    control_label,
+    fix_reasons,
+    oriented,
+    study_verdict,
+    verdict_fields,
 )
+from studies.stats import EXACT_PERMUTATION_LIMIT, holm, ols_slope, permutation_p_value
 
 __all__ = [
     "COMPLETED_STATUSES",
@@ -77,14 +80,6 @@ _NOT_LEARNED = 0.9
 _REQUIRED_COLUMNS = ("arm", "batch_size", "seed", "status")
 
 
-def _oriented(ci: Sequence[float] | None, sign: float) -> tuple[float, float] | None:
-    """A CI on the "goodness" scale, where the hypothesis direction ("worse as B grows") is negative."""
-    if ci is None or any(v is None or not math.isfinite(v) for v in ci):
-        return None
-    lo, hi = sorted((sign * float(ci[0]), sign * float(ci[1])))
-    return lo, hi
-
-
 def verdict_for(
     slope_ci: Sequence[float] | None,
     interaction_ci: Sequence[float] | None,
@@ -102,8 +97,8 @@ def verdict_for(
     supports.
     """
     sign = 1.0 if higher_is_better else -1.0
-    s = _oriented(slope_ci, sign)
-    i = _oriented(interaction_ci, sign)
+    s = oriented(slope_ci, sign)
+    i = oriented(interaction_ci, sign)
     significant = p_holm is None or (math.isfinite(p_holm) and p_holm < alpha)
     if s is not None and i is not None and s[1] < 0 and i[1] < 0 and significant:
         return "supported"
@@ -191,114 +186,6 @@ def _sorted_rows(table: pd.DataFrame) -> pd.DataFrame:
 # One budget
 
 
-def _cell_key(b: float) -> str:
-    return str(int(b)) if float(b).is_integer() else str(b)
-
-
-def _arm_statistics(
-    v: np.ndarray,
-    d: np.ndarray | None,
-    x: np.ndarray,
-    *,
-    negative: bool,
-    n_perm: int,
-    n_boot: int,
-    confidence: float,
-    seed: int,
-    salt: str,
-) -> dict[str, Any]:
-    """Slope, Spearman and (with paired differences ``d``) interaction statistics of one arm."""
-    slopes = row_slopes(x, v)
-    slope, slope_ci, ci_method = seed_interval(
-        slopes, confidence=confidence, n_boot=n_boot, rng=arm_rng(seed, salt, 0)
-    )
-    rho, rho_ci, _ = seed_interval(
-        row_spearman(v), confidence=confidence, n_boot=n_boot, rng=arm_rng(seed, salt, 1)
-    )
-    out: dict[str, Any] = {
-        "n_seeds": int(np.isfinite(slopes).sum()),
-        "slope": none_if_nan(slope),
-        "slope_ci": slope_ci,
-        "ci_method": ci_method,
-        "spearman_rho": none_if_nan(rho),
-        "spearman_rho_ci": rho_ci,
-        "interaction": None,
-        "interaction_ci": None,
-        "n_pairs": None,
-        "p_value": None,
-        "p_value_permutation": None,
-        "p_value_t": None,
-        "permutation": None,
-        "n_permutations": None,
-        "min_attainable_p": None,
-    }
-    if d is None:
-        return out
-    out["n_pairs"] = int(np.isfinite(d).sum())
-    d_slopes = row_slopes(x, d)
-    inter, inter_ci, _ = seed_interval(
-        d_slopes, confidence=confidence, n_boot=n_boot, rng=arm_rng(seed, salt, 2)
-    )
-    out["interaction"] = none_if_nan(inter)
-    out["interaction_ci"] = inter_ci
-    out["interaction_by_seed"] = [none_if_nan(float(v)) for v in d_slopes]
-    rows = [(x[np.isfinite(r)], r[np.isfinite(r)]) for r in d]
-    rows = [(xx, rr) for xx, rr in rows if xx.size >= 2]
-    if rows:
-        log_n = log_n_permutations([xx for xx, _ in rows])
-        exact = log_n <= math.log(EXACT_PERMUTATION_LIMIT) + 1e-9
-        min_p = math.exp(-log_n) if exact else max(math.exp(-log_n), 1.0 / (n_perm + 1))
-        out["min_attainable_p"] = min_p
-        p_perm, method, count = permutation_p_value(
-            [xx for xx, _ in rows],
-            [rr for _, rr in rows],
-            negative=negative,
-            n_perm=n_perm,
-            rng=arm_rng(seed, salt, 3),
-        )
-        p_t = t_test_p(d_slopes, negative=negative)
-        out.update(
-            p_value_permutation=p_perm,
-            p_value_t=p_t,
-            permutation=method,
-            n_permutations=count,
-            p_value=max(p_perm, p_t) if p_t is not None else p_perm,
-        )
-    return out
-
-
-def _control_label(slope_ci: list[float] | None, *, sign: float, delta: float) -> str:
-    ci = _oriented(slope_ci, sign)
-    if ci is None:
-        return "unclear"
-    if ci[1] < -delta:
-        return "declines"
-    if ci[0] > -delta:
-        return "stable"
-    return "unclear"
-
-
-def _fix_reasons(r: Mapping[str, Any], *, sign: float, alpha: float) -> list[str]:
-    """Why a fix arm that passed its gates is not supported."""
-    reasons = []
-    p = r["p_value_holm"]
-    if p is None:
-        reasons.append("no p-value (too little paired data)")
-    elif p >= alpha:
-        reasons.append("not significant")
-    s = _oriented(r["slope_ci"], sign)
-    i = _oriented(r["interaction_ci"], sign)
-    if s is None:
-        reasons.append("no slope CI")
-    elif s[1] >= 0:
-        reasons.append("slope CI not below 0")
-    if i is None:
-        reasons.append("no interaction CI")
-    elif i[1] >= 0:
-        reasons.append("interaction CI not below 0")
-    return reasons
-
-
 def _analyse(
     df: pd.DataFrame,
     *,
@@ -364,7 +251,7 @@ def _analyse(
         used = rows & used_rows
         v = mats[arm]
         d = v - mats[control] if arm != control else None
-        res = _arm_statistics(
+        res = arm_statistics(
             v,
             d,
             x,
@@ -381,12 +268,12 @@ def _analyse(
         loss_missing = False  # a cell with trials but no finite train loss: the gate cannot be checked
         for j, b in enumerate(bs):
             in_cell = rows & (b_idx == j)
-            failures_by_cell[_cell_key(b)] = int(np.count_nonzero(in_cell & ~ok))
-            n_by_cell[_cell_key(b)] = int(np.count_nonzero(in_cell))
+            failures_by_cell[cell_key(b)] = int(np.count_nonzero(in_cell & ~ok))
+            n_by_cell[cell_key(b)] = int(np.count_nonzero(in_cell))
             cell_loss = loss[in_cell & used_rows]
             loss_missing |= cell_loss.size > 0 and not np.isfinite(cell_loss).any()
             cell_loss = cell_loss[np.isfinite(cell_loss)]
-            loss_by_cell[_cell_key(b)] = float(np.median(cell_loss)) if cell_loss.size else None
+            loss_by_cell[cell_key(b)] = float(np.median(cell_loss)) if cell_loss.size else None
         complete = v if d is None else d
         n_complete = int(np.isfinite(complete).all(axis=1).sum()) if complete.size else 0
         res = {
@@ -432,7 +319,7 @@ def _analyse(
     adjusted = holm({a: arms[a]["p_value"] for a in fix_arms})
     for arm, p in adjusted.items():
         arms[arm]["p_value_holm"] = p
-    looks = _sequential_looks(arms, fix_arms, seeds, sequential, alpha=alpha, negative=negative)
+    looks = interaction_looks(arms, fix_arms, seeds, sequential, alpha=alpha, negative=negative)
     final = looks[-1]["hypotheses"] if looks else {}
     for arm, h in final.items():
         r = arms[arm]
@@ -463,9 +350,9 @@ def _analyse(
                 p_holm=r["p_value_holm"],
                 alpha=alpha,
             )
-            reasons = [] if verdict[arm] == "supported" else _fix_reasons(r, sign=sign, alpha=alpha)
+            reasons = [] if verdict[arm] == "supported" else fix_reasons(r, sign=sign, alpha=alpha)
             if verdict[arm] == "refuted":
-                s, i = _oriented(r["slope_ci"], sign), _oriented(r["interaction_ci"], sign)
+                s, i = oriented(r["slope_ci"], sign), oriented(r["interaction_ci"], sign)
                 reasons = [
                     *(["slope CI at or above 0 (opposite direction)"] if s is not None and s[0] >= 0 else []),
                     *(
@@ -482,7 +369,7 @@ def _analyse(
         if r["gates"]:
             labels[arm], reasons = "unclear", list(r["gates"])
         else:
-            labels[arm] = _control_label(r["slope_ci"], sign=sign, delta=delta)
+            labels[arm] = control_label(r["slope_ci"], sign=sign, delta=delta)
             reasons = (
                 []
                 if labels[arm] == "stable"
@@ -492,98 +379,17 @@ def _analyse(
         del r["gates"]
 
     exploratory = any("underpowered" in r["reasons"] for r in arms.values())
-    study, study_reasons = _study_verdict(verdict, labels, arms, exploratory=exploratory)
+    study, study_reasons = study_verdict(verdict, labels, arms, exploratory=exploratory)
     return {
-        **_verdicts(arms, verdict, labels, (study, study_reasons), exploratory),
+        **verdict_fields(arms, verdict, labels, (study, study_reasons), exploratory),
         "batch_sizes": [int(b) if float(b).is_integer() else float(b) for b in bs],
         "seeds": seeds,
         "looks": looks,
     }
 
 
-def _sequential_looks(
-    arms: Mapping[str, Mapping[str, Any]],
-    fix_arms: Sequence[str],
-    seeds: Sequence[str],
-    sequential: Mapping[str, Any] | None,
-    *,
-    alpha: float,
-    negative: bool,
-) -> list[dict[str, Any]]:
-    """Every look of a sequential design over the fix arms' per-seed interaction slopes."""
-    if sequential is None or not fix_arms:
-        return []
-    order = [str(s) for s in sequential["seed_order"]]
-    position = {s: i for i, s in enumerate(seeds)}
-    values: dict[str, list[float]] = {}
-    for arm in fix_arms:
-        by_seed = arms[arm].get("interaction_by_seed") or []
-        picked = [by_seed[position[s]] for s in order if s in position and position[s] < len(by_seed)]
-        values[arm] = [float(v) for v in picked if v is not None]
-    planned = [n for n in sequential["looks"]]
-    have = max((len(v) for v in values.values()), default=0)
-    if have < planned[0]:
-        return []
-    looks = sequential_looks(
-        values,
-        looks=planned,
-        alpha=alpha,
-        alternatives=dict.fromkeys(fix_arms, "less" if negative else "greater"),
-        min_effect=sequential.get("min_effect"),
-        prior_scale=float(sequential.get("prior_scale", 1.0)),
-        stop_early=False,
-    )
-    for look in looks:  # strict JSON: an unbounded interval (too few seeds) has None bounds
-        for h in look["hypotheses"].values():
-            h["ci"] = [none_if_nan(v) for v in h["ci"]]
-    return looks
-
-
-def _study_verdict(
-    verdict: Mapping[str, str],
-    labels: Mapping[str, str],
-    arms: Mapping[str, Mapping[str, Any]],
-    *,
-    exploratory: bool,
-) -> tuple[str, list[str]]:
-    fixes = list(verdict.values())
-    if fixes and all(v == "refuted" for v in fixes):
-        return "refuted", []
-    if any(v == "supported" for v in fixes) and all(lab == "stable" for lab in labels.values()):
-        return "supported", []
-    reasons: list[str] = []
-    if not fixes:
-        reasons.append("no fix arm")
-    elif not any(v == "supported" for v in fixes):
-        reasons.append("no fix arm supported")
-    if any(lab == "declines" for lab in labels.values()):
-        reasons.append("controls decline")
-    if any(lab == "unclear" for lab in labels.values()):
-        reasons.append("control unclear")
-    for arm, lab in labels.items():
-        if lab == "unclear" and "optimisation-limited" in arms[arm]["reasons"]:
-            reasons.append(f"control {arm} optimisation-limited")
-    if exploratory:
-        reasons.append("underpowered")
-    return "inconclusive", reasons
-
-
 # --------------------------------------------------------------------------------------------------
 # Public entry point
-
-
-def _verdicts(
-    arms: Any, verdict: Any, labels: Any, study: tuple[str, list[str]], exploratory: bool
-) -> dict[str, Any]:
-    """The verdict fields of a result, in ``verdict.json`` order."""
-    return {
-        "arms": arms,
-        "verdict": verdict,
-        "controls": labels,
-        "study_verdict": study[0],
-        "study_reasons": study[1],
-        "exploratory": exploratory,
-    }
 
 
 def batchsize_trend(
@@ -787,67 +593,4 @@ def batchsize_trend(
     if len(budgets) <= 1:
         return {**one(df, budgets[0] if budgets else ""), "budgets": None}
     per = {b: one(df[df["budget"] == b], b) for b in budgets}
-    return {**header, **_combine_budgets(per, fix_arms, control_arms), "budgets": per}
-
-
-def _union(lists: Sequence[Sequence[str]]) -> list[str]:
-    out: list[str] = []
-    for lst in lists:
-        out += [r for r in lst if r not in out]
-    return out
-
-
-def _combine_budgets(
-    per: Mapping[str, Mapping[str, Any]], fix_arms: list[str], control_arms: list[str]
-) -> dict[str, Any]:
-    """Combine per-budget results: agreement under every budget is required (docs/science.md §2)."""
-    names = list(per)
-    arms: dict[str, dict[str, Any]] = {}
-    verdict: dict[str, str] = {}
-    labels: dict[str, str] = {}
-    brief = ("slope", "slope_ci", "interaction", "interaction_ci", "p_value", "p_value_holm", "n", "n_failed")
-    for arm in [*control_arms, *fix_arms]:
-        rs = {b: per[b]["arms"][arm] for b in names}
-        key = "verdict" if arm in fix_arms else "label"
-        values = [r[key] for r in rs.values()]
-        reasons = _union([r["reasons"] for r in rs.values()])
-        same = values[0] if len(set(values)) == 1 else None  # every budget agrees
-        if arm in fix_arms:
-            combined = same if same in ("supported", "refuted") else "inconclusive"
-            if combined == "inconclusive" and "supported" in values:
-                reasons = ["budget-dependent", *reasons]
-            verdict[arm] = combined
-        else:
-            combined = "stable" if same == "stable" else ("declines" if "declines" in values else "unclear")
-            labels[arm] = combined
-        arms[arm] = {
-            "role": "fix" if arm in fix_arms else "control",
-            key: combined,
-            "reasons": reasons if combined not in ("supported", "stable") else [],
-            "by_budget": {
-                b: {key: r[key], "reasons": r["reasons"], **{k: r[k] for k in brief}} for b, r in rs.items()
-            },
-        }
-    studies = [per[b]["study_verdict"] for b in names]
-    exploratory = any(per[b]["exploratory"] for b in names)
-    if all(s == "supported" for s in studies):
-        study, study_reasons = "supported", list[str]()
-    elif all(s == "refuted" for s in studies):
-        study, study_reasons = "refuted", []
-    else:
-        study = "inconclusive"
-        study_reasons = _union([per[b]["study_reasons"] for b in names])
-        if any(s == "supported" for s in studies):
-            study_reasons = ["budget-dependent", *study_reasons]
-    sens = [per[b]["sensitivity"]["study_verdict"] for b in names]
-    sens_study = sens[0] if len(set(sens)) == 1 and sens[0] != "inconclusive" else "inconclusive"
-    return {
-        "budget": None,
-        "batch_sizes": sorted({b for n in names for b in per[n]["batch_sizes"]}),
-        "seeds": _union([per[n]["seeds"] for n in names]),
-        **_verdicts(arms, verdict, labels, (study, study_reasons), exploratory),
-        "sensitivity": {
-            "study_verdict": sens_study,
-            "by_budget": {b: per[b]["sensitivity"] for b in names},
-        },
-    }
+    return {**header, **combine_budgets(per, fix_arms, control_arms), "budgets": per}

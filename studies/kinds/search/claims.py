@@ -37,28 +37,28 @@ Design choices that matter for validity:
 
 Everything returned is JSON-able (floats, ints, strings, lists, dicts, ``None`` for "not defined" or
 "never"). numpy and scipy only: the confirmatory table may be a pandas DataFrame or any mapping of
-column name → sequence.
+column name → sequence. What claims c and d measure in the gate logs (depth slopes, collapse epochs)
+is :mod:`studies.kinds.search.gates`; this module turns it into verdicts.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
+from studies.kinds.search.gates import (
+    binom,
+    collapse_epochs,
+    dyt_depth_slope,
+    gate_arrays,
+    median_ci,
+    seeds_of,
+)
+from studies.kinds.search.values import check_confidence, float_or_none, seed_key, to_float
 from studies.stats import holm, min_sign_flip_p, paired_contrast, t_interval
-
-
-def _binom() -> Any:
-    """``scipy.stats.binom``, imported on first use (validating a spec reads this module's claim
-    tables but never needs SciPy's ~0.4 s import)."""
-    from scipy import stats
-
-    return stats.binom
-
 
 __all__ = [
     "ARMS",
@@ -67,8 +67,6 @@ __all__ = [
     "CONFIRM_COLUMNS",
     "VERDICTS",
     "autonorm_claims",
-    "collapse_epochs",
-    "dyt_depth_slope",
     "paired_contrast",
 ]
 
@@ -129,183 +127,6 @@ _APPLIES: dict[str, frozenset[str]] = {
 }
 
 
-# ----------------------------------------------------------------------------------------- helpers
-
-
-def _float_or_none(x: float | np.floating[Any] | None) -> float | None:
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
-def _seed_key(seed: Any) -> int | str:
-    """Seeds as JSON-able dict keys: integral values become ``int``, anything else ``str``."""
-    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-        return int(seed)
-    if isinstance(seed, (float, np.floating)) and float(seed).is_integer():
-        return int(seed)
-    return str(seed)
-
-
-def _check_confidence(confidence: float) -> None:
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-
-
-# ------------------------------------------------------------------------------------ public API
-
-
-def dyt_depth_slope(
-    final_dyt_weight: Mapping[Any, Sequence[float] | np.ndarray],
-    *,
-    confidence: float = 0.95,
-    n_mc: int = 99_999,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Claim (c) for one sub-layer type: does the gate's DyT weight grow with depth?
-
-    Per seed, the OLS slope of the final DyT weight against the block index ``0..n_blocks − 1``; then
-    the mean slope over seeds, its t-interval (K − 1 df) and the one-sided (greater) sign-flip p, i.e.
-    :func:`paired_contrast` of the slopes against zero.
-
-    Args:
-        final_dyt_weight: seed → the final-epoch DyT weight of each block, in block order (all seeds
-            the same number of blocks, at least 2).
-        confidence: level of the t-interval.
-        n_mc: Monte-Carlo sign patterns above 2^20.
-        seed: seeds the Monte-Carlo draws.
-
-    Returns:
-        ``{"slopes": {seed: slope}, "estimate", "ci", "p_value", "n_seeds", "n_blocks", "method"}``.
-
-    Raises:
-        ValueError: fewer than 2 seeds or blocks, unequal block counts, non-finite weights.
-    """
-    weights = {_seed_key(s): np.asarray(w, dtype=float).ravel() for s, w in final_dyt_weight.items()}
-    sizes = {w.size for w in weights.values()}
-    if len(sizes) != 1:
-        raise ValueError(f"every seed needs the same number of blocks, got sizes {sorted(sizes)}")
-    (n_blocks,) = sizes
-    if n_blocks < 2:
-        raise ValueError(f"a slope needs at least 2 blocks, got {n_blocks}")
-    if not all(np.isfinite(w).all() for w in weights.values()):
-        raise ValueError("final DyT weights must be finite")
-    depth = np.arange(n_blocks, dtype=float)
-    centred = depth - depth.mean()
-    slopes = {s: float(centred @ (w - w.mean()) / (centred @ centred)) for s, w in weights.items()}
-    values = np.array(list(slopes.values()))
-    test = paired_contrast(
-        values, np.zeros_like(values), alternative="greater", confidence=confidence, n_mc=n_mc, seed=seed
-    )
-    return {
-        "slopes": slopes,
-        "estimate": test["estimate"],
-        "ci": test["ci"],
-        "p_value": test["p_value"],
-        "n_seeds": test["n_seeds"],
-        "n_blocks": int(n_blocks),
-        "method": test["method"],
-    }
-
-
-def _median_ci(values: np.ndarray, confidence: float) -> tuple[float, float, float]:
-    """Distribution-free CI of the median from order statistics ``[X_(r), X_(K+1−r)]``.
-
-    ``r`` is the largest rank whose coverage ``1 − 2 P(Bin(K, 1/2) ≤ r − 1)`` reaches ``confidence``;
-    when even ``[min, max]`` does not, that interval is returned with its (lower) coverage. Being
-    rank-based it handles censored values (``inf`` = "never") exactly.
-    """
-    x = np.sort(values)
-    k = x.size
-    r = 1
-    for cand in range(1, k // 2 + 1):
-        if 1.0 - 2.0 * float(_binom().cdf(cand - 1, k, 0.5)) >= confidence:
-            r = cand
-    coverage = 1.0 - 2.0 * float(_binom().cdf(r - 1, k, 0.5))
-    return float(x[r - 1]), float(x[k - r]), coverage
-
-
-def _first_collapse(entropy: np.ndarray, ln_weight: np.ndarray, eps: float) -> np.ndarray:
-    """First epoch (1-based) per layer with entropy < eps and LN weight > 0.5; ``inf`` if never."""
-    hit = (entropy < eps) & (ln_weight > 0.5)  # NaN compares False: a diverged epoch is no collapse
-    first = np.argmax(hit, axis=0).astype(float) + 1.0
-    first[~hit.any(axis=0)] = math.inf
-    return first
-
-
-def collapse_epochs(
-    entropy_by_epoch: Mapping[Any, Sequence[Sequence[float]] | np.ndarray],
-    ln_weight_by_epoch: Mapping[Any, Sequence[Sequence[float]] | np.ndarray],
-    *,
-    eps: float = 0.1,
-    confidence: float = 0.95,
-) -> dict[str, Any]:
-    """Claim (d)'s measurement: when does each layer's gate collapse to LayerNorm?
-
-    A layer has collapsed at the first epoch where its gate entropy is below ``eps`` AND its LN
-    weight exceeds 0.5 (a gate that collapses onto DyT never counts). Epochs are 1-based: row ``i``
-    of a seed's array is epoch ``i + 1``. A layer that never collapses is "never" (``None``): it is
-    counted, as a value above every epoch, in the medians and their order-statistic CIs.
-
-    Args:
-        entropy_by_epoch: seed → ``(n_epochs, n_layers)`` gate entropy per epoch and layer (natural
-            log, noise-free probabilities; ``gate_entropy/layer_<i>`` of the training loop).
-        ln_weight_by_epoch: seed → ``(n_epochs, n_layers)`` LN weight, same shape per seed.
-        eps: entropy threshold (0.1).
-        confidence: level of the median CIs.
-
-    Returns:
-        ``{"eps", "n_seeds", "n_layers", "layers": [{"layer", "epochs": {seed: epoch | None},
-        "n_never", "median", "ci": [lo, hi], "ci_coverage"}, ...], "per_seed_median": {seed: m | None}}``
-        where ``per_seed_median`` is the median over layers of each seed's collapse epochs (the
-        statistic of claim d), ``None`` meaning "never" (or a median beyond the last epoch).
-
-    Raises:
-        ValueError: different seeds or shapes in the two mappings, no seeds, not 2-D.
-    """
-    _check_confidence(confidence)
-    if set(map(_seed_key, entropy_by_epoch)) != set(map(_seed_key, ln_weight_by_epoch)):
-        raise ValueError("entropy_by_epoch and ln_weight_by_epoch must have the same seeds")
-    if not entropy_by_epoch:
-        raise ValueError("no seeds")
-    ln_by_key = {_seed_key(s): np.asarray(v, dtype=float) for s, v in ln_weight_by_epoch.items()}
-    firsts: dict[int | str, np.ndarray] = {}
-    n_layers: int | None = None
-    for s, ent in entropy_by_epoch.items():
-        key = _seed_key(s)
-        h = np.asarray(ent, dtype=float)
-        w = ln_by_key[key]
-        if h.ndim != 2 or h.shape != w.shape:
-            raise ValueError(f"seed {key!r}: need two (n_epochs, n_layers) arrays, got {h.shape}, {w.shape}")
-        if n_layers is not None and h.shape[1] != n_layers:
-            raise ValueError(f"seed {key!r} has {h.shape[1]} layers, others {n_layers}")
-        n_layers = h.shape[1]
-        firsts[key] = _first_collapse(h, w, eps)
-    assert n_layers is not None  # entropy_by_epoch is not empty
-    layers = []
-    for j in range(n_layers):
-        per_seed = np.array([f[j] for f in firsts.values()])
-        lo, hi, coverage = _median_ci(per_seed, confidence)
-        layers.append(
-            {
-                "layer": j,
-                "epochs": {s: _float_or_none(f[j]) for s, f in firsts.items()},
-                "n_never": int(np.isinf(per_seed).sum()),
-                "median": _float_or_none(np.median(per_seed)),
-                "ci": [_float_or_none(lo), _float_or_none(hi)],
-                "ci_coverage": coverage,
-            }
-        )
-    return {
-        "eps": eps,
-        "n_seeds": len(firsts),
-        "n_layers": n_layers,
-        "layers": layers,
-        "per_seed_median": {s: _float_or_none(np.median(f)) for s, f in firsts.items()},
-    }
-
-
 # ------------------------------------------------------------------------------- confirm table
 
 
@@ -326,23 +147,16 @@ def _arm_values(table: Any, metric: str) -> dict[str, dict[int | str, tuple[floa
     arms = _column(table, "arm").astype(str)
     seeds = _column(table, "seed")
     statuses = np.char.lower(_column(table, "status").astype(str))
-    values = np.array([_to_float(v) for v in _column(table, metric)])
+    values = np.array([to_float(v) for v in _column(table, metric)])
     out: dict[str, dict[int | str, tuple[float, bool]]] = {}
     for arm, s, status, value in zip(arms, seeds, statuses, values):
-        key = _seed_key(s)
+        key = seed_key(s)
         cell = out.setdefault(str(arm), {})
         if key in cell:
             raise ValueError(f"confirm_table has more than one trial for arm {arm!r}, seed {key!r}")
         ok = str(status) in COMPLETED_STATUSES and math.isfinite(value)
         cell[key] = (value, ok)
     return out
-
-
-def _to_float(v: Any) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def _result(claim: str, **fields: Any) -> dict[str, Any]:
@@ -457,39 +271,6 @@ def _contrast(
     )
 
 
-# ----------------------------------------------------------------------------------- gate logs
-
-_LAYER_KEY = re.compile(r"^(gate_entropy|dyt_weight|ln_weight)/layer_(\d+)$")
-
-
-def _gate_arrays(rows: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    """Per-epoch result rows → ``{"entropy", "dyt", "ln"}`` arrays of shape (n_epochs, n_layers)."""
-    ordered = sorted(rows, key=lambda r: _to_float(r.get("epoch", 0.0))) if rows else []
-    n_layers = 0
-    for row in ordered:
-        for key in row:
-            match = _LAYER_KEY.match(str(key))
-            if match:
-                n_layers = max(n_layers, int(match.group(2)) + 1)
-
-    def grid(name: str) -> np.ndarray:
-        return np.array(
-            [[_to_float(row.get(f"{name}/layer_{j}", math.nan)) for j in range(n_layers)] for row in ordered],
-            dtype=float,
-        ).reshape(len(ordered), n_layers)
-
-    dyt = grid("dyt_weight")
-    has_ln = any(f"ln_weight/layer_{j}" in row for row in ordered for j in range(n_layers))
-    ln = grid("ln_weight") if has_ln else 1.0 - dyt  # two candidates (dyt, layernorm): w_LN = 1 − w_DyT
-    return {"entropy": grid("gate_entropy"), "dyt": dyt, "ln": ln}
-
-
-def _seeds_of(
-    gate_logs: Mapping[tuple[str, Any], Sequence[Mapping[str, Any]]], arm: str
-) -> dict[int | str, Any]:
-    return {_seed_key(s): rows for (a, s), rows in gate_logs.items() if a == arm}
-
-
 def _gate_depth_claims(
     logs: Mapping[int | str, Sequence[Mapping[str, Any]]],
     *,
@@ -505,7 +286,7 @@ def _gate_depth_claims(
     dropped: list[int | str] = []
     n_blocks = None
     for s, rows in logs.items():
-        dyt = _gate_arrays(rows)["dyt"]
+        dyt = gate_arrays(rows)["dyt"]
         if dyt.shape[0] == 0 or dyt.shape[1] < 2:
             dropped.append(s)
             continue
@@ -589,7 +370,7 @@ def _collapse_claim(
 ) -> dict[str, Any]:
     """Claim d: the per-seed median (over layers) collapse epoch is at most ``early_epoch``."""
     reasons = [f"gate arm {gate_arm}"]
-    arrays = {s: _gate_arrays(rows) for s, rows in logs.items()}
+    arrays = {s: gate_arrays(rows) for s, rows in logs.items()}
     arrays = {s: a for s, a in arrays.items() if a["entropy"].size}
     if len(arrays) < 2:
         return _result("d", n_seeds=len(arrays), reasons=[*reasons, "underpowered"])
@@ -611,9 +392,9 @@ def _collapse_claim(
     stat = np.array([math.inf if v is None else v for v in summary["per_seed_median"].values()])
     k = stat.size
     n_early = int((stat <= early).sum())
-    p = float(_binom().sf(n_early - 1, k, 0.5))  # sign test, H1: median collapse epoch <= early
-    lo, hi, coverage = _median_ci(stat, confidence)
-    ci = [_float_or_none(lo), _float_or_none(hi)]
+    p = float(binom().sf(n_early - 1, k, 0.5))  # sign test, H1: median collapse epoch <= early
+    lo, hi, coverage = median_ci(stat, confidence)
+    ci = [float_or_none(lo), float_or_none(hi)]
     if k < min_seeds or 0.5**k >= alpha:
         reasons.append("underpowered")
         verdict = "inconclusive"
@@ -631,7 +412,7 @@ def _collapse_claim(
     return _result(
         "d",
         verdict=verdict,
-        estimate=_float_or_none(np.median(stat)),
+        estimate=float_or_none(np.median(stat)),
         ci=ci,
         p_value=p,
         n_seeds=k,
@@ -715,7 +496,7 @@ def autonorm_claims(
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if min_seeds < 2:
         raise ValueError(f"min_seeds must be at least 2, got {min_seeds}")
-    _check_confidence(confidence)
+    check_confidence(confidence)
     values = _arm_values(confirm_table, metric)
     results: dict[str, dict[str, Any]] = {}
     not_applicable = f"not applicable to {data_kind}"
@@ -760,7 +541,7 @@ def autonorm_claims(
             res["direction"] = "autonorm_s better" if res["estimate"] > 0 else "autonorm_s worse"
 
     # Gate claims.
-    logs = _seeds_of(gate_logs, gate_arm)
+    logs = seeds_of(gate_logs, gate_arm)
     if data_kind == "text":
         results.update(
             _gate_depth_claims(
@@ -811,16 +592,16 @@ def _sequential_claims(
     """The sequential layer over the fixed-design results (in place); returns the looks."""
     from studies.stats import sequential_looks
 
-    order = [_seed_key(s) for s in sequential["seed_order"]]
+    order = [seed_key(s) for s in sequential["seed_order"]]
     alternatives = {c[0]: c[3] for c in _CONTRASTS}
     alternatives.update(c_attn="greater", c_mlp="greater")
 
     def per_seed(claim: str) -> list[float] | None:
         res = results[claim]
         if res.get("slopes"):
-            by_seed = {_seed_key(k): float(v) for k, v in res["slopes"].items()}
+            by_seed = {seed_key(k): float(v) for k, v in res["slopes"].items()}
         elif res.get("differences") is not None:
-            by_seed = {_seed_key(k): float(v) for k, v in zip(res["seeds"], res["differences"])}
+            by_seed = {seed_key(k): float(v) for k, v in zip(res["seeds"], res["differences"])}
         else:
             return None
         return [by_seed[s] for s in order if s in by_seed]
