@@ -42,11 +42,12 @@ OUTPUT = ROOT / "docs" / "spec-reference.md"
 
 
 def _specs() -> tuple[tuple[str, str, str, str], ...]:
-    """(module, class, heading, what it is) of every registered kind's spec class (studies.kinds.KINDS)."""
-    from studies.kinds import KINDS
+    """(module, class, heading, what it is) of every shipped kind's spec class (studies.kinds.KIND_MODULES;
+    a kind installed from another package documents itself)."""
+    from studies.kinds import KIND_MODULES
 
     out = []
-    for kind in KINDS.values():
+    for kind in (importlib.import_module(module).KIND for module in KIND_MODULES):
         spec_class = kind.spec_class()
         out.append(
             (spec_class.__module__, spec_class.__name__, kind.title or f"{kind.name} studies", kind.summary)

@@ -45,7 +45,57 @@ from typing import Any
 
 import pytest
 
-from tests.services import (
+
+def _install_test_kind() -> None:
+    """Install ``tests/kinds_plugin`` (a fourth study kind in a package of its own, found through the
+    ``autonorm_studies.kinds`` entry point) into this environment, before anything imports the kind
+    registry: the contract suite then runs over it like over the shipped kinds. Once per environment
+    (a later run finds the entry point); a lock keeps the two xdist workers from installing at once."""
+    import fcntl
+    import importlib.metadata
+    import site
+    import subprocess
+    import sys
+    import sysconfig
+
+    def installed() -> bool:
+        return any(
+            ep.name == "seedspread" for ep in importlib.metadata.entry_points(group="autonorm_studies.kinds")
+        )
+
+    if installed():
+        return
+    package = Path(__file__).resolve().parent / "kinds_plugin"
+    with open(Path(sys.prefix) / ".autonorm-test-kind.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        importlib.invalidate_caches()
+        if not installed():
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--disable-pip-version-check",
+                    "--no-deps",
+                    "--no-build-isolation",
+                    "-e",
+                    str(package),
+                ],
+                check=True,
+                timeout=300,
+            )
+            importlib.invalidate_caches()
+    # This process started before the install: read the new .pth (the editable path) now.
+    site.addsitedir(sysconfig.get_paths()["purelib"])
+    if not installed():
+        raise RuntimeError(f"installing {package} registered no 'autonorm_studies.kinds' entry point")
+
+
+_install_test_kind()
+
+from tests.services import (  # noqa: E402
     MlflowServer,
     PostgresServer,
     RayNode,

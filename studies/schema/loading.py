@@ -216,21 +216,16 @@ def url_field_issues(document: Mapping[str, Any]) -> list[SpecIssue]:
 def validate_spec(
     document: Mapping[str, Any],
     *,
-    model: type[BaseModel] | None = None,
+    model: type[BaseModel],
     origins: Mapping[_Path, tuple[str | None, int | None]] | None = None,
 ) -> Any:
     """Validate a plain document against ``model``, turning every failure into one :class:`SpecError`.
 
     Args:
         document: the merged spec document.
-        model: the spec class; ``None``: the default kind's (:data:`studies.kinds.DEFAULT_KIND`).
+        model: the spec class (a kind's :meth:`~studies.kinds.contract.StudyKind.spec_class`).
         origins: ``path -> (source, line)`` used to attach YAML lines to issues.
     """
-    if model is None:
-        # The registry sits above this package: imported on use, never at import time.
-        from studies.kinds import DEFAULT_KIND, KINDS
-
-        model = KINDS[DEFAULT_KIND].spec_class()
     # Every study kind's URL-like fields go through the one validator, whatever its model declares.
     url_issues = url_field_issues(document)
     try:
@@ -376,16 +371,17 @@ def load_spec(
     overrides: Sequence[str] = (),
     preset: str | None = None,
     *,
-    model: type[BaseModel] | None = None,
+    model: type[BaseModel],
 ) -> Any:
-    """Load, layer and validate a study spec.
+    """Load, layer and validate a study spec (:func:`studies.kinds.load_study` finds ``model`` from
+    the file's ``kind:``).
 
     Args:
         path: the YAML file.
         overrides: ``dotted.key=value`` strings, applied last (values are YAML: ``3``, ``1e-3``,
             ``[1, 2]``, ``{type: layernorm}``, ``null``).
         preset: name of an entry of the file's top-level ``presets:`` mapping, merged over the file.
-        model: the spec class to validate against; ``None``: the default kind's.
+        model: the spec class to validate against.
 
     Raises:
         SpecError: with every problem found, each with its field path and YAML line where known.

@@ -92,6 +92,7 @@ def test_defaults_and_round_trip() -> None:
     ("field", "value"), [("precision", "fp16"), ("compile", "yes"), ("compile", True), ("precision", 16)]
 )
 def test_spec_refuses_bad_values_with_the_field_path(field: str, value: Any) -> None:
+    from studies.kinds.search.spec import StudySpec
     from studies.schema import SpecError, validate_spec
 
     doc = {
@@ -102,11 +103,12 @@ def test_spec_refuses_bad_values_with_the_field_path(field: str, value: Any) -> 
         "search": {"space": [{"name": "training.lr", "type": "float", "low": 1e-4, "high": 1e-2}]},
     }
     with pytest.raises(SpecError) as info:
-        validate_spec(doc)
+        validate_spec(doc, model=StudySpec)
     assert [i.path for i in info.value.issues] == [f"training.{field}"]
 
 
 def test_spec_passes_both_fields_to_the_core_config() -> None:
+    from studies.kinds.search.spec import StudySpec
     from studies.schema import validate_spec
 
     doc = {
@@ -116,7 +118,7 @@ def test_spec_passes_both_fields_to_the_core_config() -> None:
         "training": {"epochs": 2, "precision": "bf16", "compile": "off"},
         "search": {"space": [{"name": "training.lr", "type": "float", "low": 1e-4, "high": 1e-2}]},
     }
-    cfg = TrainConfig.from_dict(validate_spec(doc).base_config()["training"])
+    cfg = TrainConfig.from_dict(validate_spec(doc, model=StudySpec).base_config()["training"])
     assert (cfg.precision, cfg.compile) == ("bf16", "off")
 
 

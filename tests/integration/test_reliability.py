@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from studies.kinds import load_study
 from studies.running import run_study_spec
-from studies.schema import SpecError, load_spec
+from studies.schema import SpecError
 from studies.study_dir import SPEC_FILE, StudyDir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,16 +55,16 @@ def _cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedPro
 
 def test_rerun_with_an_edited_spec_is_refused_naming_the_field(tmp_path: Path) -> None:
     """No Ray needed: the check happens under the lease, before anything is started or written."""
-    spec = load_spec(SEARCH, [f"storage_path={tmp_path}"], preset="smoke")
+    spec = load_study(SEARCH, [f"storage_path={tmp_path}"], preset="smoke")
     StudyDir.of(spec).write_text(SPEC_FILE, spec.to_yaml())
     before = (tmp_path / spec.name / SPEC_FILE).read_text()
-    edited = load_spec(SEARCH, [f"storage_path={tmp_path}", "training.epochs=4"], preset="smoke")
+    edited = load_study(SEARCH, [f"storage_path={tmp_path}", "training.epochs=4"], preset="smoke")
     with pytest.raises(SpecError) as err:
         run_study_spec(edited)
     assert [i.path for i in err.value.issues] == ["training.epochs"]
     assert (tmp_path / spec.name / SPEC_FILE).read_text() == before
     assert not (tmp_path / "mlflow.db").exists()
-    moved = load_spec(SEARCH, [f"storage_path={tmp_path}"], preset="smoke")  # same spec: accepted
+    moved = load_study(SEARCH, [f"storage_path={tmp_path}"], preset="smoke")  # same spec: accepted
     assert moved.to_yaml() == spec.to_yaml()
 
 

@@ -1,4 +1,4 @@
-"""Tests of ``studies.analysis`` on synthetic trial tables with known truth (docs/science.md §2)."""
+"""Tests of ``studies.kinds.batchsize.analysis`` on synthetic trial tables with known truth (docs/science.md §2)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from studies.analysis import (
+from studies.kinds.batchsize.analysis import (
     HYPOTHESIS,
     batchsize_trend,
     gate_entropy,

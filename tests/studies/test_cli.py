@@ -13,9 +13,8 @@ from typing import Any, ClassVar
 import pytest
 
 from studies import cli, entrypoints
-from studies.kinds import kind_for, kind_of
+from studies.kinds import kind_for, kind_of, load_study
 from studies.running import run_study_spec
-from studies.schema import load_spec
 from studies.study_dir import SPEC_FILE, StudyDir
 from tests.studies.broken_cases import load_cases
 
@@ -81,7 +80,7 @@ def test_validate_never_imports_the_statistics_stack() -> None:
 def test_validate_ok_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["validate", str(SHIPPED), "--preset", "smoke"]) == 0
     out = capsys.readouterr().out
-    smoke = load_spec(SHIPPED, preset="smoke")
+    smoke = load_study(SHIPPED, preset="smoke")
     total = kind_for(smoke).total_trials(smoke)
     assert "ok: autonorm_search" in out and f" {total} trials (2 at a time)" in out
 
@@ -94,9 +93,9 @@ def test_validate_print_round_trips(tmp_path: Path, capsys: pytest.CaptureFixtur
     text = capsys.readouterr().out
     resolved = tmp_path / "resolved.yaml"
     resolved.write_text(text.rsplit("ok: ", 1)[0])
-    spec = load_spec(resolved)
+    spec = load_study(resolved)
     assert spec.training.lr == 0.002
-    assert spec == load_spec(SHIPPED, ["training.lr=0.002"], preset="smoke")
+    assert spec == load_study(SHIPPED, ["training.lr=0.002"], preset="smoke")
 
 
 @pytest.mark.parametrize("command", ["validate", "run", "resume", "submit", "status", "report"])
@@ -167,7 +166,7 @@ def test_study_main_plans_from_options(
 def load_spec_text(tmp_path: Path, text: str) -> Any:
     path = tmp_path / "resolved.yaml"
     path.write_text(text)
-    return load_spec(path)
+    return load_study(path)
 
 
 def test_resume_refuses_a_study_that_never_started(
@@ -179,7 +178,7 @@ def test_resume_refuses_a_study_that_never_started(
 
 
 def test_study_directory_is_a_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec = load_spec(SHIPPED, [f"storage_path={tmp_path}"], preset="smoke")
+    spec = load_study(SHIPPED, [f"storage_path={tmp_path}"], preset="smoke")
     written = StudyDir.of(spec).write_text(SPEC_FILE, spec.to_yaml())
     study_dir = tmp_path / "autonorm_search"
     assert written == f"{study_dir}/{SPEC_FILE}"
@@ -196,7 +195,7 @@ def test_moved_study_directory_is_found_where_it_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    spec = load_spec(SHIPPED, preset="smoke")  # storage_path: runs (relative)
+    spec = load_study(SHIPPED, preset="smoke")  # storage_path: runs (relative)
     StudyDir.of(spec).write_text(SPEC_FILE, spec.to_yaml())
     moved = tmp_path / "archive" / "autonorm_search"
     moved.parent.mkdir()
@@ -481,7 +480,7 @@ def tiny_study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Any
     from workers.results import read_trials
 
     storage = tmp_path_factory.mktemp("study")
-    spec = load_spec(
+    spec = load_study(
         SHIPPED,
         [
             f"storage_path={storage}",

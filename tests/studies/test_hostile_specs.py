@@ -23,6 +23,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from studies.kinds import load_study
 from studies.kinds.batchsize.spec import BatchSizeStudySpec
 from studies.kinds.search.spec import StudySpec
 from studies.schema import SpecError, load_spec
@@ -282,7 +283,7 @@ def test_credentials_are_refused_by_every_study_kind(case: Hostile, tmp_path: Pa
 
 
 def test_shipped_specs_themselves_are_valid() -> None:
-    assert isinstance(load_spec(SEARCH), StudySpec)
+    assert isinstance(load_study(SEARCH), StudySpec)
     assert isinstance(load_spec(BATCHSIZE, model=BatchSizeStudySpec), BatchSizeStudySpec)
 
 
@@ -338,7 +339,7 @@ def test_cli_refuses_binary_junk(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr + proc.stdout
     assert f"{path}" in proc.stderr and "cannot read the spec" in proc.stderr
     with pytest.raises(SpecError) as info:
-        load_spec(path)
+        load_study(path)
     (issue,) = info.value.issues
     assert (issue.line, issue.source) == (2, str(path))  # byte 0x80 comes after the one newline, 0x0a
     assert "not UTF-8" in issue.message

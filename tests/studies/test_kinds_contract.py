@@ -57,6 +57,48 @@ def _spec(kind: StudyKind, *extra: str) -> Any:
     return load_study(ROOT / path, [*kind.tiny, *extra], preset=preset)
 
 
+# ---- the registry ---------------------------------------------------------------------------------
+
+
+def test_a_kind_from_another_package_comes_through_its_entry_point() -> None:
+    # tests/kinds_plugin, installed by tests/conftest.py: a kind the repository does not ship.
+    from studies.kinds import KIND_MODULES, KIND_SOURCES
+
+    assert len(KINDS) == len(KIND_MODULES) + 1
+    assert KIND_SOURCES["seedspread"].startswith(
+        "entry point seedspread = autonorm_seedspread.kind:SeedSpreadKind"
+    )
+    assert "autonorm-seedspread" in KIND_SOURCES["seedspread"]
+    assert all(KIND_SOURCES[k].startswith("studies.kinds.") for k in KINDS if k != "seedspread")
+
+
+def test_two_kinds_of_one_name_are_refused_with_both_sources_named(tmp_path: Path) -> None:
+    # A second package whose entry point registers a kind named like a shipped one.
+    dist = tmp_path / "clashing_kind-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: clashing-kind\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[autonorm_studies.kinds]\nsecond_compare = studies.kinds.compare.kind:CompareKind\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    proc = subprocess.run(
+        [sys.executable, "-c", "import studies.kinds"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "two study kinds are named 'compare'" in last, proc.stderr
+    assert (
+        "studies.kinds.compare.KIND" in last
+        and "entry point second_compare" in last
+        and "clashing-kind" in last
+    )
+
+
 # ---- without a run ------------------------------------------------------------------------------
 
 

@@ -61,7 +61,9 @@ def _doc(model: dict[str, Any], data: str = "digits", **extra: Any) -> dict[str,
 
 @pytest.mark.parametrize("name", list_norms())
 def test_every_registered_norm_validates_as_model_norm(name: str) -> None:
-    spec = validate_spec(_doc({"type": "vit_lite", "preset": "tiny", "norm": {"type": name}}))
+    spec = validate_spec(
+        _doc({"type": "vit_lite", "preset": "tiny", "norm": {"type": name}}), model=StudySpec
+    )
     assert spec.model.norm.type == name
 
 
@@ -72,7 +74,9 @@ def test_every_norm_tag_is_a_registered_norm() -> None:
 def test_linear_tags_are_the_core_linear_kinds() -> None:
     assert sorted(_tags(LinearSpec)) == sorted(LINEAR_KINDS)
     for kind in LINEAR_KINDS:
-        spec = validate_spec(_doc({"type": "vit_lite", "preset": "tiny", "linear": {"type": kind}}))
+        spec = validate_spec(
+            _doc({"type": "vit_lite", "preset": "tiny", "linear": {"type": kind}}), model=StudySpec
+        )
         assert spec.model.linear.type == kind
 
 
@@ -82,13 +86,17 @@ def test_layer_tags_are_the_core_layer_kinds() -> None:
     assert sorted(_tags(ConvLayerSpec)) == sorted(CNN_LAYERS)
     for model_type, kinds in (("mlp", MLP_LAYERS), ("cnn", CNN_LAYERS)):
         for kind in kinds:
-            spec = validate_spec(_doc({"type": model_type, "preset": "tiny", "layer": {"type": kind}}))
+            spec = validate_spec(
+                _doc({"type": model_type, "preset": "tiny", "layer": {"type": kind}}), model=StudySpec
+            )
             assert spec.model.layer.type == kind
 
 
 def test_unknown_norm_is_refused_with_the_registered_names() -> None:
     with pytest.raises(SpecError) as info:
-        validate_spec(_doc({"type": "vit_lite", "preset": "tiny", "norm": {"type": "batchnorm"}}))
+        validate_spec(
+            _doc({"type": "vit_lite", "preset": "tiny", "norm": {"type": "batchnorm"}}), model=StudySpec
+        )
     (issue,) = info.value.issues
     assert issue.path == "model.norm.type"
     assert all(name in issue.message for name in list_norms())
@@ -151,7 +159,7 @@ FIT_CASES: list[tuple[str, dict[str, Any]]] = [
 @pytest.mark.parametrize(("data", "model"), FIT_CASES, ids=[f"{d}-{m['type']}" for d, m in FIT_CASES])
 def test_fit_reports_exactly_the_metrics_validation_knows(data: str, model: dict[str, Any]) -> None:
     metric, mode = ("val_rmse", "min") if DATA_TASKS[data] == "regression" else ("val_accuracy", "max")
-    spec = validate_spec(_doc(model, data, metric=metric, mode=mode))
+    spec = validate_spec(_doc(model, data, metric=metric, mode=mode), model=StudySpec)
     assert isinstance(spec, StudySpec)
     cfg = spec.base_config()
     try:
@@ -205,7 +213,7 @@ def test_wrong_metric_is_refused_naming_the_field(
     data: str, model: dict[str, Any], metric: str, mode: str, path: str, fragment: str
 ) -> None:
     with pytest.raises(SpecError) as info:
-        validate_spec(_doc({**model, "preset": "tiny"}, data, metric=metric, mode=mode))
+        validate_spec(_doc({**model, "preset": "tiny"}, data, metric=metric, mode=mode), model=StudySpec)
     matching = [i for i in info.value.issues if i.path == path and fragment in i.message]
     assert matching, info.value.format()
 
@@ -216,12 +224,12 @@ def test_gate_metric_needs_autonorm_in_every_trial() -> None:
         metric="gate_entropy",
         mode="min",
     )
-    assert validate_spec(gated).search.metric == "gate_entropy"
+    assert validate_spec(gated, model=StudySpec).search.metric == "gate_entropy"
     gated["search"]["space"].append(
         {"name": "model.norm.type", "type": "categorical", "choices": ["autonorm", "dyt"]}
     )
     with pytest.raises(SpecError) as info:
-        validate_spec(gated)
+        validate_spec(gated, model=StudySpec)
     assert any(i.path == "search.metric" for i in info.value.issues)
 
 
@@ -231,7 +239,7 @@ def test_searched_data_set_needs_the_metric_under_every_choice() -> None:
         {"name": "data.type", "type": "categorical", "choices": ["digits", "diabetes"]}
     )
     with pytest.raises(SpecError) as info:
-        validate_spec(doc)
+        validate_spec(doc, model=StudySpec)
     assert any(i.path == "search.metric" and "diabetes and digits" in i.message for i in info.value.issues)
 
 

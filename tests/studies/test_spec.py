@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from studies import schema as spec_mod
+from studies.kinds import load_study
 from studies.kinds.search.spec import StudySpec
 from studies.schema import (
     LN2,
@@ -49,7 +50,7 @@ def _write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
 
 def _issues(path: Path, overrides: tuple[str, ...] = (), preset: str | None = None) -> list[SpecIssue]:
     with pytest.raises(SpecError) as info:
-        load_spec(path, overrides, preset=preset)
+        load_spec(path, overrides, preset=preset, model=StudySpec)  # the corpus is of search specs
     return list(info.value.issues)
 
 
@@ -139,20 +140,20 @@ LAYERED = MINIMAL.replace("training: {epochs: 4}", "training: {epochs: 20}") + (
 
 def test_layering_defaults_yaml_preset_set(tmp_path: Path) -> None:
     path = _write(tmp_path, LAYERED)
-    plain = load_spec(path)
+    plain = load_study(path)
     assert plain.training.epochs == 20  # YAML over default (20 happens to be the default too: check another)
     assert plain.training.batch_size == 64  # default, not in the YAML
-    quick = load_spec(path, preset="quick")
+    quick = load_study(path, preset="quick")
     assert quick.training.epochs == 3  # preset over YAML
     assert quick.search.space[0].high == 0.05  # a dotted preset key edits one list item
     assert quick.search.space[0].low == 1e-4  # ... and leaves its siblings alone
-    top = load_spec(path, ["training.epochs=7", "training.batch_size=32"], preset="quick")
+    top = load_study(path, ["training.epochs=7", "training.batch_size=32"], preset="quick")
     assert (top.training.epochs, top.training.batch_size) == (7, 32)  # --set over preset
 
 
 def test_set_values_are_yaml(tmp_path: Path) -> None:
     path = _write(tmp_path, MINIMAL)
-    spec = load_spec(
+    spec = load_study(
         path,
         [
             "model.norm={type: layernorm}",
@@ -195,7 +196,7 @@ def test_malformed_override_is_rejected(tmp_path: Path) -> None:
 
 
 def test_shipped_spec_searches_what_the_protocol_names() -> None:
-    spec = load_spec(SHIPPED)
+    spec = load_study(SHIPPED)
     params = {p.name: p for p in spec.search.space}
     t = params["training.freeze.t_freeze"]
     assert (t.type, t.low, t.high) == ("int", 1, spec.training.epochs)
@@ -212,7 +213,7 @@ def test_shipped_spec_searches_what_the_protocol_names() -> None:
 
 
 def test_smoke_preset_is_small() -> None:
-    spec = load_spec(SHIPPED, preset="smoke")
+    spec = load_study(SHIPPED, preset="smoke")
     assert spec.model.type == "vit_lite" and spec.model.preset == "tiny"
     assert spec.data.type == "digits"
     assert spec.training.epochs <= 5
@@ -245,7 +246,7 @@ def _sample_trial(spec: StudySpec, rng: random.Random) -> dict[str, Any]:
 
 @pytest.mark.parametrize("preset", [None, "smoke"])
 def test_every_sampled_trial_of_the_shipped_space_is_valid(preset: str | None) -> None:
-    spec = load_spec(SHIPPED, preset=preset)
+    spec = load_study(SHIPPED, preset=preset)
     rng = random.Random(0)
     seen_types = set()
     for _ in range(200):
@@ -266,7 +267,7 @@ def test_conditional_parameter_is_checked_under_its_condition(tmp_path: Path) ->
         "    - {name: model.linear.type, type: categorical, choices: [linear, corrected]}\n"
         "    - {name: model.linear.beta, type: float, low: 0.1, high: 4.0, when: {model.linear.type: corrected}}\n",
     )
-    spec = load_spec(_write(tmp_path, base))
+    spec = load_study(_write(tmp_path, base))
     assert spec.search.space[1].when == {"model.linear.type": "corrected"}
     # beta itself is range-checked with the condition applied: 0 is not a valid beta
     issues = _issues(_write(tmp_path, base.replace("low: 0.1, high: 4.0", "low: 0.0, high: 4.0"), "b.yaml"))
@@ -300,7 +301,7 @@ def test_switching_a_resolved_norm_variant_names_every_leftover_field(tmp_path: 
 
 
 def test_check_search_space_is_reusable_with_sections() -> None:
-    spec = load_spec(SHIPPED, preset="smoke")
+    spec = load_study(SHIPPED, preset="smoke")
     base = spec.base_config()
     good = check_search_space(spec.search.space, base)
     assert good == []
@@ -310,7 +311,7 @@ def test_check_search_space_is_reusable_with_sections() -> None:
 
 
 def test_seed_is_a_valid_search_name() -> None:
-    spec = load_spec(SHIPPED, preset="smoke")
+    spec = load_study(SHIPPED, preset="smoke")
     from studies.schema import CategoricalParam
 
     assert check_search_space([CategoricalParam(name="seed", choices=(0, 1))], spec.base_config()) == []
@@ -322,13 +323,13 @@ def test_seed_is_a_valid_search_name() -> None:
 
 
 def test_spec_is_frozen() -> None:
-    spec = load_spec(SHIPPED)
+    spec = load_study(SHIPPED)
     with pytest.raises(ValidationError):
         spec.training.lr = 1.0  # type: ignore[misc]
 
 
 def test_variants_carry_only_their_own_fields() -> None:
-    spec = load_spec(SHIPPED)
+    spec = load_study(SHIPPED)
     linear = spec.model.linear
     assert set(type(linear).model_fields) == {"type"}
     from studies.schema import CorrectedLinearSpec
@@ -337,8 +338,8 @@ def test_variants_carry_only_their_own_fields() -> None:
 
 
 def test_resolved_yaml_round_trips(tmp_path: Path) -> None:
-    spec = load_spec(SHIPPED, preset="smoke")
-    again = load_spec(_write(tmp_path, spec.to_yaml()))
+    spec = load_study(SHIPPED, preset="smoke")
+    again = load_study(_write(tmp_path, spec.to_yaml()))
     assert again == spec
     assert again.hash() == spec.hash()
 
@@ -352,10 +353,10 @@ def test_spec_hash_ignores_key_order_and_tracks_values() -> None:
 
 def test_validate_spec_accepts_documents() -> None:
     doc, _ = parse_yaml(MINIMAL)
-    spec = validate_spec(doc)
+    spec = validate_spec(doc, model=StudySpec)
     assert isinstance(spec, StudySpec) and spec.name == "mini"
     with pytest.raises(SpecError) as info:
-        validate_spec({**doc, "retries": -3})
+        validate_spec({**doc, "retries": -3}, model=StudySpec)
     assert info.value.issues[0].path == "retries"
 
 
@@ -363,7 +364,7 @@ def test_validate_spec_accepts_documents() -> None:
 
 
 def test_plan_fields_follow_the_spec(tmp_path: Path) -> None:
-    spec = load_spec(
+    spec = load_study(
         SHIPPED, preset="smoke", overrides=[f"storage_path={tmp_path}/runs", "resources.gpu=0.25"]
     )
     plan = spec.to_plan(environ={"AUTONORM_GIT_COMMIT": "abc123"})
@@ -383,17 +384,17 @@ def test_plan_fields_follow_the_spec(tmp_path: Path) -> None:
     assert tags["autonorm.git_commit"] == "abc123"
     assert "autonorm.version.ray" in tags and "autonorm.version.pydantic" in tags
     artifacts = dict(plan.artifacts)
-    again = load_spec(_write(tmp_path, artifacts["spec.yaml"]))
+    again = load_study(_write(tmp_path, artifacts["spec.yaml"]))
     assert again.hash() == spec.hash()
 
 
 def test_tracking_uri_precedence(tmp_path: Path) -> None:
-    spec = load_spec(SHIPPED, preset="smoke")
+    spec = load_study(SHIPPED, preset="smoke")
     assert spec.to_plan(environ={}).tracking.uri is None  # workers' sqlite default
     assert spec.to_plan(environ={"MLFLOW_TRACKING_URI": "http://127.0.0.1:5999"}).tracking.uri == (
         "http://127.0.0.1:5999"
     )
-    explicit = load_spec(SHIPPED, ["tracking.uri=http://mlflow:5000"], preset="smoke")
+    explicit = load_study(SHIPPED, ["tracking.uri=http://mlflow:5000"], preset="smoke")
     plan = explicit.to_plan(environ={"MLFLOW_TRACKING_URI": "http://127.0.0.1:5999"})
     assert plan.tracking.uri == "http://mlflow:5000"
     assert plan.tracking.experiment == "autonorm_search"
@@ -403,9 +404,9 @@ def test_relative_storage_becomes_absolute_and_uris_stay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    spec = load_spec(SHIPPED, preset="smoke")
+    spec = load_study(SHIPPED, preset="smoke")
     assert spec.to_plan(environ={}).storage.path == str(tmp_path / "runs")
-    s3 = load_spec(SHIPPED, ["storage_path=s3://bucket/studies"], preset="smoke")
+    s3 = load_study(SHIPPED, ["storage_path=s3://bucket/studies"], preset="smoke")
     assert s3.to_plan(environ={}).storage.path == "s3://bucket/studies"
 
 
@@ -416,7 +417,7 @@ def test_grid_sampler_compiles_to_grid_with_seed_axis(tmp_path: Path) -> None:
         "    - {name: model.linear.type, type: categorical, choices: [linear, prenorm_l2]}\n"
         "    - {name: training.batch_size, type: categorical, choices: [32, 64]}\n",
     )
-    plan = load_spec(_write(tmp_path, text)).to_plan(environ={})
+    plan = load_study(_write(tmp_path, text)).to_plan(environ={})
     assert plan.space == ()
     assert dict(plan.grid) == {
         "model.linear.type": ("linear", "prenorm_l2"),
@@ -429,7 +430,7 @@ def test_grid_sampler_compiles_to_grid_with_seed_axis(tmp_path: Path) -> None:
 def test_build_plan_from_sections() -> None:
     from studies.schema import FloatParam, ResourcesSpec, SearchSpec, TPESpec, build_plan
 
-    spec = load_spec(SHIPPED, preset="smoke")
+    spec = load_study(SHIPPED, preset="smoke")
     search = SearchSpec(
         space=(FloatParam(name="training.lr", low=1e-4, high=1e-2, log=True),), sampler=TPESpec(seed=3)
     )
@@ -524,7 +525,7 @@ def test_every_affine_net_layer_builds_in_core() -> None:
 def test_training_section_is_a_core_train_config() -> None:
     from autonorm_core.training import TrainConfig
 
-    spec = load_spec(SHIPPED)
+    spec = load_study(SHIPPED)
     cfg = TrainConfig.from_dict(spec.base_config()["training"])
     assert cfg.epochs == spec.training.epochs and cfg.freeze is not None
     assert cfg.freeze.t_freeze == spec.training.freeze.t_freeze
@@ -535,8 +536,8 @@ def test_training_section_is_a_core_train_config() -> None:
 
 def test_kind_is_the_first_field_and_defaults_to_search(tmp_path: Path) -> None:
     assert next(iter(StudySpec.model_fields)) == "kind"
-    assert load_spec(_write(tmp_path, MINIMAL)).kind == "search"
-    assert load_spec(_write(tmp_path, "kind: search\n" + MINIMAL)).kind == "search"
+    assert load_study(_write(tmp_path, MINIMAL)).kind == "search"
+    assert load_study(_write(tmp_path, "kind: search\n" + MINIMAL)).kind == "search"
     issues = _issues(_write(tmp_path, "kind: batchsize\n" + MINIMAL))
     assert [i.path for i in issues] == ["kind"]
 
@@ -618,13 +619,13 @@ def test_error_text_never_repeats_a_credential_anywhere(tmp_path: Path) -> None:
     for field in ("storage_path", "tracking.uri", "tracking.artifact_location", "storage.endpoint_override"):
         url = f"s3://AKIAKEY:{secret}@bucket/prefix"
         with pytest.raises(SpecError) as info:
-            load_spec(path, (f"{field}={url}",))
+            load_study(path, (f"{field}={url}",))
         text = info.value.format() + repr(info.value.issues) + str(info.value)
         assert secret not in text and "AKIAKEY" not in text and url not in text
         assert "s3://***@bucket/prefix" in text
     # ... also when the credential sits in a field that is no URL at all (the name pattern echoes input).
     with pytest.raises(SpecError) as info:
-        load_spec(path, (f"name=http://u:{secret}@h",))
+        load_study(path, (f"name=http://u:{secret}@h",))
     assert secret not in info.value.format()
 
 
@@ -702,7 +703,9 @@ def test_url_fields_are_checked_for_every_study_kind() -> None:
 
 def test_seeds_must_fit_32_bits(tmp_path: Path) -> None:
     path = _write(tmp_path, MINIMAL)
-    assert load_spec(path, ("search.sampler={type: tpe, seed: 4294967295}",)).search.sampler.seed == 2**32 - 1
+    assert (
+        load_study(path, ("search.sampler={type: tpe, seed: 4294967295}",)).search.sampler.seed == 2**32 - 1
+    )
     (issue,) = _issues(path, ("search.sampler={type: random, seed: 4294967296}",))
     assert issue.path == "search.sampler.seed"
     issues = _issues(path, ("seeds=[4294967296]",))
@@ -711,7 +714,7 @@ def test_seeds_must_fit_32_bits(tmp_path: Path) -> None:
 
 def test_small_int_range_is_checked_value_by_value(tmp_path: Path) -> None:
     path = _write(tmp_path, MINIMAL)
-    ok = load_spec(path, ("model.dim=64", "search.space=[{name: model.heads, type: int, low: 1, high: 2}]"))
+    ok = load_study(path, ("model.dim=64", "search.space=[{name: model.heads, type: int, low: 1, high: 2}]"))
     assert ok.search.space[0].high == 2
     (issue,) = _issues(
         path, ("model.dim=64", "search.space=[{name: model.heads, type: int, low: 1, high: 4}]")
@@ -744,7 +747,7 @@ def test_searched_t_freeze_must_fit_the_smallest_searched_epochs(tmp_path: Path)
         "search.space=[{name: training.freeze.t_freeze, type: int, low: 1, high: %d}, "
         "{name: training.epochs, type: int, low: 6, high: 12}]"
     )
-    assert load_spec(path, (space % 6,)).training.freeze is not None
+    assert load_study(path, (space % 6,)).training.freeze is not None
     issues = _issues(path, (space % 8,))
     assert [i.path for i in issues] == ["search.space.0.high"]
     assert "never freezes" in issues[0].message

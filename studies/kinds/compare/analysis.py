@@ -2,7 +2,7 @@
 
 :func:`compare_arms` turns a table of confirmatory trials (one row per arm x seed) into per-arm
 summaries, one result per contrast and a study verdict; with the shared fields added by
-:func:`studies.kinds.compare.study.analyse` it is what a study writes to ``verdict.json``.
+:func:`studies.kinds.compare.workflow.analyse` it is what a study writes to ``verdict.json``.
 
 The rule (docs/science.md, "The Affine Divergence main table"):
 
