@@ -1,0 +1,224 @@
+"""SGD and AdamW over member-stacked parameters: every hyperparameter and every update per member.
+
+The separate fit runs ``torch.optim.SGD`` / fused ``AdamW`` over
+:func:`autonorm_core.optim.param_groups` (decay for tensors of >= 2 member dimensions, none for the
+rest) after ``clip_grad_norm_`` over the optimized parameters. Here the same arithmetic runs on
+``(K, ...)`` tensors with per-member learning rate, weight decay, momentum and clipping norm, and a
+per-member, per-parameter ``mask``: a member that diverged, stopped, or froze that parameter (the
+AutoNorm-S selector) leaves parameter, moments and step count untouched, exactly as a parameter
+outside the separate optimizer. Bias corrections are computed in float64 from the step count, as the
+fused kernel does.
+
+State per parameter: ``step`` ``(K,)`` (float64), ``exp_avg`` / ``exp_avg_sq`` (AdamW) or
+``momentum_buffer`` (SGD with momentum), all ``(K, ...)``: :meth:`member_state` / :meth:`load_member_state`
+convert member k's slice to and from ``torch.optim`` state entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["StackedOptimizer"]
+
+BETAS = (0.9, 0.999)  # torch.optim.AdamW's defaults, which autonorm_core.optim.adamw keeps
+EPS = 1e-8
+
+
+class StackedOptimizer:
+    """One optimizer step for K members at once (``kind``: ``sgd`` or ``adamw``)."""
+
+    def __init__(self, named_params: Sequence[tuple[str, nn.Parameter]], *, kind: str, num_members: int):
+        if kind not in ("sgd", "adamw"):
+            raise ValueError(f"unknown optimizer {kind!r}")
+        self.kind = kind
+        self.k = num_members
+        self.params = list(named_params)
+        self.state: dict[str, dict[str, Tensor]] = {}
+        self._vectors: dict[str, tuple[tuple[float, ...], Tensor]] = {}
+        self._uniform_lr: float | None = None
+        for name, p in self.params:
+            st = {"step": torch.zeros(num_members, dtype=torch.float64, device=p.device)}
+            if kind == "adamw":
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            else:
+                st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            self.state[name] = st
+
+    def _vector(self, key: str, values: Sequence[float]) -> Tensor:
+        """Per-member float64 values on the device, rebuilt only when they change (one host copy)."""
+        values = tuple(float(v) for v in values)
+        cached = self._vectors.get(key)
+        if cached is None or cached[0] != values:
+            device = self.params[0][1].device
+            cached = (values, torch.tensor(values, dtype=torch.float64, device=device))
+            self._vectors[key] = cached
+        return cached[1]
+
+    def zero_grad(self) -> None:
+        for _, p in self.params:
+            p.grad = None
+
+    @staticmethod
+    def decays(p: Tensor) -> bool:
+        """``param_groups``' rule on the member's tensor: >= 2 dimensions decay."""
+        return p.ndim - 1 >= 2
+
+    def _view(self, v: Tensor, like: Tensor) -> Tensor:
+        return v.reshape(self.k, *([1] * (like.ndim - 1)))
+
+    @torch.no_grad()
+    def clip_(self, max_norms: Sequence[float | None], masks: Mapping[str, Tensor]) -> None:
+        """``clip_grad_norm_`` per member over the parameters it optimizes (``masks[name][k]``)."""
+        if all(m is None for m in max_norms):
+            return
+        sq: Tensor | None = None
+        for name, p in self.params:
+            if p.grad is None:
+                continue
+            g = p.grad
+            part = torch.where(masks[name], g.reshape(self.k, -1).double().pow(2).sum(dim=1), 0.0)
+            sq = part if sq is None else sq + part
+        if sq is None:
+            return
+        total = sq.sqrt()
+        limit = torch.tensor(
+            [float("inf") if m is None else m for m in max_norms], dtype=torch.float64, device=total.device
+        )
+        coef = (limit / (total + 1e-6)).clamp(max=1.0)
+        coef = torch.where(torch.isinf(limit), 1.0, coef).to(self.params[0][1].dtype)
+        for _, p in self.params:
+            if p.grad is not None:
+                p.grad.mul_(self._view(coef, p.grad))
+
+    @torch.no_grad()
+    def step(
+        self,
+        *,
+        lr: Sequence[float],
+        weight_decay: Sequence[float],
+        momentum: Sequence[float],
+        masks: Mapping[str, Tensor],
+    ) -> None:
+        """One update; ``masks[name]`` ``(K,)`` bool: which members update that parameter."""
+        lr64 = self._vector("lr", lr)
+        self._uniform_lr = float(lr[0]) if all(v == lr[0] for v in lr) else None
+        wd64 = self._vector("wd", weight_decay)
+        mom = self._vector("mom", momentum)
+        need_wd = any(w != 0.0 for w in weight_decay)
+        need_mom = any(m != 0.0 for m in momentum)
+        flags: dict[int, tuple[bool, bool]] = {}
+        for name, p in self.params:
+            mask = masks[name]
+            if id(mask) not in flags:
+                flags[id(mask)] = (bool(mask.any()), bool(mask.all()))
+            some, every = flags[id(mask)]
+            if p.grad is None or not some:
+                continue
+            st = self.state[name]
+            g = p.grad
+            wd = wd64 if (need_wd and self.decays(p)) else None
+            step = st["step"] + 1.0
+            if every:
+                # In place, the common case: every member updates this parameter.
+                st["step"] = step
+                if self.kind == "adamw":
+                    self._adamw_(p, g, st, step, lr64, wd)
+                else:
+                    self._sgd_(p, g, st, step, lr64, wd, mom if need_mom else None)
+                continue
+            # Some members keep this parameter (diverged, stopped, frozen): update copies, then select.
+            mb = self._view(mask, p)
+            new_p = p.detach().clone()
+            new_st = {key: v.clone() for key, v in st.items() if key != "step"}
+            new_st["step"] = step
+            if self.kind == "adamw":
+                self._adamw_(new_p, g, new_st, step, lr64, wd)
+            else:
+                self._sgd_(new_p, g, new_st, step, lr64, wd, mom if need_mom else None)
+            p.copy_(torch.where(mb, new_p, p))
+            st["step"] = torch.where(mask, step, st["step"])
+            for key, value in new_st.items():
+                if key != "step":
+                    st[key].copy_(torch.where(mb, value, st[key]))
+
+    def _adamw_(
+        self, p: Tensor, g: Tensor, st: Mapping[str, Tensor], step: Tensor, lr: Tensor, wd: Tensor | None
+    ) -> None:
+        """Fused AdamW's arithmetic, in place on ``p`` and ``st``, per-member ``lr`` / ``wd`` / ``step``."""
+        b1, b2 = BETAS
+        dt = p.dtype
+        if wd is not None:
+            p.mul_(self._view((1.0 - lr * wd).to(dt), p))
+        m, v = st["exp_avg"], st["exp_avg_sq"]
+        m.lerp_(g, 1.0 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+        bc1 = 1.0 - b1**step
+        bc2_sqrt = (1.0 - b2**step).sqrt()
+        denom = (v.sqrt() / self._view(bc2_sqrt.to(dt), p)).add_(EPS)
+        p.sub_(torch.div(m, denom).mul_(self._view((lr / bc1).to(dt), p)))
+
+    def _sgd_(
+        self,
+        p: Tensor,
+        g: Tensor,
+        st: Mapping[str, Tensor],
+        step: Tensor,
+        lr: Tensor,
+        wd: Tensor | None,
+        mom: Tensor | None,
+    ) -> None:
+        """``torch.optim.SGD``'s arithmetic (no dampening, no Nesterov), in place, per-member values."""
+        dt = p.dtype
+        d_p = g if wd is None else g + self._view(wd.to(dt), p) * p
+        if mom is not None:
+            buf = st["momentum_buffer"]
+            first = self._view(step == 1.0, p)
+            use = self._view(mom != 0.0, p)
+            new_buf = torch.where(first, d_p, buf * self._view(mom.to(dt), p) + d_p)
+            buf.copy_(torch.where(use, new_buf, buf))
+            d_p = torch.where(use, buf, d_p)
+        if self._uniform_lr is not None:
+            p.add_(d_p, alpha=-self._uniform_lr)  # every member at one lr: torch.optim.SGD's own call
+        else:
+            p.addcmul_(d_p, self._view((-lr).to(dt), p))
+
+    # -- member k <-> torch.optim state entries ---------------------------------------------------------
+
+    def member_state(self, name: str, k: int, *, momentum: float) -> dict[str, Tensor] | None:
+        """Member ``k``'s ``torch.optim`` state entry for ``name`` (``None``: never updated)."""
+        st = self.state[name]
+        steps = float(st["step"][k])
+        if steps == 0.0:
+            return None
+        if self.kind == "adamw":
+            return {
+                "step": torch.tensor(steps, dtype=torch.float32),
+                "exp_avg": st["exp_avg"][k].clone(),
+                "exp_avg_sq": st["exp_avg_sq"][k].clone(),
+            }
+        if momentum == 0.0:
+            return None
+        return {"momentum_buffer": st["momentum_buffer"][k].clone()}
+
+    def load_member_state(self, name: str, k: int, entry: Mapping[str, Tensor] | None) -> None:
+        st = self.state[name]
+        with torch.no_grad():
+            if not entry:
+                st["step"][k] = 0.0
+                for key in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
+                    if key in st:
+                        st[key][k].zero_()
+                return
+            if self.kind == "adamw":
+                st["step"][k] = float(entry["step"])
+                st["exp_avg"][k].copy_(entry["exp_avg"])
+                st["exp_avg_sq"][k].copy_(entry["exp_avg_sq"])
+            else:
+                buf = entry.get("momentum_buffer")
+                if buf is not None:
+                    st["momentum_buffer"][k].copy_(buf)
+                    st["step"][k] = max(float(st["step"][k]), 1.0)
