@@ -9,6 +9,7 @@
     autonorm-study status   SPEC|STUDY_DIR | --job ID [--address URL]
     autonorm-study report   SPEC|STUDY_DIR [--out DIR]
     autonorm-study reproduce RUN_ID|RUN_URL|STUDY_DIR [--tracking-uri URI] [--rerun [--allow-different-code]]
+    autonorm-study ls       [--tracking-uri URI] [--json]            # every study in a tracking store, newest first
 
 SPEC may also be given as ``--spec PATH`` (as in every entry point). ``validate``, ``plan``, ``run``
 and ``submit`` refuse a design that can never decide (:mod:`studies.decidability`) unless it is
@@ -323,6 +324,22 @@ def _follow(client: Any, job_id: str, *, timeout: float | None) -> int:
 
 def _short(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    """``ls``: every study in a tracking store, one line each, newest first."""
+    from studies.listing import format_studies, list_studies
+
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        print("ls: which tracking store? give --tracking-uri (or MLFLOW_TRACKING_URI)", file=sys.stderr)
+        return EXIT_SPEC_ERROR
+    rows = list_studies(uri)
+    if args.json:
+        _print_json(rows)
+    else:
+        print(format_studies(rows))
+    return 0
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -709,6 +726,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--timeout", type=float, default=None, help="with --wait: give up after this many seconds")
     p.set_defaults(func=_cmd_submit)
+
+    p = sub.add_parser("ls", help="every study in a tracking store, one line each, newest first")
+    p.add_argument("--tracking-uri", default=None, help="the tracking store (default: $MLFLOW_TRACKING_URI)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_ls)
 
     p = sub.add_parser("status", help="a study's progress (from its storage) or a Ray job's state")
     _spec_argument(p, "target", "spec YAML or study directory", optional=True)

@@ -50,7 +50,7 @@ class StudyDir:
 
     def phase_plan(self, name: str) -> Any:
         """A plan naming the Tune experiment of phase ``name`` (``<study dir>/<name>``), for reading it
-        back (``workers.runner.read_trials``)."""
+        back (``workers.results.read_trials``)."""
         from workers.plan import StudyPlan
 
         storage = StorageConfig(
