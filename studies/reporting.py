@@ -53,6 +53,7 @@ COLORS: dict[str, str] = {
     "supported": "#1f5fa8",
     "refuted": "#c0392b",
     "inconclusive": "#8a8f94",
+    "budget-dependent": "#b07aa1",
     "none": "#c5c8cb",
     "stable": "#2a9d8f",
     "declines": "#d9822b",

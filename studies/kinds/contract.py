@@ -29,10 +29,12 @@ from workers.plan import StudyPlan, expected_trials
 
 __all__ = ["SHARED_VERDICT_FIELDS", "STUDY_VERDICTS", "Phase", "StudyKind", "StudyOutcome", "StudyVerdict"]
 
-STUDY_VERDICTS: tuple[str, ...] = ("supported", "refuted", "inconclusive", "none")
-"""Values of ``study_verdict``: ``none`` for a study that tests no hypothesis (a search alone)."""
+STUDY_VERDICTS: tuple[str, ...] = ("supported", "refuted", "budget-dependent", "inconclusive", "none")
+"""Values of ``study_verdict``: ``none`` for a study that tests no hypothesis (a search alone);
+``budget-dependent`` (decided) for a claim that holds under one training budget and fails under
+another (the batch-size kind; the verdict's ``study_reasons`` says which)."""
 
-StudyVerdict = Literal["supported", "refuted", "inconclusive", "none"]
+StudyVerdict = Literal["supported", "refuted", "budget-dependent", "inconclusive", "none"]
 
 SHARED_VERDICT_FIELDS: tuple[str, ...] = ("kind", "study_verdict", "hypotheses")
 """Fields every ``verdict.json`` has, whatever its kind; ``hypotheses`` maps a hypothesis's name to

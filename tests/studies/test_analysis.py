@@ -156,13 +156,15 @@ def test_fix_arms_inherit_the_gates_of_their_control() -> None:
     assert res["study_verdict"] == "inconclusive"
 
 
-def test_declining_controls_are_labelled_and_block_the_study() -> None:
+def test_declining_controls_are_labelled_and_refute_the_claim() -> None:
     df = make_table(slopes={"linear": -0.02, "linear_batchnorm": -0.02, "corrected": -0.05})
     res = batchsize_trend(df, n_perm=499, **ARGS)
     assert res["controls"] == {"linear": "declines", "linear_batchnorm": "declines"}
     assert res["verdict"]["corrected"] == "supported"  # declines more than the control
-    assert res["study_verdict"] == "inconclusive"
-    assert "controls decline" in res["study_reasons"]
+    # The claim's second half (the controls do not decline) fails: the claim fails.
+    assert res["claim_by_budget"] == {"": "fails"}
+    assert res["study_verdict"] == "refuted"
+    assert res["study_reasons"] == ["control linear declines", "control linear_batchnorm declines"]
 
 
 def test_control_label_thresholds_use_delta() -> None:
@@ -325,19 +327,65 @@ def test_budgets_are_analysed_separately_and_must_agree() -> None:
     assert res["verdict"]["corrected"] == "supported" and res["study_verdict"] == "supported"
     assert res["arms"]["corrected"]["by_budget"]["updates"]["verdict"] == "supported"
 
-    flat = make_table(slopes={"linear": 0.0, "linear_batchnorm": 0.0, "corrected": 0.0}, rng_seed=2)
-    res2 = batchsize_trend(pd.concat([epochs, flat.assign(budget="updates")]), n_perm=499, **ARGS)
-    assert res2["budgets"]["epochs"]["verdict"]["corrected"] == "supported"
-    assert res2["budgets"]["updates"]["verdict"]["corrected"] != "supported"
-    assert res2["verdict"]["corrected"] == "inconclusive"
-    assert "budget-dependent" in res2["arms"]["corrected"]["reasons"]
-    assert res2["study_verdict"] == "inconclusive" and "budget-dependent" in res2["study_reasons"]
+    assert res["claim_by_budget"] == {"epochs": "holds", "updates": "holds"}
 
     up = make_table(slopes={"linear": 0.0, "linear_batchnorm": 0.0, "corrected": 0.02})
     res3 = batchsize_trend(
         pd.concat([up.assign(budget="epochs"), up.assign(budget="updates")]), n_perm=199, **ARGS
     )
     assert res3["verdict"]["corrected"] == "refuted" and res3["study_verdict"] == "refuted"
+    assert res3["claim_by_budget"] == {"epochs": "fails", "updates": "fails"}
+
+
+HOLDS = {"linear": 0.0, "linear_batchnorm": 0.0, "corrected": -0.02}  # fix arm declines, controls flat
+CONTROL_DECLINES = {"linear": -0.02, "linear_batchnorm": 0.0, "corrected": -0.05}  # a declining control
+FIX_RISES = {"linear": 0.0, "linear_batchnorm": 0.0, "corrected": 0.02}  # every fix arm refuted
+FLAT = {"linear": 0.0, "linear_batchnorm": 0.0, "corrected": 0.0}
+
+
+def _two_budgets(epochs: dict[str, float], updates: dict[str, float], **kw: Any) -> dict[str, Any]:
+    tables = [
+        make_table(slopes=epochs, rng_seed=1, **kw).assign(budget="epochs"),
+        make_table(slopes=updates, rng_seed=2, **kw).assign(budget="updates"),
+    ]
+    return batchsize_trend(pd.concat(tables), n_perm=499, **ARGS)
+
+
+def test_a_claim_that_holds_under_epochs_and_fails_under_updates_is_budget_dependent() -> None:
+    # Under a fixed update budget a control declines: the claim fails there, holds under fixed epochs.
+    res = _two_budgets(HOLDS, CONTROL_DECLINES)
+    assert res["budgets"]["updates"]["controls"]["linear"] == "declines"
+    assert res["claim_by_budget"] == {"epochs": "holds", "updates": "fails"}
+    assert res["study_verdict"] == "budget-dependent"
+    assert res["study_reasons"] == [
+        "the claim holds under a fixed epoch budget only and fails under a fixed update budget: "
+        "the decline follows the number of updates, not the batch size"
+    ]
+    # The other way round, with the fix arm refuted under fixed epochs.
+    other = _two_budgets(FIX_RISES, HOLDS)
+    assert other["claim_by_budget"] == {"epochs": "fails", "updates": "holds"}
+    assert other["study_verdict"] == "budget-dependent"
+    assert other["study_reasons"] == [
+        "the claim holds under a fixed update budget only and fails under a fixed epoch budget"
+    ]
+
+
+def test_a_claim_that_fails_under_every_budget_is_refuted_even_by_a_control_alone() -> None:
+    res = _two_budgets(CONTROL_DECLINES, FIX_RISES)
+    assert res["budgets"]["epochs"]["verdict"]["corrected"] == "supported"  # the fix arm itself declines
+    assert res["claim_by_budget"] == {"epochs": "fails", "updates": "fails"}
+    assert res["study_verdict"] == "refuted" and "control linear declines" in res["study_reasons"]
+
+
+def test_a_claim_that_holds_under_one_budget_and_is_undecided_under_the_other_is_inconclusive() -> None:
+    # Too few seeds under one budget to decide anything there (a power gate), the claim holds under the other.
+    undecided = make_table(slopes=FLAT, seeds=3, rng_seed=2).assign(budget="updates")
+    res = batchsize_trend(
+        pd.concat([make_table(rng_seed=1).assign(budget="epochs"), undecided]), n_perm=499, **ARGS
+    )
+    assert res["claim_by_budget"] == {"epochs": "holds", "updates": "undecided"}
+    assert res["study_verdict"] == "inconclusive"
+    assert res["study_reasons"][0] == "epochs: holds" and "underpowered" in res["study_reasons"]
 
 
 def test_single_budget_column_is_one_analysis() -> None:

@@ -43,6 +43,7 @@ from studies.kinds.batchsize.hypothesis import DIVERGENCE_FIXES, HYPOTHESIS, MIN
 from studies.kinds.batchsize.hypothesis import MIN_BATCH_SIZES as _MIN_BATCH_SIZES
 from studies.kinds.batchsize.seedstats import none_if_nan
 from studies.kinds.batchsize.verdicts import (
+    claim_reading,
     combine_budgets,
     control_label,
     fix_reasons,
@@ -440,9 +441,12 @@ def batchsize_trend(
     CI and the interaction CI both lie strictly in the hypothesis direction of 0, ``refuted`` iff one
     of them lies entirely at or beyond 0 in the opposite direction, else ``inconclusive``; every
     non-supported arm lists its ``reasons``. Controls are labelled ``declines`` (oriented slope CI
-    upper bound < -delta), ``stable`` (whole oriented CI > -delta) or ``unclear``. The study is
-    ``supported`` iff at least one fix arm is supported and every control is stable, ``refuted`` iff
-    every fix arm is refuted, else ``inconclusive`` with ``study_reasons``.
+    upper bound < -delta), ``stable`` (whole oriented CI > -delta) or ``unclear``. Per budget the claim
+    holds (a fix arm supported, every control stable), fails (every fix arm refuted, or a control
+    declines) or is undecided (``claim_by_budget``; :mod:`studies.kinds.batchsize.verdicts`); the
+    study is ``supported`` / ``refuted`` where it holds / fails under every budget,
+    ``budget-dependent`` where it holds under one and fails under another, else ``inconclusive``
+    with ``study_reasons``.
 
     Budgets: when ``table`` has a ``budget`` column with more than one value, each budget is
     analysed on its own and ``budgets`` maps the budget name to that full result (this same layout,
@@ -450,7 +454,7 @@ def batchsize_trend(
     if supported under every budget, ``refuted`` only if refuted under every budget, else
     ``inconclusive`` (reason ``budget-dependent`` when supported under some budgets); control labels
     are ``stable`` only if stable everywhere, ``declines`` if they decline under any budget, else
-    ``unclear``; the study verdict likewise. Top-level ``arms[arm]`` then holds ``role``,
+    ``unclear``; the study verdict from the claim's reading per budget (above). Top-level ``arms[arm]`` then holds ``role``,
     ``verdict`` (fix) or ``label`` (control), ``reasons`` (union over budgets, plus
     ``budget-dependent``) and ``by_budget: {budget: {verdict|label, reasons, slope, slope_ci,
     interaction, interaction_ci, p_value, p_value_holm, n, n_failed}}``; the full statistics are in
@@ -591,6 +595,8 @@ def batchsize_trend(
 
     budgets = sorted(df["budget"].unique())
     if len(budgets) <= 1:
-        return {**one(df, budgets[0] if budgets else ""), "budgets": None}
+        single = one(df, budgets[0] if budgets else "")
+        reading = claim_reading(single["verdict"], single["controls"])
+        return {**single, "claim_by_budget": {single["budget"] or "": reading}, "budgets": None}
     per = {b: one(df[df["budget"] == b], b) for b in budgets}
     return {**header, **combine_budgets(per, fix_arms, control_arms), "budgets": per}

@@ -1,6 +1,14 @@
 """From statistics to verdicts in the batch-size analysis (docs/science.md §2): a CI on the
 "goodness" scale, a control's label, why a fix arm that passed its gates is not supported, the
-study verdict of one budget, and the per-budget results combined (agreement under every budget).
+study verdict of one budget, and the per-budget results combined.
+
+The claim as stated has two halves: a fix layer gets worse as the batch grows, AND the controls
+(plain affine, BatchNorm, LayerNorm) do not. Per budget the claim *holds* (at least one fix arm
+``supported`` and every control ``stable``), *fails* (every fix arm ``refuted``, or any control
+``declines``: a declining control contradicts the second half) or is *undecided*. The study is
+``supported`` when it holds under every budget run, ``refuted`` when it fails under every budget
+run, ``budget-dependent`` when it holds under one budget and fails under another (a decided
+outcome, with a sentence naming which), else ``inconclusive`` with its reasons.
 """
 
 from __future__ import annotations
@@ -10,6 +18,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "BUDGET_WORDS",
+    "budget_line",
+    "budget_sentence",
+    "claim_reading",
     "combine_budgets",
     "control_label",
     "fix_reasons",
@@ -60,6 +72,21 @@ def fix_reasons(r: Mapping[str, Any], *, sign: float, alpha: float) -> list[str]
     return reasons
 
 
+BUDGET_WORDS: dict[str, str] = {"epochs": "a fixed epoch budget", "updates": "a fixed update budget"}
+"""How a budget is said in a sentence."""
+
+
+def claim_reading(verdict: Mapping[str, str], labels: Mapping[str, str]) -> str:
+    """``holds`` | ``fails`` | ``undecided``: the claim under one budget, from the fix arms' verdicts
+    and the controls' labels (the module docstring has the rule)."""
+    fixes = list(verdict.values())
+    if (fixes and all(v == "refuted" for v in fixes)) or any(lab == "declines" for lab in labels.values()):
+        return "fails"
+    if any(v == "supported" for v in fixes) and all(lab == "stable" for lab in labels.values()):
+        return "holds"
+    return "undecided"
+
+
 def study_verdict(
     verdict: Mapping[str, str],
     labels: Mapping[str, str],
@@ -67,18 +94,19 @@ def study_verdict(
     *,
     exploratory: bool,
 ) -> tuple[str, list[str]]:
+    """The study verdict under one budget: ``supported`` where the claim holds, ``refuted`` where it
+    fails (reasons: the declining controls, if that is why), else ``inconclusive`` with reasons."""
     fixes = list(verdict.values())
-    if fixes and all(v == "refuted" for v in fixes):
-        return "refuted", []
-    if any(v == "supported" for v in fixes) and all(lab == "stable" for lab in labels.values()):
+    reading = claim_reading(verdict, labels)
+    if reading == "fails":
+        return "refuted", [f"control {arm} declines" for arm, lab in labels.items() if lab == "declines"]
+    if reading == "holds":
         return "supported", []
     reasons: list[str] = []
     if not fixes:
         reasons.append("no fix arm")
     elif not any(v == "supported" for v in fixes):
         reasons.append("no fix arm supported")
-    if any(lab == "declines" for lab in labels.values()):
-        reasons.append("controls decline")
     if any(lab == "unclear" for lab in labels.values()):
         reasons.append("control unclear")
     for arm, lab in labels.items():
@@ -141,17 +169,9 @@ def combine_budgets(
                 b: {key: r[key], "reasons": r["reasons"], **{k: r[k] for k in brief}} for b, r in rs.items()
             },
         }
-    studies = [per[b]["study_verdict"] for b in names]
+    readings = {b: claim_reading(per[b]["verdict"], per[b]["controls"]) for b in names}
     exploratory = any(per[b]["exploratory"] for b in names)
-    if all(s == "supported" for s in studies):
-        study, study_reasons = "supported", list[str]()
-    elif all(s == "refuted" for s in studies):
-        study, study_reasons = "refuted", []
-    else:
-        study = "inconclusive"
-        study_reasons = _union([per[b]["study_reasons"] for b in names])
-        if any(s == "supported" for s in studies):
-            study_reasons = ["budget-dependent", *study_reasons]
+    study, study_reasons = _study_of(readings, per)
     sens = [per[b]["sensitivity"]["study_verdict"] for b in names]
     sens_study = sens[0] if len(set(sens)) == 1 and sens[0] != "inconclusive" else "inconclusive"
     return {
@@ -159,8 +179,48 @@ def combine_budgets(
         "batch_sizes": sorted({b for n in names for b in per[n]["batch_sizes"]}),
         "seeds": _union([per[n]["seeds"] for n in names]),
         **verdict_fields(arms, verdict, labels, (study, study_reasons), exploratory),
+        "claim_by_budget": readings,
         "sensitivity": {
             "study_verdict": sens_study,
             "by_budget": {b: per[b]["sensitivity"] for b in names},
         },
     }
+
+
+def _study_of(readings: Mapping[str, str], per: Mapping[str, Mapping[str, Any]]) -> tuple[str, list[str]]:
+    """The study verdict and its reasons from the claim's reading under each budget."""
+    values = set(readings.values())
+    if values == {"holds"}:
+        return "supported", []
+    if values == {"fails"}:
+        return "refuted", _union([per[b]["study_reasons"] for b in readings])
+    if {"holds", "fails"} <= values:
+        return "budget-dependent", [budget_sentence(readings)]
+    reasons = [f"{b}: {r}" for b, r in readings.items() if r != "undecided"]
+    return "inconclusive", [
+        *reasons,
+        *_union([per[b]["study_reasons"] for b in readings if readings[b] == "undecided"]),
+    ]
+
+
+def budget_sentence(readings: Mapping[str, str]) -> str:
+    """The one sentence a ``budget-dependent`` study verdict carries: under which budget the claim
+    holds and under which it fails (and what that says about the decline)."""
+    holds = [b for b, r in readings.items() if r == "holds"]
+    fails = [b for b, r in readings.items() if r == "fails"]
+    say = " and ".join
+    text = (
+        f"the claim holds under {say(BUDGET_WORDS.get(b, b) for b in holds)} only and fails under "
+        f"{say(BUDGET_WORDS.get(b, b) for b in fails)}"
+    )
+    if holds == ["epochs"] and fails == ["updates"]:
+        text += ": the decline follows the number of updates, not the batch size"
+    return text
+
+
+def budget_line(budget: str, result: Mapping[str, Any]) -> str:
+    """One line per budget for the report and ``status``: the claim's reading and why."""
+    reading = claim_reading(result.get("verdict") or {}, result.get("controls") or {})
+    fixes = ", ".join(f"{a} {v}" for a, v in (result.get("verdict") or {}).items())
+    controls = ", ".join(f"{a} {lab}" for a, lab in (result.get("controls") or {}).items())
+    return f"{BUDGET_WORDS.get(budget, budget)}: the claim {reading} (fix arms: {fixes or '-'}; controls: {controls or '-'})"
