@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# GPU smoke benchmark: one prepared script, under 8 minutes on one GPU, writes bench/results/gpu_smoke.json.
+# GPU smoke benchmark: one prepared script, under 10 minutes on one GPU, writes bench/results/gpu_smoke.json.
 #
 #   bash bench/gpu_smoke.sh          # on a CUDA machine (exits 2 when there is no GPU)
 #   bash bench/gpu_smoke.sh --cpu    # the same steps on CPU with tiny sizes (seconds of work; for tests)
 #
-# Steps (each under its own `timeout`; on GPU the budgets below, total < 8 min):
+# Steps (each under its own `timeout`; on GPU the budgets below, total < 10 min):
 #   1. norms  (150 s): bench/norms.py --core --bf16 on the device: AutoNorm fwd+bwd over (LayerNorm + DyT),
 #                      eager and torch.compile'd, and the frozen-hard path over its one branch.
 #   2. step   (170 s): bench/step.py --compile --bf16: one full ViT-Lite `paper` training step (batch 64,
@@ -15,13 +15,16 @@
 #                      step's budget and would measure Inductor, not packing; step 2 measures the compiled
 #                      step, and real studies compile (training.compile: auto = on for CUDA).
 #   4. whole  ( 60 s): the same with 1 GPU per trial, 2 trials one after the other (also bf16, eager).
+#   5. stacking (120 s): bench/stacking.py --device cuda: K = 1, 4, 16 members of the MLP, CNN and ViT-Lite
+#                      `tiny` presets trained stacked (fit_stacked) against K separate fits, B = 8 and 64, fp32 eager.
 #   (--cpu keeps the trials' defaults: fp32, compile auto = eager on CPU.)
 # GPU utilisation is sampled with nvidia-smi every 500 ms during steps 3 and 4.
 #
 # Keys of gpu_smoke.json: examples_per_s_per_trial_{packed,whole}; trials_per_gpu_hour_{packed,whole} (slots x
 # 3600 / median trial time); packing_gain = packed / whole (goal >= 4); gpu_util_percent_{packed,whole}
 # (mean of the samples; null on CPU); autonorm_over_branches{,_compiled}, frozen_hard_over_branch (norms,
-# bf16); autonorm_over_frozen_ln (step, compiled, bf16); plus the mode, device and each step's exit status.
+# bf16); autonorm_over_frozen_ln (step, compiled, bf16); stacking_gain ({model: {B: {K: stacked / separate
+# examples/s}}}, bench/stacking.py); plus the mode, device and each step's exit status.
 # Environment: PYTHON (interpreter), SMOKE_DATASET (default fashion_mnist, falls back to digits when it is not
 # in the data cache), GPU_SMOKE_OUT (output path).
 set -uo pipefail
@@ -48,7 +51,8 @@ if [[ "$MODE" == gpu ]]; then
   TRIAL_ARGS=(--preset paper --epochs 2 --subset 10000)
   PACKED=(--trials 8 --slots 8 --cpus 8 --gpu-fraction 0.125 --precision bf16 --compile off)
   WHOLE=(--trials 2 --slots 1 --cpus 8 --gpu-fraction 1 --precision bf16 --compile off)
-  T_NORMS=150 T_STEP=170 T_PACKED=100 T_WHOLE=60
+  STACKING_ARGS=(--device cuda --repeats 2 --updates 30)
+  T_NORMS=150 T_STEP=170 T_PACKED=100 T_WHOLE=60 T_STACKING=120
 else
   DEVICE=cpu
   NORMS_ARGS=(--device cpu --quick)
@@ -58,7 +62,8 @@ else
   PACKED=(--trials 2 --slots 2 --cpus 2)
   WHOLE=(--trials 1 --slots 1 --cpus 2)
   # Seconds of work, but a Ray start on a loaded shared CPU machine can take minutes: generous limits.
-  T_NORMS=300 T_STEP=300 T_PACKED=600 T_WHOLE=600
+  STACKING_ARGS=(--device cpu --quick)
+  T_NORMS=300 T_STEP=300 T_PACKED=600 T_WHOLE=600 T_STACKING=300
 fi
 if ! "$PY" -c "from autonorm_core.data import load_dataset as l; l('$DATASET', seed=0, subset=100)" 2>/dev/null; then
   echo "gpu_smoke: data set $DATASET is not in the data cache; using digits" >&2
@@ -88,13 +93,15 @@ timeout "$T_WHOLE" "$PY" bench/study_scaling.py --trials-only --dataset "$DATASE
   --out "$TMP/whole.json"
 WHOLE_RC=$?
 [[ -n "$SAMPLER" ]] && kill "$SAMPLER" 2>/dev/null
+timeout "$T_STACKING" "$PY" bench/stacking.py "${STACKING_ARGS[@]}" --output "$TMP/stacking.json"
+STACKING_RC=$?
 
-"$PY" - "$TMP" "$OUT" "$MODE" "$DEVICE" "$DATASET" "$NORMS_RC" "$STEP_RC" "$PACKED_RC" "$WHOLE_RC" <<'EOF'
+"$PY" - "$TMP" "$OUT" "$MODE" "$DEVICE" "$DATASET" "$NORMS_RC" "$STEP_RC" "$PACKED_RC" "$WHOLE_RC" "$STACKING_RC" <<'EOF'
 import json, os, statistics, sys
 from pathlib import Path
 
 tmp, out, mode, device, dataset = Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:6]
-rcs = dict(zip(("norms", "step", "packed", "whole"), map(int, sys.argv[6:10])))
+rcs = dict(zip(("norms", "step", "packed", "whole", "stacking"), map(int, sys.argv[6:11])))
 
 
 def load(name):
@@ -109,6 +116,7 @@ def util(name):
 
 
 norms, step, packed, whole = load("norms"), load("step"), load("packed"), load("whole")
+stacking = load("stacking")
 
 
 def per_hour(r):
@@ -139,6 +147,7 @@ result = {
     "frozen_hard_over_branch": norms.get("frozen_hard_over_branch"),
     "autonorm_over_frozen_ln": step.get("autonorm_over_frozen_ln"),
     "autonorm_s_frozen_over_frozen_ln": step.get("autonorm_s_frozen_over_frozen_ln"),
+    "stacking_gain": stacking.get("gain"),
     "trial_devices": sorted(set(packed.get("trial_devices", []) + whole.get("trial_devices", []))),
     "exit_status": rcs,
     "load_avg_1m": os.getloadavg()[0],

@@ -3,7 +3,7 @@
 Usage::
 
     python bench/stacking.py                  # MLP, CNN, ViT-Lite tiny; B = 8, 64; K = 1, 4, 16
-    python bench/stacking.py --quick          # 2 updates per fit, 1 round (seconds; for tests)
+    python bench/stacking.py --quick          # B = 8, K = 1, 4, 2 updates per fit, 1 round (seconds; for tests)
     python bench/stacking.py --device cuda    # the GPU variant (bench/gpu_smoke.sh)
 
 Each case is a whole training run, as a study trial runs it: K members of one ``tiny`` preset (each
@@ -116,14 +116,16 @@ def _case(
 
 
 def time_cell(
-    model: str, batch: int, k: int, *, updates: int, repeats: int, device: torch.device
+    model: str, batch: int, k: int, *, updates: int, repeats: int, device: torch.device, warmup: bool = True
 ) -> dict[str, float]:
     """Median examples/s (all K members together) of both modes of one cell."""
     splits = _splits(batch, updates, device)
     clock = time.perf_counter if device.type == "cuda" else time.process_time
     runs = {mode: _case(model, batch, k, mode, splits, device) for mode in ("separate", "stacked")}
-    for build, train in runs.values():  # warm-up: allocator, lazy init, first-call dispatch
-        train(build())
+    if warmup:  # one member each way: allocator, lazy initialisation, first-call dispatch
+        for mode in runs:
+            build, train = _case(model, batch, 1, mode, splits, device)
+            train(build())
     samples: dict[str, list[float]] = {mode: [] for mode in runs}
     names = list(runs)
     for r in range(repeats):
@@ -147,13 +149,16 @@ def run_all(
     updates: int,
     repeats: int,
     device: torch.device,
+    warmup: bool = True,
 ) -> dict[str, Any]:
     gain: dict[str, dict[str, dict[str, float]]] = {}
     raw: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     for model in models:
         for batch in batches:
             for k in ks:
-                eps = time_cell(model, batch, k, updates=updates, repeats=repeats, device=device)
+                eps = time_cell(
+                    model, batch, k, updates=updates, repeats=repeats, device=device, warmup=warmup
+                )
                 ratio = eps["stacked"] / eps["separate"]
                 gain.setdefault(model, {}).setdefault(str(batch), {})[str(k)] = ratio
                 raw.setdefault(model, {}).setdefault(str(batch), {})[str(k)] = eps
@@ -184,15 +189,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--batches", default="8,64")
     parser.add_argument("--ks", default="1,4,16")
-    parser.add_argument("--updates", type=int, default=12, help="updates per fit (one epoch)")
+    parser.add_argument("--updates", type=int, default=30, help="updates per fit (one epoch)")
     parser.add_argument("--repeats", type=int, default=3, help="timing rounds (median taken)")
     parser.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (ignored on CUDA)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--quick", action="store_true", help="2 updates per fit, 1 round (for tests)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="B = 8, K = 1 and 4, 2 updates per fit, 1 round, no warm-up (for tests)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
-        args.updates, args.repeats = 2, 1
+        args.updates, args.repeats, args.batches, args.ks = 2, 1, "8", "1,4"
     models = tuple(m for m in args.models.split(",") if m)
     unknown = set(models) - set(MODELS)
     if unknown:
@@ -207,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         updates=args.updates,
         repeats=args.repeats,
         device=device,
+        warmup=not args.quick,
     )
     result["machine"] = f"{platform.machine()} {os.cpu_count()} cpus, shared with other jobs"
     result["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")

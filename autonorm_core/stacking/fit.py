@@ -400,6 +400,7 @@ class _StackedRun:
         self.freeze_entropy: list[float | None] = [None] * self.K
         self.tau0: list[list[float]] = [[g.taus[k] for g in self.gates] for k in range(self.K)]
         self.final_states: list[dict[str, Tensor] | None] = [None] * self.K
+        self.last_lr = list(self.peak)
         self._mask_cache: tuple[tuple[Any, ...], dict[str, Tensor]] | None = None
         self.selector_params = {
             name
@@ -449,6 +450,8 @@ class _StackedRun:
             for p in group["params"]:
                 self.opt.load_member_state(names[id(p)], k, opt.state.get(p))
         self.step[k] = int(st["scheduler"]["step"])
+        groups = st["optimizer"].get("param_groups") or [{"lr": self.peak[k]}]
+        self.last_lr[k] = float(groups[0]["lr"])
         self.tau0[k] = list(st["tau0"])
         self.history[k] = copy.deepcopy(list(st["history"]))
         self.shuffle[k].set_state(st["rng"]["shuffle"])
@@ -481,7 +484,8 @@ class _StackedRun:
         return model
 
     def _torch_optimizer(self, k: int) -> torch.optim.Optimizer:
-        return _member_optimizer(self.models[k], self.cfgs[k], self.peak[k])
+        # fit's optimizer holds the lr of the last update in its groups
+        return _member_optimizer(self.models[k], self.cfgs[k], self.last_lr[k])
 
     def _member_state(self, k: int, epoch: int) -> dict[str, Any]:
         model = self._sync_member(k)
@@ -630,6 +634,7 @@ class _StackedRun:
                     masks=masks,
                 )
                 for k in live:
+                    self.last_lr[k] = lrs[k]
                     self.step[k] += 1
                     loss_sum[k] += values[k] * count_list[k]
                     count_sum[k] += int(count_list[k])

@@ -59,8 +59,11 @@ class StackedOptimizer:
         return cached[1]
 
     def zero_grad(self) -> None:
+        # Zeroed in place rather than dropped: a stacked gradient is K times a member's, past glibc's
+        # mmap threshold for the wide layers, and a fresh one every step costs page faults.
         for _, p in self.params:
-            p.grad = None
+            if p.grad is not None:
+                p.grad.zero_()
 
     @staticmethod
     def decays(p: Tensor) -> bool:

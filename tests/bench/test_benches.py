@@ -78,6 +78,22 @@ def test_step_quick_writes_the_step_ratio(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow  # a benchmark subprocess
+def test_stacking_quick_writes_the_gain_table(tmp_path: Path) -> None:
+    out = tmp_path / "stacking.json"
+    _run([sys.executable, str(BENCH / "stacking.py"), "--quick", "--output", str(out)])
+    data = _load(out)
+    for key in ("gain", "examples_per_s", "goals", "machine", "date", "load_avg_1m", "setup"):
+        assert key in data, key
+    assert sorted(data["gain"]) == ["cnn", "mlp", "vit_lite"]
+    for model, by_batch in data["gain"].items():
+        assert list(by_batch) == ["8"], model  # --quick: B = 8, K = 1 and 4
+        assert list(by_batch["8"]) == ["1", "4"], model
+        _assert_ratios(by_batch["8"], ["1", "4"])
+        for k in ("1", "4"):
+            _assert_ratios(data["examples_per_s"][model]["8"][k], ["stacked", "separate"])
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_trial_overhead_quick_writes_ratio_and_startup(tmp_path: Path) -> None:
@@ -126,7 +142,8 @@ def test_gpu_smoke_cpu_variant_runs_every_step(tmp_path: Path) -> None:
     )
     data = _load(out)
     assert data["mode"] == "cpu"
-    assert data["exit_status"] == {"norms": 0, "step": 0, "packed": 0, "whole": 0}
+    assert data["exit_status"] == {"norms": 0, "step": 0, "packed": 0, "whole": 0, "stacking": 0}
+    assert data["stacking_gain"]["mlp"]["8"]["4"] > 0
     _assert_ratios(
         data,
         [
