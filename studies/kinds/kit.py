@@ -8,7 +8,8 @@ inside the function that needs it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +19,24 @@ from workers.plan import StudyPlan
 __all__ = [
     "RUNNER_OPTIONS",
     "arm_of",
+    "chance_levels",
+    "extended_spec",
+    "extension_runner",
     "hypothesis_entry",
     "log_study_outputs",
     "metric_value",
+    "original_run",
     "phase_status",
+    "print_verdict",
     "read_phase_trials",
+    "say",
+    "sequential_design",
     "spent",
     "status_row",
     "stored_rounds",
     "study_outcome",
     "study_runner",
+    "with_seeds",
 ]
 
 
@@ -217,3 +226,141 @@ def study_outcome(
         verdict=verdict,
         files=files,
     )
+
+
+def say(tag: str, message: str) -> None:
+    """One progress line of a study run: ``[<tag>] <message>``, flushed."""
+    print(f"[{tag}] {message}", flush=True)
+
+
+def print_verdict(tag: str, verdict: Mapping[str, Any], lines: Sequence[str], runner: Any) -> None:
+    """A finished study's verdict as printed: ``lines[0]`` (the headline), the exploratory note when
+    the design is exploratory, the rest of ``lines``, then where the outputs and the MLflow run are."""
+    say(tag, lines[0])
+    if verdict.get("exploratory"):
+        say(tag, "exploratory: underpowered by design (see reasons); no claim either way")
+    for line in lines[1:]:
+        say(tag, line)
+    say(tag, f"outputs in {runner.study_uri}; MLflow run {runner.run_id} ({runner.tracking_uri})")
+
+
+def chance_levels(spec: Any) -> tuple[float, float] | None:
+    """Chance accuracy 1/C and chance loss ln C of the study's data; ``None`` without classes
+    (regression)."""
+    import math
+
+    from studies.schema import data_classes
+
+    c = data_classes(spec.data)
+    return (1.0 / c, math.log(c)) if c else None
+
+
+def sequential_design(sequential: Any, seeds: Sequence[Any]) -> dict[str, Any] | None:
+    """The sequential design an analysis replays (looks, seed order, min effect, prior scale) of a
+    ``sequential:`` section over the confirmatory ``seeds`` (``None``: a fixed design)."""
+    if sequential is None:
+        return None
+    return {
+        "looks": list(sequential.schedule()),
+        "seed_order": list(seeds),
+        "min_effect": sequential.min_effect,
+        "prior_scale": sequential.prior_scale,
+    }
+
+
+def _section(doc: dict[str, Any], section: str | None) -> dict[str, Any]:
+    if section is None:
+        return doc
+    inner: dict[str, Any] = doc.setdefault(section, {})
+    return inner
+
+
+def with_seeds(spec: Any, k: int, *, taken: Iterable[int], start: int = 0, section: str | None = None) -> Any:
+    """``spec`` with ``k`` confirmatory seeds (``seeds``, or ``<section>.seeds``): the first integers
+    from ``start`` not in ``taken``. The document re-validated is what was set (``exclude_unset``): a
+    full dump would also carry fields the spec derives itself, which it refuses as input."""
+    doc = spec.model_dump(mode="json", exclude_unset=True)
+    off = set(taken)
+    _section(doc, section)["seeds"] = list(
+        itertools.islice((s for s in itertools.count(start) if s not in off), k)
+    )
+    return type(spec).model_validate(doc)
+
+
+def extended_spec(
+    spec: Any,
+    seeds: int,
+    verdict: Mapping[str, Any],
+    *,
+    confirmatory: Sequence[int],
+    taken: Iterable[int],
+    section: str | None = None,
+) -> Any:
+    """The spec of ``extend``: the ``confirmatory`` seeds used so far, then ``seeds`` new ones (the
+    next integers above those and every seed in ``taken``: the other phases' seeds), the looks made
+    so far kept as looks (``spec.sequential``)."""
+    from studies.sequential import ExtendRefused
+
+    assert spec.sequential is not None
+    used = int(verdict.get("seeds_used") or 0)
+    done = [int(look["n_seeds"]) for look in verdict.get("looks") or []]
+    if not used or not done:
+        raise ExtendRefused("the study's verdict.json records no looks: resume it first, then extend")
+    top = max([*confirmatory[:used], *taken]) + 1
+    doc = spec.to_document()
+    _section(doc, section)["seeds"] = [*confirmatory[:used], *range(top, top + seeds)]
+    doc["sequential"] = spec.sequential.extended(done, seeds).model_dump(mode="json")
+    return type(spec).model_validate(doc)
+
+
+def extension_runner(
+    runner: Any,
+    plan_of: Callable[[int, Mapping[str, float]], StudyPlan],
+    *,
+    seeds: int,
+    line: Callable[[int, Mapping[str, float]], str],
+    tag: str,
+) -> Any:
+    """A :data:`studies.tuning.RunPoints` that runs range-extension round ``k`` as its own tuning
+    phase (``plan_of(k, lrs)``: ordinary tuning trials, MLflow runs under the study run, resumable,
+    listed by ``status``), raising the study's trial count by ``seeds`` per rate and printing ``line``."""
+
+    def run_points(round_: int, lrs: Mapping[str, float]) -> list[Any]:
+        plan = plan_of(round_, lrs)
+        say(tag, line(round_, lrs))
+        runner.set_expected_trials(runner.expected_trials + len(lrs) * seeds)
+        return list(runner.run(plan).trials)
+
+    return run_points
+
+
+def original_run(spec: Any, table_file: str) -> tuple[dict[str, str], float]:
+    """What only the run itself knew, from the outputs it wrote to the study directory: each trial's
+    MLflow run id (its ``table_file``, e.g. ``trials.csv``) and the study's wall time (its
+    ``verdict.json``); empty / NaN when the run wrote none yet."""
+    import io
+    import json
+    import math
+
+    import pandas as pd
+
+    from studies.study_dir import StudyDir
+
+    where = StudyDir.of(spec)
+    run_ids: dict[str, str] = {}
+    text = where.read_text(table_file)
+    if text:
+        df = pd.read_csv(io.StringIO(text), dtype={"trial_id": str, "mlflow_run_id": str})
+        if {"trial_id", "mlflow_run_id"} <= set(df.columns):
+            run_ids = {
+                str(t): str(r)
+                for t, r in zip(df["trial_id"], df["mlflow_run_id"])
+                if isinstance(r, str) and r
+            }
+    wall = math.nan
+    text = where.read_text("verdict.json")
+    if text:
+        value = (json.loads(text).get("resources") or {}).get("wall_time_s")
+        if isinstance(value, int | float) and math.isfinite(value):
+            wall = float(value)
+    return run_ids, wall

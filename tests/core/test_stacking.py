@@ -162,15 +162,22 @@ def test_member_starts_from_the_separate_runs_weights_data_order_and_noise() -> 
         a = torch.empty(64).bernoulli_(0.9, generator=run.global_dev[k])
         b = torch.empty(64).bernoulli_(0.9, generator=ref_default)
         assert torch.equal(a, b)
-        # Gumbel noise: fit seeds module i with derive(seed, 2, i); the stacked layer draws the same
-        sep = create_members("vit_lite", splits, [seed], **kw)[0]
+        # Gumbel noise: fit seeds module i with derive(seed, 2, i). With the selector's zero-initialised
+        # output layer the logits are exactly 0 in both forms, so the training-mode mixing weights are
+        # softmax(gumbel / tau): equal bit for bit exactly when the noise is.
+        sep = create_members("vit_lite", splits, [seed], **kw)[0].train()
         seeded = [m for m in sep.modules() if callable(getattr(m, "manual_seed", None))]
         assert len(seeded) == len(run.seeded_names) == 4
+        x = torch.randn(8, 5, 32, generator=torch.Generator().manual_seed(1))
         for i, (mod, name) in enumerate(zip(seeded, run.seeded_names)):
             mod.manual_seed(_derive_seed(seed, 2, i))
-            draw_ref = mod._uniform((8, 2), torch.device("cpu"))
-            draw = stacked.get_submodule(name).rngs[k].uniform((8, 2), torch.device("cpu"))  # type: ignore[operator,union-attr]
-            assert torch.equal(draw, draw_ref)
+            mod(x)
+            layer: Any = stacked.get_submodule(name)
+            layer.train()
+            layer(x.unsqueeze(0).expand(2, *x.shape))
+            assert torch.equal(layer.last_weights[k], mod.last_weights)
+            assert not torch.equal(layer.last_weights[k], layer.last_weights[1 - k])  # members' own noise
+            assert layer.rng_state(k)["seed"] == mod.rng_state()["seed"]
 
 
 # ------------------------------------------------------------------------------ after 10 updates: 1e-5

@@ -1,25 +1,27 @@
 """The batch-size kind (:class:`BatchSizeKind`): does a divergence-correcting layer get worse as the batch grows?
 
 Light on imports: its phases come from :mod:`studies.kinds.batchsize.plans`; running, analysing and
-reporting (:mod:`studies.kinds.batchsize.workflow`, Ray and pandas) are imported inside the methods.
+reporting are the tuned-design pipeline (:class:`studies.kinds.pipeline.TunedDesignKind`) with
+:mod:`studies.kinds.batchsize.workflow` (Ray and pandas) as its hooks, imported when needed.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
 from studies.kinds.batchsize import plans
-from studies.kinds.contract import Phase, StudyKind, StudyOutcome
+from studies.kinds.contract import Phase
+from studies.kinds.kit import extended_spec, with_seeds
+from studies.kinds.pipeline import TunedDesign, TunedDesignKind
 
 __all__ = ["BatchSizeKind"]
 
 
-class BatchSizeKind(StudyKind):
+class BatchSizeKind(TunedDesignKind):
     """``kind: batchsize``: does a divergence-correcting layer get worse as the batch grows?"""
 
     name = "batchsize"
@@ -52,25 +54,10 @@ class BatchSizeKind(StudyKind):
 
         return undecidable(spec)
 
-    def run(self, spec: Any, **runner_options: Any) -> StudyOutcome:
-        from studies.kinds.batchsize.workflow import run
+    def design(self) -> TunedDesign:
+        from studies.kinds.batchsize import workflow
 
-        return run(spec, **runner_options)
-
-    def analyse(self, table: Any, spec: Any, **inputs: Any) -> dict[str, Any]:
-        from studies.kinds.batchsize.workflow import analyse
-
-        return analyse(table, spec, **inputs)
-
-    def status(self, spec: Any) -> dict[str, Any]:
-        from studies.kinds.batchsize.workflow import status
-
-        return status(spec)
-
-    def report(self, spec: Any, out_dir: Path) -> Path:
-        from studies.kinds.batchsize.workflow import report
-
-        return report(spec, out_dir)
+        return cast(TunedDesign, workflow)  # the module is the implementation
 
     def power(
         self, spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
@@ -80,18 +67,12 @@ class BatchSizeKind(StudyKind):
         return pilot(spec, study_dir, power=power, min_effect=min_effect, alpha=alpha)
 
     def extended_spec(self, spec: Any, seeds: int, verdict: Mapping[str, Any]) -> Any:
-        from studies.kinds.batchsize.workflow import extended_spec
-
-        return extended_spec(spec, seeds, verdict)
-
-    def alpha(self, spec: Any) -> float:
-        return float(spec.analysis.alpha)
+        """The seeds used so far, then ``seeds`` new ones above every seed any phase used (tuning
+        seeds included), the looks made so far kept as looks."""
+        return extended_spec(spec, seeds, verdict, confirmatory=spec.seeds, taken=spec.lr_tuning.seeds)
 
     def with_seeds(self, spec: Any, k: int) -> Any:
         """``k`` confirmatory seeds, off the tuning seeds. The document re-validated is what was set
         (``exclude_unset``): a full dump would also carry fields the spec derives itself (the layer
         and LR scaling), which it refuses as input."""
-        doc = spec.model_dump(mode="json", exclude_unset=True)
-        taken = set(spec.lr_tuning.seeds)
-        doc["seeds"] = list(itertools.islice((s for s in itertools.count() if s not in taken), k))
-        return type(spec).model_validate(doc)
+        return with_seeds(spec, k, taken=spec.lr_tuning.seeds)

@@ -1,24 +1,26 @@
 """The compare kind (:class:`CompareKind`): does each arm beat its reference arm, as the paper's table says?
 
 Light on imports: its phases come from :mod:`studies.kinds.compare.plans`; running, analysing and
-reporting (:mod:`studies.kinds.compare.workflow`, Ray and pandas) are imported inside the methods.
+reporting are the tuned-design pipeline (:class:`studies.kinds.pipeline.TunedDesignKind`) with
+:mod:`studies.kinds.compare.workflow` (Ray and pandas) as its hooks, imported when needed.
 """
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
 from studies.kinds.compare import plans
-from studies.kinds.contract import Phase, StudyKind, StudyOutcome
+from studies.kinds.contract import Phase
+from studies.kinds.kit import with_seeds
+from studies.kinds.pipeline import TunedDesign, TunedDesignKind
 
 __all__ = ["CompareKind"]
 
 
-class CompareKind(StudyKind):
+class CompareKind(TunedDesignKind):
     """``kind: compare``: does each arm beat its reference arm, as the paper's table says?"""
 
     name = "compare"
@@ -52,25 +54,10 @@ class CompareKind(StudyKind):
 
         return undecidable(spec)
 
-    def run(self, spec: Any, **runner_options: Any) -> StudyOutcome:
-        from studies.kinds.compare.workflow import run
+    def design(self) -> TunedDesign:
+        from studies.kinds.compare import workflow
 
-        return run(spec, **runner_options)
-
-    def analyse(self, table: Any, spec: Any, **inputs: Any) -> dict[str, Any]:
-        from studies.kinds.compare.workflow import analyse
-
-        return analyse(table, spec, **inputs)
-
-    def status(self, spec: Any) -> dict[str, Any]:
-        from studies.kinds.compare.workflow import status
-
-        return status(spec)
-
-    def report(self, spec: Any, out_dir: Path) -> Path:
-        from studies.kinds.compare.workflow import report
-
-        return report(spec, out_dir)
+        return cast(TunedDesign, workflow)  # the module is the implementation
 
     def power(
         self, spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
@@ -86,12 +73,6 @@ class CompareKind(StudyKind):
             f"storage {spec.storage_path}"
         )
 
-    def alpha(self, spec: Any) -> float:
-        return float(spec.analysis.alpha)
-
     def with_seeds(self, spec: Any, k: int) -> Any:
         """``k`` confirmatory seeds, off the tuning seeds (the document as set, re-validated)."""
-        doc = spec.model_dump(mode="json", exclude_unset=True)
-        taken = set(spec.lr_tuning.seeds)
-        doc["seeds"] = list(itertools.islice((s for s in itertools.count() if s not in taken), k))
-        return type(spec).model_validate(doc)
+        return with_seeds(spec, k, taken=spec.lr_tuning.seeds)

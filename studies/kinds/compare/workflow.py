@@ -24,19 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from studies.kinds import kit as base
-from studies.kinds.compare.plans import phases as planned_phases
 from studies.kinds.compare.spec import CompareStudySpec
-from studies.kinds.contract import StudyOutcome
-from studies.tuning import RunPoints, tuned_lines, tuned_rates
+from studies.tuning import RunPoints, tuned_rates
+from workers.plan import StudyPlan
 from workers.records import TrialRecord
 
-__all__ = ["analyse", "pilot", "report", "run", "select_learning_rates", "status", "trials_table"]
+__all__ = ["analyse", "pilot", "select_learning_rates", "trials_table"]
 
 TABLE_FILE = "trials.csv"
-
-
-def _say(message: str) -> None:
-    print(f"[compare] {message}", flush=True)
+# The tuned-design pipeline's hooks (studies.kinds.pipeline.TunedDesign): this module is the kind's
+# design, of one unnamed budget "".
+TAG = "compare"
+ANALYSIS_LINE = "analysis: paired contrasts, verdicts, report"
+REPORT_READS_RUN = False  # its report has never read the run's trials.csv / wall time back
 
 
 def select_learning_rates(
@@ -79,13 +79,11 @@ def trials_table(trials: Sequence[TrialRecord], *, metric: str, lr_record: Mappi
 
 def _chance(spec: CompareStudySpec) -> tuple[float | None, float | None]:
     """The failed trial's score (chance accuracy 1/C, for an accuracy metric) and ln C."""
-    from studies.schema import data_classes
-
-    c = data_classes(spec.data)
-    if not c:
+    levels = base.chance_levels(spec)
+    if levels is None:
         return None, None
-    failed = 1.0 / c if spec.analysis.metric.endswith("accuracy") and spec.analysis.higher_is_better else None
-    return failed, math.log(c)
+    accuracy = spec.analysis.metric.endswith("accuracy") and spec.analysis.higher_is_better
+    return (levels[0] if accuracy else None), levels[1]
 
 
 def analyse(table: Any, spec: CompareStudySpec, **inputs: Any) -> dict[str, Any]:
@@ -122,7 +120,7 @@ def analyse(table: Any, spec: CompareStudySpec, **inputs: Any) -> dict[str, Any]
     }
 
 
-def _verdict_tags(verdict: Mapping[str, Any]) -> dict[str, str]:
+def verdict_tags(verdict: Mapping[str, Any]) -> dict[str, str]:
     tags = {f"verdict/{name}": str(c["verdict"]) for name, c in verdict.get("contrasts", {}).items()}
     tags["verdict/study"] = str(verdict.get("study_verdict", "inconclusive"))
     for name, c in verdict.get("contrasts", {}).items():
@@ -131,7 +129,7 @@ def _verdict_tags(verdict: Mapping[str, Any]) -> dict[str, str]:
     return tags
 
 
-def _verdict_metrics(verdict: Mapping[str, Any]) -> dict[str, float]:
+def verdict_metrics(verdict: Mapping[str, Any]) -> dict[str, float]:
     out = {}
     for name, c in verdict.get("contrasts", {}).items():
         for key in ("estimate", "p_value", "p_value_holm", "n_seeds"):
@@ -145,23 +143,22 @@ def _verdict_metrics(verdict: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def _write_outputs(
-    out_dir: Path,
+def write_outputs(
     spec: CompareStudySpec,
     verdict: dict[str, Any],
     table: Any,
-    *,
-    lr_record: Mapping[str, Any],
+    out_dir: Path,
+    records: Mapping[str, Any],
     spent: tuple[float, float, float],
 ) -> dict[str, Path]:
-    """The report, ``verdict.json``, ``trials.csv`` and ``lr_tuning.json`` in ``out_dir``; ``spent``
-    is (wall s, CPU h, GPU h)."""
+    """The report, ``verdict.json`` and ``trials.csv`` in ``out_dir`` (``lr_tuning.json`` is the
+    pipeline's); ``spent`` is (wall s, CPU h, GPU h)."""
     from studies.kinds.compare.report import write_compare_report
-    from studies.reporting import write_json
 
+    lr_record = records[""]
     protocol = spec.to_document()
     protocol["tuned_lr"] = {arm: rec["lr"] for arm, rec in lr_record.items()}
-    files = write_compare_report(
+    return write_compare_report(
         verdict,
         table,
         out_dir,
@@ -173,123 +170,118 @@ def _write_outputs(
         cpu_hours=spent[1],
         gpu_hours=spent[2],
     )
-    return {**files, "lr_tuning": write_json(out_dir / "lr_tuning.json", dict(lr_record))}
 
 
-def _extension_runner(spec: CompareStudySpec, runner: Any, environ: Mapping[str, str] | None) -> RunPoints:
-    """Runs range-extension round ``k`` as its own tuning phase ``tune-ext<k>``."""
-
-    def run_points(round_: int, lrs: Mapping[str, float]) -> Sequence[TrialRecord]:
-        plan = spec.extension_plan(round_, lrs, environ=environ)
-        _say(f"  range extension {round_}: " + ", ".join(f"{k} lr={v:g}" for k, v in lrs.items()))
-        runner.set_expected_trials(runner.expected_trials + len(lrs) * len(spec.lr_tuning.seeds))
-        return list(runner.run(plan).trials)
-
-    return run_points
+# ---- the pipeline's hooks (studies.kinds.pipeline.TunedDesign) ---------------------------------
 
 
-def _extension_reader(spec: CompareStudySpec) -> RunPoints:
-    """Reads range-extension round ``k`` back from the study directory (report, status)."""
-    return base.stored_rounds(spec, "tune-ext")
+def budgets(spec: CompareStudySpec) -> Sequence[str]:
+    return ("",)
 
 
-def run(
-    spec: CompareStudySpec, *, environ: Mapping[str, str] | None = None, **runner_options: Any
-) -> StudyOutcome:
-    """Tune every arm's η, confirm on every seed, analyse the contrasts, write and log the outputs. A
-    rerun resumes where this one stopped. ``runner_options``: :data:`studies.kinds.kit.RUNNER_OPTIONS`."""
-    study = spec.study_plan(environ=environ)
-    _say(
+def tune_name(spec: CompareStudySpec, budget: str) -> str:
+    return "tune"
+
+
+def look_name(spec: CompareStudySpec, budget: str, look: int) -> str:
+    return "confirm"
+
+
+def tuning_plan(spec: CompareStudySpec, budget: str, environ: Mapping[str, str] | None) -> StudyPlan:
+    return spec.tuning_plan(environ=environ)
+
+
+def extension_plan(
+    spec: CompareStudySpec,
+    budget: str,
+    round_: int,
+    lrs: Mapping[str, float],
+    environ: Mapping[str, str] | None,
+) -> StudyPlan:
+    """Range-extension round ``k`` as its own tuning phase ``tune-ext<k>``."""
+    return spec.extension_plan(round_, lrs, environ=environ)
+
+
+def confirm_plan(
+    spec: CompareStudySpec, budget: str, lr: Mapping[str, float], look: int, environ: Mapping[str, str] | None
+) -> StudyPlan:
+    return spec.confirmatory_plan(lr, environ=environ)
+
+
+def check_tuned(spec: CompareStudySpec, lr: Mapping[str, float]) -> None:
+    missing = [a for a in spec.arm_names if a not in lr]
+    if missing:  # no trial of these arms came back: nothing to confirm them with
+        raise RuntimeError(f"lr tuning gave no learning rate for {missing}; see the tune phase's trials")
+
+
+def confirm_table(
+    spec: CompareStudySpec, trials: Sequence[TrialRecord], budget: str, record: Mapping[str, Any]
+) -> Any:
+    return trials_table(trials, metric=spec.analysis.metric, lr_record=record)
+
+
+def after_confirm(spec: CompareStudySpec, runner: Any, phase: str, table: Any) -> None:
+    """No per-arm summary runs."""
+
+
+def analysis_inputs(records: Mapping[str, Any]) -> dict[str, Any]:
+    return {"lr_tuning": records[""]}
+
+
+def outcome_summary(verdict: Mapping[str, Any], records: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+    """The run's summary: the verdict per contrast and the tuned η per arm."""
+    verdicts = {"contrasts": {n: c["verdict"] for n, c in verdict["contrasts"].items()}}
+    return verdicts, {arm: rec["lr"] for arm, rec in records[""].items()}
+
+
+def opening_line(spec: CompareStudySpec) -> str:
+    return (
         f"study {spec.name!r}: {len(spec.arm_names)} arms x {len(spec.seeds)} seeds = "
         f"{spec.confirmatory_trials} confirmatory + {spec.tuning_trials} lr-tuning trials "
         f"({spec.total_trials} total); contrasts: {', '.join(spec.contrast_specs)}"
     )
-    with base.study_runner(study, expected_trials=spec.total_trials, **runner_options) as runner:
-        plan = spec.tuning_plan(environ=environ)
-        _say(f"phase {plan.name}: {len(plan.grid[0][1])} (arm, lr) cells x {len(spec.lr_tuning.seeds)} seeds")
-        tuned = runner.run(plan)
-        lr, record = select_learning_rates(
-            spec, tuned.trials, run_points=_extension_runner(spec, runner, environ)
-        )
-        for line in tuned_lines(record):
-            _say(line)
-        missing = [a for a in spec.arm_names if a not in lr]
-        if missing:  # no trial of these arms came back: nothing to confirm them with
-            raise RuntimeError(f"lr tuning gave no learning rate for {missing}; see the tune phase's trials")
-        confirm = spec.confirmatory_plan(lr, environ=environ)
-        _say(
-            f"phase {confirm.name}: {len(spec.arm_names)} arms x {len(spec.seeds)} seeds (FIFO, full budget)"
-        )
-        confirmed = runner.run(confirm)
-        table = trials_table(confirmed.trials, metric=spec.analysis.metric, lr_record=record)
-        _say("analysis: paired contrasts, verdicts, report")
-        verdict = analyse(table, spec, lr_tuning=record)
-        cpu_h, gpu_h = runner.resource_hours()
-        out_dir = runner.local_dir()
-        files = _write_outputs(
-            out_dir, spec, verdict, table, lr_record=record, spent=(runner.wall_time_s, cpu_h, gpu_h)
-        )
-        base.log_study_outputs(
-            runner, spec, files, tags=_verdict_tags(verdict), metrics=_verdict_metrics(verdict)
-        )
-    _print_verdict(verdict, runner.study_uri, runner.run_id, runner.tracking_uri)
-    verdicts = {"contrasts": {n: c["verdict"] for n, c in verdict["contrasts"].items()}}
-    tuned = {arm: rec["lr"] for arm, rec in record.items()}
-    return base.study_outcome(spec, runner, verdict, table, files, verdicts=verdicts, tuned_lr=tuned)
 
 
-def _print_verdict(verdict: Mapping[str, Any], study_dir: str, run_id: str | None, uri: str) -> None:
+def tuning_line(spec: CompareStudySpec, budget: str, plan: StudyPlan) -> str:
+    return f"phase {plan.name}: {len(plan.grid[0][1])} (arm, lr) cells x {len(spec.lr_tuning.seeds)} seeds"
+
+
+def extension_line(budget: str, round_: int, lrs: Mapping[str, float]) -> str:
+    return f"  range extension {round_}: " + ", ".join(f"{k} lr={v:g}" for k, v in lrs.items())
+
+
+def confirm_line(spec: CompareStudySpec, budget: str, plan: StudyPlan) -> str:
+    return f"phase {plan.name}: {len(spec.arm_names)} arms x {len(spec.seeds)} seeds (FIFO, full budget)"
+
+
+def verdict_lines(spec: CompareStudySpec, verdict: Mapping[str, Any]) -> list[str]:
+    """The printed verdict: the study's, then each contrast's estimate, CI, Holm p and label."""
     from studies.reporting import fmt, fmt_ci
 
-    _say(f"STUDY VERDICT: {verdict['study_verdict']}")
-    if verdict.get("exploratory"):
-        _say("exploratory: underpowered by design (see reasons); no claim either way")
-    for name, c in verdict["contrasts"].items():
-        _say(
+    return [
+        f"STUDY VERDICT: {verdict['study_verdict']}",
+        *(
             f"  {name:<24} {c['arm']} − {c['reference']}: {fmt(c['estimate'])} {fmt_ci(c['ci'])} "
             f"p_holm={fmt(c['p_value_holm'])} -> {c['verdict']} (predicted {c['predicted']}: {c['hypothesis']})"
             + (f" ({'; '.join(c['reasons'])})" if c["reasons"] else "")
-        )
-    _say(f"outputs in {study_dir}; MLflow run {run_id} ({uri})")
+            for name, c in verdict["contrasts"].items()
+        ),
+    ]
 
 
-# --------------------------------------------------------------------------------------------------
-# status / report, from the study directory
+def closing_lines(spent: tuple[float, float, float]) -> list[str]:
+    return []
 
 
-def _phase_trials(spec: CompareStudySpec) -> dict[str, list[TrialRecord]]:
-    return base.read_phase_trials(planned_phases(spec), spec)
-
-
-def status(spec: CompareStudySpec) -> dict[str, Any]:
-    """Progress of every phase from the study directory."""
-    phases = _phase_trials(spec)
-    fields, verdict = base.phase_status(planned_phases(spec), spec, phases)
+def status_fields(spec: CompareStudySpec, verdict: Mapping[str, Any] | None) -> dict[str, Any]:
+    contrasts = verdict.get("contrasts") or {} if verdict else None
     return {
-        **fields,
-        "contrasts": {n: c.get("verdict") for n, c in (verdict.get("contrasts") or {}).items()}
-        if verdict
-        else None,
-        "rows": [
-            base.status_row(name, t, **{spec.analysis.metric: t.metrics.get(spec.analysis.metric)})
-            for name, ts in phases.items()
-            for t in ts
-        ],
+        "contrasts": {n: c.get("verdict") for n, c in contrasts.items()} if contrasts is not None else None
     }
 
 
-def report(spec: CompareStudySpec, out_dir: Path) -> Path:
-    """Re-analyse the study directory (the tuning replayed with its extension rounds) and write the
-    report files, ``verdict.json`` among them."""
-    phases = _phase_trials(spec)
-    _, record = select_learning_rates(spec, phases["tune"], run_points=_extension_reader(spec))
-    table = trials_table(phases["confirm"], metric=spec.analysis.metric, lr_record=record)
-    verdict = analyse(table, spec, lr_tuning=record)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = _write_outputs(
-        out_dir, spec, verdict, table, lr_record=record, spent=base.spent(spec, phases, math.nan)
-    )
-    return files["markdown"]
+def status_row_fields(spec: CompareStudySpec, phase: str, trial: TrialRecord) -> dict[str, Any]:
+    return {spec.analysis.metric: trial.metrics.get(spec.analysis.metric)}
 
 
 def pilot(

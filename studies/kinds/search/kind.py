@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from studies.kinds.contract import Phase, StudyKind, StudyOutcome
+from studies.kinds.kit import extended_spec, with_seeds
 from studies.kinds.search import plans
 
 __all__ = ["SearchKind"]
@@ -80,9 +81,18 @@ class SearchKind(StudyKind):
         return pilot(spec, study_dir, power=power, min_effect=min_effect, alpha=alpha)
 
     def extended_spec(self, spec: Any, seeds: int, verdict: Mapping[str, Any]) -> Any:
-        from studies.kinds.search.workflow import extended_spec
-
-        return extended_spec(spec, seeds, verdict)
+        """The confirmatory seeds used so far, then ``seeds`` new ones above every seed any phase used
+        (search, tuning and confirmatory), the looks made so far kept as looks."""
+        assert spec.confirm is not None and spec.sequential is not None
+        tuning = spec.confirm.lr_tuning.seeds if spec.confirm.lr_tuning else ()
+        return extended_spec(
+            spec,
+            seeds,
+            verdict,
+            confirmatory=spec.confirm.seeds,
+            taken=[*tuning, *spec.seeds],
+            section="confirm",
+        )
 
     def describe(self, spec: Any) -> str:
         plan = spec.to_plan()
@@ -98,16 +108,8 @@ class SearchKind(StudyKind):
     def with_seeds(self, spec: Any, k: int) -> Any:
         """``k`` confirmatory seeds (with ``confirm:``; off the search and tuning seeds), else ``k``
         search seeds."""
-        import itertools
-
-        doc = spec.model_dump(mode="json", exclude_unset=True)
         confirm = spec.confirm
-        if confirm is not None:
-            taken = set(spec.seeds) | set(getattr(confirm.lr_tuning, "seeds", ()) or ())
-            start = min(confirm.seeds)
-            doc.setdefault("confirm", {})["seeds"] = list(
-                itertools.islice((s for s in itertools.count(start) if s not in taken), k)
-            )
-        else:
-            doc["seeds"] = list(itertools.islice(itertools.count(), k))
-        return type(spec).model_validate(doc)
+        if confirm is None:
+            return with_seeds(spec, k, taken=())
+        taken = set(spec.seeds) | set(getattr(confirm.lr_tuning, "seeds", ()) or ())
+        return with_seeds(spec, k, taken=taken, start=min(confirm.seeds), section="confirm")

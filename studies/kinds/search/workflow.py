@@ -25,7 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from studies.kinds.contract import StudyOutcome
-from studies.kinds.kit import hypothesis_entry, stored_rounds, study_runner
+from studies.kinds.kit import (
+    chance_levels,
+    extension_runner,
+    hypothesis_entry,
+    original_run,
+    read_phase_trials,
+    sequential_design,
+    spent,
+    stored_rounds,
+    study_runner,
+)
 from studies.kinds.search.claims import CONFIRM_COLUMNS
 from studies.kinds.search.plans import (
     SEARCH_PHASE,
@@ -41,6 +51,7 @@ from studies.kinds.search.plans import (
 )
 from studies.kinds.search.power import pilot
 from studies.kinds.search.spec import StudySpec
+from studies.reporting import write_json
 from studies.tuning import RunPoints, tune
 from workers.plan import StudyPlan, expected_trials
 from workers.records import StudyResult, TrialRecord, best_trial
@@ -97,7 +108,7 @@ def run(spec: StudySpec, **runner_options: Any) -> StudyOutcome:
         else:
             verdict = analyse(None, spec, best=result.best(plan.metric, plan.mode), metric=plan.metric)
             path = runner.local_dir() / "verdict.json"
-            _write_json(path, verdict)
+            write_json(path, verdict)
             files["verdict"] = path
             runner.publish([path])
             runner.log_outputs(files=[path], tags={"verdict/study": str(verdict["study_verdict"])})
@@ -112,12 +123,6 @@ def run(spec: StudySpec, **runner_options: Any) -> StudyOutcome:
         verdict=verdict,
         files=files,
     )
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    import json
-
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
 
 
 #: The claims that make up the AutoNorm paper's main claim (where they apply to the data).
@@ -173,7 +178,7 @@ def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
         eps=confirm.eps,
         metric=confirm.metric,
         chance=_chance(spec),
-        sequential=_sequential_design(spec),
+        sequential=sequential_design(spec.sequential, confirm.seeds),
     )
     sequential = _sequential_fields(spec, claims.pop("_looks", None))
     gate_lr_edges(claims, inputs.get("tuned") or {})
@@ -188,17 +193,6 @@ def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
         "claims": claims,
         "data_kind": _data_kind(spec),
         **(sequential or {}),
-    }
-
-
-def _sequential_design(spec: StudySpec) -> dict[str, Any] | None:
-    if spec.sequential is None or spec.confirm is None:
-        return None
-    return {
-        "looks": list(spec.sequential.schedule()),
-        "seed_order": list(spec.confirm.seeds),
-        "min_effect": spec.sequential.min_effect,
-        "prior_scale": spec.sequential.prior_scale,
     }
 
 
@@ -291,25 +285,6 @@ def _run_looks(
         runner.set_expected_trials(runner.expected_trials + len(plans[j][1]) * len(arms))
 
 
-def extended_spec(spec: StudySpec, seeds: int, verdict: Mapping[str, Any]) -> StudySpec:
-    """The spec of ``extend``: the confirmatory seeds used so far, then ``seeds`` new ones (the next
-    integers above every seed any phase used: search, tuning and confirmatory), the looks made so
-    far kept as looks."""
-    from studies.sequential import ExtendRefused
-
-    assert spec.confirm is not None and spec.sequential is not None
-    used = int(verdict.get("seeds_used") or 0)
-    done = [int(look["n_seeds"]) for look in verdict.get("looks") or []]
-    if not used or not done:
-        raise ExtendRefused("the study's verdict.json records no looks: resume it first, then extend")
-    tuning = spec.confirm.lr_tuning.seeds if spec.confirm.lr_tuning else ()
-    top = max([*spec.confirm.seeds[:used], *tuning, *spec.seeds]) + 1
-    doc = spec.to_document()
-    doc["confirm"]["seeds"] = [*spec.confirm.seeds[:used], *range(top, top + seeds)]
-    doc["sequential"] = spec.sequential.extended(done, seeds).model_dump(mode="json")
-    return StudySpec.model_validate(doc)
-
-
 _EPOCH_SUMMARY_METRICS = ("test_accuracy", "val_accuracy", "train_loss")
 
 
@@ -383,14 +358,17 @@ def _confirm_and_claims(
             if confirm.lr_tuning is not None:
                 tplan = tune_plan(spec, plan, base, arm, searched_lr)
 
-                def run_points(
+                def plan_of(
                     round_: int, lrs: Mapping[str, float], arm: str = arm, base: Any = base
-                ) -> Any:
-                    eplan = extension_plan(spec, plan, base, arm, round_, lrs[arm])
-                    runner.set_expected_trials(runner.expected_trials + len(confirm.lr_tuning.seeds))  # type: ignore[union-attr]
-                    print(f"[{spec.name}] {arm}: lr range extension {round_}: lr={lrs[arm]:g}", flush=True)
-                    return runner.run(eplan).trials
+                ) -> StudyPlan:
+                    return extension_plan(spec, plan, base, arm, round_, lrs[arm])
 
+                def line(round_: int, lrs: Mapping[str, float], arm: str = arm) -> str:
+                    return f"{arm}: lr range extension {round_}: lr={lrs[arm]:g}"
+
+                run_points = extension_runner(
+                    runner, plan_of, seeds=len(confirm.lr_tuning.seeds), line=line, tag=spec.name
+                )
                 record = tune_arm_lr(
                     confirm,
                     arm,
@@ -542,10 +520,8 @@ def _data_kind(spec: StudySpec) -> str:
 
 
 def _chance(spec: StudySpec) -> float | None:
-    from studies.schema import data_classes
-
-    c = data_classes(spec.data)
-    return 1.0 / c if c else None
+    levels = chance_levels(spec)
+    return levels[0] if levels else None
 
 
 def _gate_entropy_plot(plan: StudyPlan, out_dir: Path) -> Path | None:
@@ -721,41 +697,8 @@ def report(spec: StudySpec, out_dir: Path) -> Path:
         verdict = _claims_report(spec, plan, trials, out_dir / "claims")
     else:
         verdict = analyse(None, spec, best=best, metric=plan.metric)
-    _write_json(out_dir / "verdict.json", verdict)
+    write_json(out_dir / "verdict.json", verdict)
     return path
-
-
-def _original_run_ids(spec: StudySpec) -> dict[str, str]:
-    """``trial id -> MLflow run id`` of the confirmatory trials, from the ``confirm_trials.csv`` the
-    run wrote to the study directory (only the run knew them); empty before it wrote one."""
-    import io
-
-    import pandas as pd
-
-    from studies.study_dir import StudyDir
-
-    text = StudyDir.of(spec).read_text("confirm_trials.csv")
-    if not text:
-        return {}
-    df = pd.read_csv(io.StringIO(text), dtype={"trial_id": str, "mlflow_run_id": str})
-    if not {"trial_id", "mlflow_run_id"} <= set(df.columns):
-        return {}
-    return {str(t): str(r) for t, r in zip(df["trial_id"], df["mlflow_run_id"]) if isinstance(r, str) and r}
-
-
-def _original_wall_time(spec: StudySpec) -> float:
-    """The run's wall time, from the claims ``verdict.json`` it wrote (NaN before it wrote one)."""
-    import json
-
-    from studies.study_dir import StudyDir
-
-    text = StudyDir.of(spec).read_text("verdict.json")
-    value = (json.loads(text).get("resources") or {}).get("wall_time_s") if text else None
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else math.nan
-
-
-def _phase_names(spec: StudySpec) -> list[str]:
-    return [phase.name for phase in planned_phases(spec)]
 
 
 def _claims_report(
@@ -768,8 +711,8 @@ def _claims_report(
 
     confirm = spec.confirm
     assert confirm is not None
-    table, gate_logs = _confirm_table(spec, _original_run_ids(spec))
-    wall_time_s = _original_wall_time(spec)
+    run_ids, wall_time_s = original_run(spec, "confirm_trials.csv")
+    table, gate_logs = _confirm_table(spec, run_ids)
     tuned: dict[str, Any] = {}
     if confirm.lr_tuning is not None:
         where = StudyDir.of(spec)
@@ -790,15 +733,7 @@ def _claims_report(
     best = best_trial(trials, plan.metric, plan.mode)
     verdict = analyse(table, spec, gate_logs=gate_logs, tuned=tuned, searched=best is not None)
     out_dir.mkdir(parents=True, exist_ok=True)
-    where = StudyDir.of(spec)
-    phase_trials = [
-        t
-        for name in _phase_names(spec)
-        for t in (trials if name == SEARCH_PHASE else read_trials(where.phase_plan(name), history=False))
-    ]
-    seconds = sum(float(t.metrics.get("time_total_s") or 0.0) for t in phase_trials)
-    res = dict(spec.resources.as_plan())
-    spent = (wall_time_s, seconds * res.get("cpu", 0.0) / 3600, seconds * res.get("gpu", 0.0) / 3600)
-    files = _write_claims(spec, verdict, table, gate_logs, out_dir, best, tuned, spent)
+    cost = spent(spec, read_phase_trials(planned_phases(spec), spec), wall_time_s)
+    files = _write_claims(spec, verdict, table, gate_logs, out_dir, best, tuned, cost)
     written: dict[str, Any] = json.loads(files["verdict"].read_text(encoding="utf-8"))
     return written
