@@ -221,12 +221,15 @@ def study_lease(
         age = time.time() - float(held.get("heartbeat") or 0.0)
         same_host_dead = held.get("host") == me["host"] and not _pid_alive(int(held.get("pid") or 0))
         if same_host_dead or age > expire_s:
+            why = "is gone" if same_host_dead else f"sent no heartbeat for {age:.0f} s"
             logger.warning(
-                "breaking a stale lease on %s (host %s, pid %s, heartbeat %.0f s ago)",
-                backend.uri,
+                "[%s] the driver that held this study (host %s, pid %s) %s: its lease %s is broken; "
+                "what it saved is kept (finished trials, the last checkpoint of each unfinished one)",
+                name,
                 held.get("host"),
                 held.get("pid"),
-                age,
+                why,
+                backend.uri,
             )
             backend.delete()
             continue

@@ -41,7 +41,11 @@ from workers.tracking import (
     trial_tag_templates,
 )
 from workers.trainable import TrialFunction, autonorm_trial, tune_entry
-from workers.tune_patches import _skip_idle_snapshots, _stop_credential_propagation
+from workers.tune_patches import (
+    _skip_idle_snapshots,
+    _stop_credential_propagation,
+    _tolerate_gone_checkpoints,
+)
 
 __all__ = ["run_study"]
 
@@ -135,6 +139,7 @@ def run_study(
         check_resources(plan)
         _stop_credential_propagation()
         _skip_idle_snapshots()
+        _tolerate_gone_checkpoints()
         quiet_checkpoint_logs()
         SyncFailureOneLine.install()
         trials, restored = _fit(
@@ -170,6 +175,40 @@ def run_study(
         trials=[_record(t, run_ids, plan.base_config) for t in trials or []],
         restored=restored,
         undelivered_trials=list(tracker.undelivered_trials()),
+    )
+
+
+def _resume_line(name: str, experiment_path: str, storage: ResolvedStorage, total: int) -> str:
+    """What a restore keeps, in one line: the finished trials, and the epoch each unfinished trial
+    resumes after (its last checkpoint Tune recorded)."""
+    from ray import tune
+
+    quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")  # trials without results yet
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        trials = list(tune.ExperimentAnalysis(experiment_path, storage_filesystem=storage.filesystem).trials)
+    except Exception:
+        return f"[{name}] resuming from its saved state"
+    finally:
+        quiet.setLevel(level)
+    done = sum(t.status in ("TERMINATED", "ERROR") for t in trials)
+    parts = []
+    for t in trials:
+        if t.status in ("TERMINATED", "ERROR"):
+            continue
+        manager = getattr(t.run_metadata, "checkpoint_manager", None)
+        latest = getattr(manager, "latest_checkpoint_result", None)
+        epoch = (getattr(latest, "metrics", None) or {}).get("epoch")
+        parts.append(
+            f"{t.trial_id} after epoch {int(epoch)} (epochs 1-{int(epoch)} kept)"
+            if isinstance(epoch, int | float)
+            else f"{t.trial_id} from scratch (no checkpoint)"
+        )
+    unfinished = f"; unfinished trials resume: {', '.join(parts)}" if parts else ""
+    return (
+        f"[{name}] resuming from its saved state: {done} of {max(total, len(trials))} trial(s) "
+        f"finished and kept{unfinished}"
     )
 
 
@@ -218,6 +257,8 @@ def _fit(
         )
         if restored:
             logger.info("restoring study %s from %s", plan.name, experiment_uri)
+            if progress is not None:
+                print(_resume_line(plan.name, experiment_path, storage, total), flush=True)
             # Tune brings back the searcher, scheduler and callbacks it pickled at the first start.
             tuner = tune.Tuner.restore(
                 experiment_path,

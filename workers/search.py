@@ -208,6 +208,14 @@ class PruningAwareOptunaSearch(OptunaSearch):  # type: ignore[misc]
         value = result.get(self.metric) if isinstance(self.metric, str) else None
         if not _is_finite_number(value):
             return
+        if trial_id not in self._completed_trials and _already_reported(
+            self._ot_trials.get(trial_id), result.get("training_iteration")
+        ):
+            # A resumed trial reports again the steps after the checkpoint it resumed from (after a
+            # killed driver, or from an older checkpoint when the newest was unreadable) and Optuna
+            # already holds them: its first value stays, and nothing is said (Optuna would warn
+            # "The reported value is ignored because this step=... is already reported").
+            return
         super().on_trial_result(trial_id, result)
 
     def on_trial_complete(
@@ -234,6 +242,19 @@ class PruningAwareOptunaSearch(OptunaSearch):  # type: ignore[misc]
         except Exception as exc:
             logger.warning("could not tell Optuna about trial %s: %s", trial_id, exc)
         self._completed_trials.add(trial_id)
+
+
+def _already_reported(ot_trial: Any, step: Any) -> bool:
+    """Whether Optuna already holds an intermediate value of ``ot_trial`` at ``step`` (what
+    ``optuna.Trial.report`` checks before it warns and ignores the value), read from the study's
+    storage: the trial's own cached copy is the one pickled with the searcher."""
+    if ot_trial is None or not isinstance(step, int) or isinstance(step, bool):
+        return False
+    try:
+        frozen = ot_trial.storage.get_trial(ot_trial._trial_id)
+    except Exception:
+        return False
+    return step in frozen.intermediate_values
 
 
 def _is_finite_number(value: Any) -> TypeGuard[float]:

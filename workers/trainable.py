@@ -292,28 +292,59 @@ def _older_checkpoints(checkpoint: Any) -> list[Any]:
 def _resume_from(checkpoint: Any, trial_id: str) -> dict[str, Any] | None:
     """The training state to resume from: the newest readable checkpoint, ``None`` (from scratch)
     when none is. A node that died while writing leaves a truncated (or empty) newest checkpoint;
-    that must cost the epochs since the previous one, not the trial, and it is said in one line."""
+    that must cost the epochs since the previous one, not the trial, and it is said in one line:
+    which checkpoint, which one the trial resumed from and which epochs that keeps. Nothing is
+    deleted: the unreadable folder stays for Tune's checkpoint manager, which tracks it."""
     try:
         return _read_state(checkpoint)
     except Exception as exc:
-        problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+        problem = _problem(exc)
     try:
         candidates = _older_checkpoints(checkpoint)
     except Exception:
         candidates = []
+    where = f"{_experiment_prefix()}trial {trial_id}: checkpoint {checkpoint.path} is unreadable ({problem})"
     for older in candidates:
         try:
             state = _read_state(older)
         except Exception:
             continue
-        _say(
-            f"trial {trial_id}: checkpoint {checkpoint.path} is unreadable ({problem}); resuming from {older.path}"
+        epoch = state.get("epoch") if isinstance(state, dict) else None
+        kept = (
+            f", epochs 1-{int(epoch)} kept; training goes on from epoch {int(epoch) + 1}"
+            if isinstance(epoch, int | float) and epoch >= 1
+            else ""
         )
+        _say(f"{where}; resumed from {_base_name(older.path)}{kept}")
         return state
-    _say(
-        f"trial {trial_id}: checkpoint {checkpoint.path} is unreadable ({problem}); no older one, restarting it from scratch"
-    )
+    _say(f"{where}; no older one, restarting it from scratch")
     return None
+
+
+def _problem(exc: BaseException) -> str:
+    """``Type: first sentence`` of an exception, short enough for one line."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    text = text.split(". ")[0][:100]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _base_name(path: Any) -> str:
+    return str(path).rstrip("/").rpartition("/")[2]
+
+
+def _experiment_prefix() -> str:
+    """``[<phase>] `` (the Tune experiment's name, as the progress lines show it) inside Tune."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return ""
+        from ray import tune
+
+        name = tune.get_context().get_experiment_name()
+    except Exception:
+        return ""
+    return f"[{name}] " if name else ""
 
 
 def _say(line: str) -> None:

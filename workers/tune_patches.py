@@ -1,10 +1,14 @@
 """Process-wide changes to Ray Tune's own machinery, made once per driver (private Ray API, pinned by tests):
-no credentials in the trial actors' runtime_env, and no experiment snapshot when nothing changed."""
+no credentials in the trial actors' runtime_env, no experiment snapshot when nothing changed, and no
+error for an old checkpoint that is already gone."""
 
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 # Ray Tune copies these from the driver's environment into every trainable actor's runtime_env,
 # and Ray's runtime-env agent writes that runtime_env verbatim into its log files: the S3 secret
@@ -70,3 +74,43 @@ def _skip_idle_snapshots() -> None:
 
     checkpoint._autonorm_skips_idle = True  # type: ignore[attr-defined]
     TuneController.checkpoint = checkpoint  # type: ignore[method-assign]
+
+
+def _delete_unless_gone(original: Any) -> Any:
+    """Ray's ``_delete_fs_path`` for the checkpoint manager, a no-op for a path that is already gone."""
+
+    @functools.wraps(original)
+    def delete(fs: Any, fs_path: str) -> None:
+        import pyarrow.fs
+
+        try:
+            gone = fs.get_file_info(fs_path).type == pyarrow.fs.FileType.NotFound
+        except Exception:
+            gone = False  # Ray's own call says what is wrong with the storage
+        if gone:
+            logger.info("old checkpoint %s is already gone; nothing to delete", fs_path)
+            return
+        original(fs, fs_path)
+
+    delete._autonorm_unless_gone = True  # type: ignore[attr-defined]
+    return delete
+
+
+def _tolerate_gone_checkpoints() -> None:
+    """A trial's checkpoint manager (kept in Tune's experiment state) deletes a trial's oldest
+    checkpoint when a new one comes (``CheckpointConfig(num_to_keep=2)``), *then* the state is
+    saved. A driver killed in between leaves a state that still lists the deleted folder, and the
+    next driver deletes it again at the trial's next checkpoint: Ray's ``_delete_fs_path`` raises
+    ``FileNotFoundError`` for a missing path (``_is_directory``, outside its own ``try``), which
+    aborts ``Trial.on_checkpoint`` half-way. Tune then logs ``ERROR ... Error handling checkpoint``
+    with the traceback, and the new checkpoint's index and the trial's saved state are not updated
+    (a later restore resumes from an older checkpoint). A folder that is already gone is what the
+    deletion wanted: it is skipped (said at INFO), every other deletion runs as before, failures
+    included. Replaces the name in ``ray.train._internal.checkpoint_manager`` once per process
+    (private Ray API, pinned by a test)."""
+    from ray.train._internal import checkpoint_manager
+
+    original = getattr(checkpoint_manager, "_delete_fs_path")  # noqa: B009 - imported there, not exported
+    if getattr(original, "_autonorm_unless_gone", False):
+        return
+    setattr(checkpoint_manager, "_delete_fs_path", _delete_unless_gone(original))  # noqa: B010

@@ -9,6 +9,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -319,3 +320,16 @@ def record_figures(label: str, figures: dict[str, Any]) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as out:
             out.write(json.dumps({"scenario": label, **figures}, default=str) + "\n")
+
+
+# ------------------------------------------------------------------------------------ the user's view
+
+_ALARM = re.compile(r"Traceback|\bERROR\b|already reported|Error handling checkpoint")
+
+
+def alarming_lines(output: str) -> list[str]:
+    """The lines of a driver's real output (stdout and stderr, with what Ray forwards from trial
+    workers) that read as a failure: a ``Traceback``, a log line at ``ERROR`` (Ray's and Tune's
+    ``... ERROR file.py:N -- ...``), Optuna's ``already reported`` warning. A fault the study
+    survived must print none of them (issue #40); its recovery says what happened in a line of ours."""
+    return [line for line in output.splitlines() if _ALARM.search(line)]

@@ -46,6 +46,7 @@ from tests.integration.faults import (
     CLI,
     Driver,
     accounting,
+    alarming_lines,
     env,
     latest_epochs,
     new_mark,
@@ -255,7 +256,8 @@ def chain(mlflow_server: MlflowServer) -> Iterator[Chain]:
         )
         yield result
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not os.environ.get("AUTONORM_KEEP_FAULT_WORK"):  # kept to read the real logs
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _no_traceback(text: str) -> None:
@@ -349,6 +351,25 @@ def test_sigkill_then_garbage_checkpoints_then_rerun(chain: Chain) -> None:
             logged,
             final.output[-4000:],
         )
+
+
+def test_every_recovery_reads_as_a_recovery(chain: Chain) -> None:
+    """Issue #40: each rerun of the chain (a resume after Ctrl-C, SIGTERM, a double Ctrl-C, SIGKILL,
+    then garbage checkpoints) survived its fault, so its real output holds no ``Traceback``, no
+    ``ERROR`` line from Tune, Ray or Optuna and no Optuna "already reported" warning; the resume, the
+    broken lease of the killed driver and the checkpoint fallback are one line of ours each."""
+    for label, st in chain.steps.items():
+        assert alarming_lines(st.output) == [], (label, st.output[-4000:])
+    for label in ("sigterm", "double_sigint", "sigkill", "rerun"):
+        lines = chain.steps[label].output.splitlines()
+        resumed = [line for line in lines if "resuming from its saved state" in line]
+        assert len(resumed) == 1 and "finished and kept" in resumed[0], (label, resumed)
+    final = chain.steps["rerun"].output.splitlines()
+    broken = [line for line in final if "its lease" in line and "is broken" in line]
+    assert len(broken) == 1 and "is kept" in broken[0], broken  # the SIGKILLed driver's lease
+    for trial_id in chain.garbled:
+        said = [line for line in final if "is unreadable" in line and f"trial {trial_id}:" in line]
+        assert all(("kept" in line or "from scratch" in line) for line in said), said
 
 
 def test_the_study_completes_with_every_epoch_once(chain: Chain) -> None:

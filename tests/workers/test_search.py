@@ -153,6 +153,26 @@ def test_non_finite_intermediate_values_do_not_reach_optuna(bad: object) -> None
     ).intermediate_values == {2: 0.4}
 
 
+def test_a_resumed_trial_reporting_steps_again_is_not_warned_about(recwarn: pytest.WarningsRecorder) -> None:
+    """Issue #40: a trial resumed (after a killed driver, or from an older checkpoint when the
+    newest was unreadable) reports again steps Optuna already holds, from a searcher restored by
+    pickle as Tune does; they are not re-reported (Optuna would warn "The reported value is ignored
+    because this step=... is already reported") and Optuna's first values stay."""
+    import pickle
+
+    searcher = create_searcher(_plan(), study_key="0" * 16)
+    searcher.suggest("t")
+    for step in (1, 2, 3, 4):
+        searcher.on_trial_result("t", {"val_accuracy": 0.1 * step, "training_iteration": step})
+    restored = pickle.loads(pickle.dumps(searcher))
+    for step in (3, 4, 5):
+        restored.on_trial_result("t", {"val_accuracy": 0.9, "training_iteration": step})
+    ot_trial = restored._ot_trials["t"]
+    values = ot_trial.storage.get_trial(ot_trial._trial_id).intermediate_values
+    assert values == pytest.approx({1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4, 5: 0.9})
+    assert not [w for w in recwarn if "already reported" in str(w.message)]
+
+
 def test_a_trial_diverged_in_its_first_epoch_is_told_fail() -> None:
     """What a diverged-in-epoch-1 trial sends: one result, metric NaN, status diverged."""
     searcher = create_searcher(_plan(), study_key="0" * 16)

@@ -319,3 +319,78 @@ def test_optuna_copy_for_remote_storage_leaves_no_scratch_behind(
     _save_optuna_study(plan, storage, f"{bucket}/plan", Searcher(), Tracker())  # type: ignore[arg-type]
     assert (bucket / "plan" / OPTUNA_DB).is_file() and logged and logged[0]
     assert list(scratch_root.iterdir()) == []
+
+
+def test_an_old_checkpoint_already_deleted_by_a_killed_driver_is_no_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue #40: a driver killed between deleting a trial's oldest checkpoint and saving its state
+    # leaves a state that still lists the folder; the next driver deleted it again and Ray raised
+    # FileNotFoundError inside Trial.on_checkpoint (Tune: "ERROR ... Error handling checkpoint" with
+    # a traceback, the trial's checkpoint index and saved state not updated).
+    import logging
+
+    from ray import tune
+    from ray.train._internal import storage as ray_storage
+    from ray.train._internal.checkpoint_manager import _CheckpointManager
+    from ray.train._internal.session import _TrainingResult
+
+    from workers.tune_patches import _tolerate_gone_checkpoints
+
+    def result(index: int) -> _TrainingResult:
+        folder = tmp_path / f"checkpoint_{index:06d}"
+        folder.mkdir()
+        (folder / "state.pt").write_bytes(b"x")
+        return _TrainingResult(checkpoint=tune.Checkpoint(str(folder)), metrics={"epoch": index + 1})
+
+    gone = tmp_path / "gone"
+    with pytest.raises(FileNotFoundError):  # Ray's own deletion, which the patch guards (pinned)
+        ray_storage._delete_fs_path(tune.Checkpoint(str(gone)).filesystem, str(gone))
+    _tolerate_gone_checkpoints()
+    _tolerate_gone_checkpoints()  # once per process
+    manager = _CheckpointManager(tune.CheckpointConfig(num_to_keep=2))
+    first, second = result(0), result(1)
+    manager.register_checkpoint(first)
+    manager.register_checkpoint(second)
+    import shutil
+
+    assert first.checkpoint is not None
+    shutil.rmtree(first.checkpoint.path)  # what the killed driver had already done
+    with caplog.at_level(logging.INFO):
+        manager.register_checkpoint(result(2))
+        manager.register_checkpoint(result(3))  # an existing old folder is still deleted
+    assert not (tmp_path / "checkpoint_000001").exists()
+    assert [r.checkpoint.path for r in manager._checkpoint_results if r.checkpoint] == [
+        str(tmp_path / "checkpoint_000002"),
+        str(tmp_path / "checkpoint_000003"),
+    ]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert any("already gone" in r.getMessage() for r in caplog.records)
+
+
+def test_a_checkpoint_deletion_that_fails_is_still_reported(caplog: pytest.LogCaptureFixture) -> None:
+    # Only a folder that is already gone is skipped: a deletion that fails is Ray's error, as before.
+    import logging
+
+    from workers.tune_patches import _delete_unless_gone
+
+    calls: list[str] = []
+
+    class Refusing:
+        def get_file_info(self, path: str) -> Any:
+            return SimpleNamespace(type=pyarrow.fs.FileType.Directory, is_file=False)
+
+        def delete_dir(self, path: str) -> None:
+            calls.append(path)
+            raise PermissionError(path)
+
+    def ray_delete(fs: Any, fs_path: str) -> None:
+        try:
+            fs.delete_dir(fs_path)
+        except Exception:
+            logging.getLogger("ray.train._internal.storage").exception("Caught exception when deleting")
+
+    with caplog.at_level(logging.ERROR):
+        _delete_unless_gone(ray_delete)(Refusing(), "/x/checkpoint_000001")
+    assert calls == ["/x/checkpoint_000001"]
+    assert [r.levelno for r in caplog.records] == [logging.ERROR]
