@@ -535,7 +535,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def verdict_lines(path: Path) -> list[str]:
-    """The study verdict and one line per hypothesis (its verdict, estimate, CI, Holm p and
+    """The study verdict, its scope (what it was decided on) and one line per hypothesis (its verdict, estimate, CI, Holm p and
     reasons), from a ``verdict.json`` (every kind's shared fields); nothing when there is none."""
     try:
         verdict = json.loads(path.read_text(encoding="utf-8"))
@@ -543,6 +543,10 @@ def verdict_lines(path: Path) -> list[str]:
         return []
     reasons = "; ".join(str(r) for r in verdict.get("study_reasons") or [])
     lines = [f"study verdict: {verdict.get('study_verdict')}" + (f" ({reasons})" if reasons else "")]
+    if verdict.get("scope"):
+        from studies.scope import scope_line
+
+        lines.append(f"scope: {scope_line(verdict['scope'])}")
     rows = []
     for name, h in (verdict.get("hypotheses") or {}).items():
         ci = h.get("ci")

@@ -308,6 +308,7 @@ class Document:
 
     Attributes:
         headline: the first line of both renderings (the study verdict, or the claims line).
+        scope: the second line: what the verdict was decided on (:func:`studies.scope.scope_line`).
         verdict: the study verdict (colours the headline's bar).
         parts: the headline split into coloured pieces ``(label, text)`` after ``prefix`` (HTML only).
         banner: the exploratory / underpowered warning, or ``""``.
@@ -321,6 +322,7 @@ class Document:
 
     headline: str
     title: str
+    scope: str = ""
     verdict: str = "none"
     prefix: str = ""
     parts: Sequence[tuple[str, str]] = ()
@@ -335,9 +337,10 @@ class Document:
 
 
 def render_markdown(doc: Document, plots: Sequence[str | Path] = ()) -> str:
-    """The Markdown report: headline, banner, title, intro, plots (captioned), sections, method,
+    """The Markdown report: headline, scope, banner, title, intro, plots (captioned), sections, method,
     resources, protocol."""
-    out = [f"**{doc.headline}**\n\n"]
+    # The verdict, then (a hard line break) what it was decided on: the report's first two lines.
+    out = [f"**{doc.headline}**\\\n*Scope: {doc.scope}*\n\n" if doc.scope else f"**{doc.headline}**\n\n"]
     if doc.banner:
         out.append(f"> **{doc.banner}**\n\n")
     out.append(f"# {doc.title}\n\n")
@@ -374,7 +377,8 @@ td:first-child,th:first-child{text-align:left}
 {% endfor %}img{max-width:100%}pre{background:#f6f6f6;padding:.6em;overflow-x:auto}
 </style></head><body>
 <p class="study" id="study-verdict">{% if doc.parts %}{{ doc.prefix }}{% for label, text in doc.parts %}<span class="v-{{ label }}">{{ text }}</span>{{ ", " if not loop.last }}{% endfor %}{% else %}{{ doc.headline }}{% endif %}</p>
-{% if doc.banner %}<p class="banner" id="exploratory">{{ doc.banner }}</p>
+{% if doc.scope %}<p class="scope" id="scope"><i>Scope: {{ doc.scope }}</i></p>
+{% endif %}{% if doc.banner %}<p class="banner" id="exploratory">{{ doc.banner }}</p>
 {% endif %}<h1>{{ doc.title }}</h1>
 {% for p in doc.intro %}<p>{{ inline(p) }}</p>
 {% endfor %}{% if images or doc.plot_errors %}<h2 id="plots">Plots</h2>

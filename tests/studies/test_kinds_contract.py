@@ -32,6 +32,7 @@ from studies.kinds import (
 from studies.kinds.contract import STUDY_VERDICTS
 from studies.planning import plan_study
 from studies.schema import SpecError
+from studies.scope import scope_line
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = sorted(KINDS)
@@ -252,6 +253,38 @@ def test_verdict_has_the_shared_fields(ran: Ran) -> None:
     assert (
         ran.outcome.verdict is not None and ran.outcome.verdict["study_verdict"] == verdict["study_verdict"]
     )
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_verdict_names_its_scope(ran: Ran) -> None:
+    """Issue #39: every kind's verdict says what it was decided on (data, model, budget, batch sizes,
+    seeds used, device, precision, each arm's mean metric), on the study run too; a shipped kind's
+    report opens with the verdict, then the scope."""
+    scope = _verdict(ran)["scope"]
+    configs = [c for p in ran.kind.phases(ran.spec) for c in p.configs]
+    assert scope["data"]["name"] == str(configs[0]["data"]["type"])
+    rows = scope["data"]["rows"]
+    assert set(rows) == {"train", "val", "test"} and all(rows[k] > 0 for k in rows)
+    assert len(scope["data"]["fingerprint"]) == 64
+    assert scope["model"]["type"] == configs[0]["model"]["type"]
+    assert scope["model"]["preset"] == configs[0]["model"].get("preset", "paper")
+    low, high = scope["model"]["params_range"]
+    assert 0 < low <= high == scope["model"]["params"]
+    epochs = {c["training"]["epochs"] for c in configs if c["training"].get("budget", "epochs") == "epochs"}
+    assert scope["budget"]["epochs"] in (*epochs, sorted(epochs))
+    assert set(scope["batch_sizes"]) <= {int(c["training"]["batch_size"]) for c in configs}
+    assert 2 <= scope["seeds"] <= len({c["seed"] for c in configs})
+    assert (scope["device"], scope["precision"]) == ("CPU", "fp32")
+    assert scope["arms"] and all(0.0 <= v <= 1.0 for v in scope["arms"].values())  # accuracies
+    client, _ = _mlflow(ran)
+    tags = client.get_run(ran.outcome.parent_run_id).data.tags  # type: ignore[arg-type]
+    assert tags["autonorm.scope.data"].startswith(f"{scope['data']['name']}, {rows['train']:,} train rows")
+    assert tags["autonorm.scope.model"].startswith(scope["model"]["name"])
+    assert str(scope["budget"]["epochs"]) in tags["autonorm.scope.budget"]
+    report = (Path(ran.outcome.study_dir) / "report.md").read_text(encoding="utf-8").splitlines()
+    assert report[1] == f"*Scope: {scope_line(scope)}*", report[:3]
+    assert report[0].startswith("**") and "Scope" not in report[0]
 
 
 @pytest.mark.ray

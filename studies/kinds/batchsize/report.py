@@ -44,6 +44,7 @@ from studies.reporting import (
 )
 from studies.reporting import render_html as kit_html
 from studies.reporting import render_markdown as kit_markdown
+from studies.scope import scope_line
 
 __all__ = [
     "VERDICT_COLORS",
@@ -512,6 +513,7 @@ def _document(
     return Document(
         headline=_headline(result),
         title=title,
+        scope=scope_line(result.get("scope")),
         verdict=str(result["study_verdict"]),
         banner=_BANNER if result.get("exploratory") else "",
         intro=[

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from studies import reporting
+from studies.scope import scope_line
 
 __all__ = ["CONTRAST_COLORS", "plot_contrasts_forest", "write_compare_report"]
 
@@ -124,6 +125,7 @@ def _document(
     return reporting.Document(
         headline=f"Study verdict: {study}",
         title=title,
+        scope=scope_line(verdict.get("scope")),
         verdict=study,
         prefix="Study verdict: ",
         parts=[(study, study)],

@@ -50,6 +50,7 @@ from studies.reporting import (
     to_yaml,
     write_json,
 )
+from studies.scope import scope_line
 
 __all__ = [
     "CONTRASTS",
@@ -516,6 +517,7 @@ def _document(
     gpu_hours: float | None,
     plot_errors: Sequence[str],
     study_verdict: str,
+    scope: str = "",
 ) -> Document:
     weak = underpowered_claims(claims)
     tuned_text = (
@@ -526,6 +528,7 @@ def _document(
     return Document(
         headline=claims_line(claims),
         title=title,
+        scope=scope,
         verdict=study_verdict,
         prefix="Claims: ",
         parts=[
@@ -686,6 +689,7 @@ def write_claims_report(
         gpu_hours=gpu_hours,
         plot_errors=errors,
         study_verdict=str((shared or {}).get("study_verdict", "none")),
+        scope=scope_line((shared or {}).get("scope")),
     )
     paths["markdown"].write_text(render_markdown(doc, plots), encoding="utf-8")
     paths["html"].write_text(render_html(doc, plots), encoding="utf-8")

@@ -52,6 +52,7 @@ from studies.kinds.search.plans import (
 from studies.kinds.search.power import pilot
 from studies.kinds.search.spec import StudySpec
 from studies.reporting import write_json
+from studies.scope import scope_line, scope_tags
 from studies.tuning import RunPoints, tune
 from workers.plan import StudyPlan, expected_trials
 from workers.records import StudyResult, TrialRecord, best_trial
@@ -107,11 +108,15 @@ def run(spec: StudySpec, **runner_options: Any) -> StudyOutcome:
             summary["claims"] = {k: v.get("verdict") for k, v in (verdict.get("claims") or {}).items()}
         else:
             verdict = analyse(None, spec, best=result.best(plan.metric, plan.mode), metric=plan.metric)
+            verdict["scope"] = _search_scope(result.trials, plan.metric, gpu_hours=runner.resource_hours()[1])
             path = runner.local_dir() / "verdict.json"
             write_json(path, verdict)
             files["verdict"] = path
             runner.publish([path])
-            runner.log_outputs(files=[path], tags={"verdict/study": str(verdict["study_verdict"])})
+            runner.log_outputs(
+                files=[path],
+                tags={"verdict/study": str(verdict["study_verdict"]), **scope_tags(verdict["scope"])},
+            )
         summary["study_verdict"] = verdict["study_verdict"]
     return StudyOutcome(
         kind=spec.kind,
@@ -399,6 +404,7 @@ def _confirm_and_claims(
     runner.publish(files.values())
     tags = {f"claim/{cid}": str(c.get("verdict")) for cid, c in claims.items()}
     tags["verdict/study"] = str(verdict["study_verdict"])
+    tags.update(scope_tags(verdict.get("scope")))
     runner.log_outputs(files=files.values(), tags=tags, metrics=_claim_metrics(claims))
     for cid, c in claims.items():
         reasons = "; ".join(str(r) for r in c.get("reasons") or [])
@@ -408,13 +414,14 @@ def _confirm_and_claims(
             flush=True,
         )
     print(f"[{spec.name}] study verdict (the paper's main claim): {verdict['study_verdict']}", flush=True)
+    print(f"[{spec.name}] scope: {scope_line(verdict.get('scope'))}", flush=True)
     verdict["tuned_lr"] = tuned
     return verdict, dict(files)
 
 
 def _write_claims(
     spec: StudySpec,
-    verdict: Mapping[str, Any],
+    verdict: dict[str, Any],
     table: Any,
     gate_logs: Mapping[tuple[str, Any], Any],
     out_dir: Path,
@@ -422,10 +429,22 @@ def _write_claims(
     tuned: Mapping[str, Any],
     spent: tuple[float, float, float] = (math.nan, math.nan, math.nan),
 ) -> dict[str, Path]:
-    """The claims report files (:func:`studies.kinds.search.report.write_claims_report`); ``spent``:
+    """The claims report files (:func:`studies.kinds.search.report.write_claims_report`), the
+    verdict's ``scope`` (:mod:`studies.scope`, from the confirmatory trials) set first; ``spent``:
     wall time (s), CPU hours, GPU hours."""
     from studies.kinds.search.report import write_claims_report
+    from studies.scope import study_scope
+    from studies.study_dir import StudyDir
 
+    assert spec.confirm is not None
+    where = StudyDir.of(spec)
+    configs = [
+        t.config
+        for arm in spec.confirm.arms
+        for j in range(1, _n_looks(spec) + 1)
+        for t in read_trials(where.phase_plan(look_plan_name(arm, j)), history=False)
+    ]
+    verdict["scope"] = study_scope(configs, table, metric=spec.confirm.metric, gpu_hours=spent[2])
     return write_claims_report(
         verdict["claims"],
         table,
@@ -439,9 +458,25 @@ def _write_claims(
         wall_time_s=spent[0],
         cpu_hours=spent[1],
         gpu_hours=spent[2],
-        shared={k: verdict[k] for k in ("kind", "study_verdict", "hypotheses")},
+        shared={k: verdict[k] for k in ("kind", "study_verdict", "hypotheses", "scope")},
         sequential=_sequential_of(verdict),
     )
+
+
+def _search_scope(trials: Sequence[TrialRecord], metric: str, *, gpu_hours: float = 0.0) -> dict[str, Any]:
+    """A search without ``confirm:``: the scope of its trials (one arm, ``search``)."""
+    from studies.scope import study_scope
+
+    rows = [
+        {"arm": "search", "seed": int(t.config.get("seed", 0)), metric: t.metrics.get(metric)}
+        for t in trials
+        if isinstance(t.metrics.get(metric), int | float)
+    ]
+    return study_scope([t.config for t in trials], rows, metric=metric, gpu_hours=gpu_hours)
+
+
+def _n_looks(spec: StudySpec) -> int:
+    return len(spec.sequential.schedule()) if spec.sequential is not None else 1
 
 
 def _confirm_table(
@@ -458,10 +493,9 @@ def _confirm_table(
     rows: list[dict[str, Any]] = []
     gate_logs: dict[tuple[str, Any], list[dict[str, Any]]] = {}
     for arm in spec.confirm.arms:
-        n_looks = len(spec.sequential.schedule()) if spec.sequential is not None else 1
         trials = [
             t
-            for j in range(1, n_looks + 1)
+            for j in range(1, _n_looks(spec) + 1)
             for t in read_trials(where.phase_plan(look_plan_name(arm, j)), history=True)
         ]
         for t in trials:
@@ -697,6 +731,7 @@ def report(spec: StudySpec, out_dir: Path) -> Path:
         verdict = _claims_report(spec, plan, trials, out_dir / "claims")
     else:
         verdict = analyse(None, spec, best=best, metric=plan.metric)
+        verdict["scope"] = _search_scope(trials, plan.metric)
     write_json(out_dir / "verdict.json", verdict)
     return path
 

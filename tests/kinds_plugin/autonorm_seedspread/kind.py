@@ -37,9 +37,17 @@ class SeedSpreadKind(StudyKind):
 
         with study_runner(spec.study_plan(), expected_trials=spec.total_trials, **runner_options) as runner:
             result = runner.run(spec.train_plan())
-            verdict = self.analyse(self._table(spec, result.trials), spec)
-            files = self._write(spec, verdict, runner.local_dir())
-            log_study_outputs(runner, spec, files, tags={"verdict/study": "none"}, metrics=_metrics(verdict))
+            table = self._table(spec, result.trials)
+            verdict = self.analyse(table, spec)
+            files = self._write(spec, verdict, table, runner.local_dir())
+            log_study_outputs(
+                runner,
+                spec,
+                files,
+                tags={"verdict/study": "none"},
+                metrics=_metrics(verdict),
+                verdict=verdict,
+            )
         for arm, row in verdict["arms"].items():
             print(
                 f"[seedspread] {arm}: mean {row['mean']:.4f}, sd {row['sd']:.4f} over {row['n']} seeds",
@@ -89,7 +97,8 @@ class SeedSpreadKind(StudyKind):
 
         trials = read_phase_trials(self.phases(spec), spec).get("train", [])
         out_dir.mkdir(parents=True, exist_ok=True)
-        return self._write(spec, self.analyse(self._table(spec, trials), spec), out_dir)["report"]
+        table = self._table(spec, trials)
+        return self._write(spec, self.analyse(table, spec), table, out_dir)["report"]
 
     # ---- the kind's own pieces ------------------------------------------------------------------
 
@@ -108,15 +117,27 @@ class SeedSpreadKind(StudyKind):
         ]
         return sorted(rows, key=lambda r: (r["arm"], r["seed"]))
 
-    @staticmethod
-    def _write(spec: Any, verdict: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    def _write(
+        self, spec: Any, verdict: dict[str, Any], table: list[dict[str, Any]], out_dir: Path
+    ) -> dict[str, Path]:
         from studies.reporting import fmt, md_table, write_json
+        from studies.scope import scope_line, study_scope
+
+        metric = spec.analysis.metric
+        verdict["scope"] = study_scope(  # what the numbers were measured on (every kind's verdict has it)
+            self.phases(spec)[0].configs,
+            [{"arm": r["arm"], "seed": r["seed"], metric: r["value"]} for r in table],
+            metric=metric,
+        )
 
         rows = [
             {"arm": arm, "seeds": str(r["n"]), "mean": fmt(r["mean"]), "sd": fmt(r["sd"])}
             for arm, r in verdict["arms"].items()
         ]
-        text = f"# Seed spread: {spec.name}\n\n{verdict['metric']} over seeds at lr {spec.training.lr:g}\n\n"
+        text = (
+            f"**Seed spread (no verdict)**\\\n*Scope: {scope_line(verdict['scope'])}*\n\n"
+            f"# Seed spread: {spec.name}\n\n{verdict['metric']} over seeds at lr {spec.training.lr:g}\n\n"
+        )
         report = out_dir / "report.md"
         report.write_text(text + md_table(rows) + "\n", encoding="utf-8")
         return {"report": report, "verdict": write_json(out_dir / "verdict.json", verdict)}
