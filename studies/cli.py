@@ -8,7 +8,8 @@
     autonorm-study submit   SPEC [--address URL] [--wait] [...]     # a Ray job on a cluster
     autonorm-study status   SPEC|STUDY_DIR | --job ID [--address URL]
     autonorm-study report   SPEC|STUDY_DIR [--out DIR]
-    autonorm-study reproduce RUN_ID|RUN_URL|STUDY_DIR [--tracking-uri URI] [--rerun [--allow-different-code]]
+    autonorm-study reproduce RUN_ID|RUN_URL|STUDY_DIR [--tracking-uri URI] [--rerun [--allow-different-code]] [--offline]
+    autonorm-study results  [DIR ...] [--output PATH] [--export STUDY_DIR --to ROOT]   # docs/results.md from results/
     autonorm-study ls       [--tracking-uri URI] [--json]            # every study in a tracking store, newest first
 
 SPEC may also be given as ``--spec PATH`` (as in every entry point). ``validate``, ``plan``, ``run``
@@ -63,6 +64,7 @@ from studies.entrypoints import (
     print_where,
 )
 from studies.kinds import DEFAULT_KIND, KINDS, kind_for, load_study, presets_of
+from studies.results import add_arguments as add_results_arguments
 from studies.running import run_study_spec
 from studies.schema import SpecError, SpecIssue, resolve_storage_path
 from studies.study_dir import SPEC_FILE
@@ -113,7 +115,7 @@ def _load_target(target: str, args: argparse.Namespace, extra: Sequence[str] = (
             )
         # The directory is <storage_path>/<name>: wherever it is now, that is where the study lives.
         here = f"storage_path={json.dumps(str(path.resolve().parent))}"
-        return load_study(spec_file, [here, *overrides_from_args(args), *extra], kind=args.kind)
+        return load_study(spec_file, [here, *overrides_from_args(args), *extra], kind=args.kind, stored=True)
     return load_study(path, [*overrides_from_args(args), *extra], preset=args.preset, kind=args.kind)
 
 
@@ -531,6 +533,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         do_rerun=args.rerun,
         allow_different_code=args.allow_different_code,
         storage_path=args.storage_path,
+        offline=args.offline,
     )
 
 
@@ -760,7 +763,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --rerun: run although the commit differs or tracked files are modified",
     )
     p.add_argument("--storage-path", default=None, help="with --rerun: where the new study directory goes")
+    p.add_argument("--offline", action="store_true", help="re-analyse a study directory from its own tables")
     p.set_defaults(func=_cmd_reproduce)
+
+    p = sub.add_parser("results", help="the stored studies' hypotheses, one row each, into docs/results.md")
+    add_results_arguments(p)  # studies.results: --export STUDY_DIR --to ROOT, --output PATH
     return parser
 
 

@@ -21,6 +21,7 @@ is refused when its last look cannot reject (:func:`sequential_floor`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,9 +36,11 @@ __all__ = [
     "MAX_SEEDS_SEARCHED",
     "Undecidable",
     "check_decidable",
+    "fewest_seeds",
     "permutation_floor",
     "sequential_floor",
     "sequential_undecidable",
+    "too_few_seeds",
     "undecidable",
 ]
 
@@ -109,6 +112,18 @@ def sequential_undecidable(spec: Any, names: list[str], alpha: float) -> list[Un
     return [
         Undecidable(h, "sequential.max_seeds", floor(looks[-1]), alpha, looks[-1], needed, why) for h in names
     ]
+
+
+def too_few_seeds(seeds: int, min_seeds: int, path: str) -> list[str]:
+    """The reason a design of ``seeds`` seeds fails the gate ``path`` (``min_seeds``), if it does."""
+    return [f"fewer seeds than {path} ({min_seeds})"] if seeds < min_seeds else []
+
+
+def fewest_seeds(floor: Callable[[int], float], alpha: float, min_seeds: int) -> int | None:
+    """The fewest seeds, from ``min_seeds`` (at least 2) up to :data:`MAX_SEEDS_SEARCHED`, whose
+    smallest attainable p ``floor(seeds)`` is below ``alpha``; ``None`` when more seeds alone do not
+    help."""
+    return next((n for n in range(max(min_seeds, 2), MAX_SEEDS_SEARCHED + 1) if floor(n) < alpha), None)
 
 
 def permutation_floor(n_batch_sizes: int, n_seeds: int, n_perm: int) -> float:

@@ -20,6 +20,8 @@ __all__ = [
     "paired_seed_needs",
     "per_seed_need",
     "pilot_power",
+    "pilot_scores",
+    "pilot_table",
     "seed_needs",
 ]
 
@@ -36,6 +38,37 @@ def chance_accuracy(data: Any) -> float:
     else:
         c = data_classes(data)
     return 1.0 / c if c else math.nan
+
+
+def pilot_table(
+    study_dir: str | os.PathLike[str], name: str, *, missing: str, columns: Sequence[str] = ()
+) -> Any:
+    """A finished pilot's trial table ``<study_dir>/<name>`` (a DataFrame), with ``columns``.
+
+    Raises:
+        ValueError: no such file (``missing``: what that means for the pilot), or a column missing.
+    """
+    import pandas as pd
+
+    path = Path(study_dir) / name
+    if not path.is_file():
+        raise ValueError(f"{path} not found: {missing}")
+    table = pd.read_csv(path)
+    for col in columns:
+        if col not in table.columns:
+            raise ValueError(f"{path} lacks column {col!r}; required: {', '.join(columns)}")
+    return table
+
+
+def pilot_scores(table: Any, metric: str, *, failed: float, ok: Sequence[str] = ("completed",)) -> Any:
+    """Each row's final ``metric`` as the analysis scores it: ``failed`` for a failed trial (its
+    status not among ``ok``, or a value that is not a finite number)."""
+    import numpy as np
+    import pandas as pd
+
+    values = pd.to_numeric(table[metric], errors="coerce").to_numpy(dtype=float)
+    finished = table["status"].astype(str).str.lower().isin(set(ok)).to_numpy() & np.isfinite(values)
+    return np.where(finished, values, failed)
 
 
 def per_seed_need(

@@ -209,12 +209,13 @@ def plan_study(
         ``{"study", "kind", "trials", "trials_max", "cpu_hours", "gpu_hours", "cpu_hours_max",
         "gpu_hours_max", "wall_s", "wall_s_max", "calibration_s" (the step-time measurement here, which
         ``run`` repeats: part of ``wall_s``), "cluster": {"cpus", "gpus"}, "phases": [{"name",
-        "trials", "budget", "optional", "epochs" | "updates", "epochs_by_batch_size",
+        "trials", "budget", "optional", "look", "refine", "epochs" | "updates", "epochs_by_batch_size",
         "updates_by_batch_size", "slots", "trial_s" (mean), "trial_s_min", "trial_s_max",
         "cpu_hours", "gpu_hours", "wall_s", "upper_bound"}], "calibration": {...}}``.
         ``trials`` / ``wall_s`` / ``*_hours``: no learning-rate range extension firing (one runs only
-        when a tuned rate sits on its grid's edge) and, for a sequential spec, every look run to
-        ``max_seeds`` (a fixed design: the kind's ``total_trials(spec)``); ``trials_max`` /
+        when a tuned rate sits on its grid's edge), every tuned rate refined (the refinement phases:
+        ``lr_tuning.refine``) and, for a sequential spec, every look run to ``max_seeds`` (a fixed
+        design without refinement: the kind's ``total_trials(spec)``); ``trials_max`` /
         ``wall_s_max`` / ``*_hours_max`` count every extension too; a sequential spec also gets
         ``trials_expected`` / ``wall_s_expected`` / ``*_hours_expected``, the looks it is expected to
         run. Each count is what one real run can do, so each wall time can be held against one.
@@ -342,7 +343,7 @@ def plan_study(
         max_cpu_h += cpu_h
         max_gpu_h += gpu_h
         wall_max += phase_wall
-        if not ph.optional or getattr(ph, "look", False):
+        if _counted(ph):
             total_cpu_h += cpu_h
             total_gpu_h += gpu_h
             wall += phase_wall
@@ -361,6 +362,7 @@ def plan_study(
             "budget": budget,
             "optional": ph.optional,
             "look": bool(getattr(ph, "look", False)),
+            "refine": bool(getattr(ph, "refine", False)),
         }
         if budget == "epochs":
             entry["epochs"] = max(e for _, e in epochs_b)
@@ -392,7 +394,7 @@ def plan_study(
     out = {
         "study": getattr(spec, "name", None),
         "kind": kind.name,
-        "trials": sum(len(ph.configs) for ph in phases if not ph.optional or getattr(ph, "look", False)),
+        "trials": sum(len(ph.configs) for ph in phases if _counted(ph)),
         "trials_max": sum(len(ph.configs) for ph in phases),
         "cpu_hours": total_cpu_h,
         "gpu_hours": total_gpu_h,
@@ -409,6 +411,12 @@ def plan_study(
     if seq is not None:
         out.update(_expected_cost(spec, seq, out, look_cost))
     return out
+
+
+def _counted(phase: Phase) -> bool:
+    """Whether ``phase`` counts in ``plan``'s ``trials`` (not only in its maxima): every phase but the
+    optional ones, and of those the later looks and the learning-rate refinement."""
+    return not phase.optional or phase.look or phase.refine
 
 
 def _expected_cost(
@@ -496,12 +504,16 @@ def format_plan(result: Mapping[str, Any]) -> str:
             if "updates" in ph
             else ph["budget"]
         )
+        # the refinement is optional too, but counted: it runs wherever a tuned rate is interior
+        needed = (
+            " (interior winners)" if ph.get("refine") else " (only if needed)" if ph.get("optional") else ""
+        )
         lines.append(
             f"  {ph['name']:<22} {ph['trials']:>5} trials x {size:<12} trial ~{format_duration(ph['trial_s'])} "
             f"({format_duration(ph['trial_s_min'])}-{format_duration(ph['trial_s_max'])}), {ph['slots']} at once, "
             f"wall ~{format_duration(ph['wall_s'])}"
             + (" (upper bound: early stopping)" if ph["upper_bound"] else "")
-            + (" (only if needed)" if ph.get("optional") else "")
+            + needed
         )
     cal = result["calibration"]
     lines.append(

@@ -36,6 +36,7 @@ __all__ = [
     "finite",
     "fmt",
     "fmt_ci",
+    "fmt_refinement",
     "json_safe",
     "legend_handles",
     "md_fence",
@@ -45,6 +46,7 @@ __all__ = [
     "render_markdown",
     "resources_lines",
     "save_figure",
+    "study_document",
     "to_yaml",
     "write_json",
 ]
@@ -116,6 +118,16 @@ def fmt(v: Any, digits: int = 3) -> str:
     if isinstance(v, float | np.floating):
         return f"{float(v):.{digits}g}" if math.isfinite(v) else "–"
     return str(v)
+
+
+def fmt_refinement(refine: Mapping[str, Any] | None) -> str:
+    """A tuning record's refinement (:func:`studies.tuning.tune`) as a cell: the rates it ran and
+    whether one of them beat the grid's winner; ``–`` when none ran."""
+    if not refine or not refine.get("points"):
+        return "–"
+    rates = ", ".join(fmt(x) for x in refine["points"])
+    grid_lr = fmt(refine.get("grid_lr"))
+    return f"{rates} (one beat {grid_lr})" if refine.get("moved") else f"{rates} (kept {grid_lr})"
 
 
 def fmt_ci(ci: Any, digits: int = 3) -> str:
@@ -334,6 +346,29 @@ class Document:
     protocol: str = ""
     plot_errors: Sequence[str] = ()
     captions: Mapping[str, str] = field(default_factory=dict)
+
+
+def study_document(
+    verdict: Mapping[str, Any],
+    *,
+    banner: str,
+    protocol: Mapping[str, Any] | None,
+    spent: Sequence[float | None],
+    **fields: Any,
+) -> Document:
+    """The :class:`Document` of a study's ``verdict`` (its ``verdict.json``): the study verdict, the
+    scope line, ``banner`` when the design is exploratory, the resources ``spent`` (wall s, CPU h,
+    GPU h) and the ``protocol`` as YAML; ``fields``: the kind's own (headline, title, intro, ...)."""
+    from studies.scope import scope_line
+
+    return Document(
+        scope=scope_line(verdict.get("scope")),
+        verdict=str(verdict["study_verdict"]),
+        banner=banner if verdict.get("exploratory") else "",
+        resources=resources_lines(*spent),
+        protocol=to_yaml(dict(protocol)) if protocol else "",
+        **fields,
+    )
 
 
 def render_markdown(doc: Document, plots: Sequence[str | Path] = ()) -> str:

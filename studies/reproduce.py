@@ -17,7 +17,13 @@ run; nothing else is read from it).
   always refused on a mismatch); then compares trial by trial (status and final metrics) and
   verdict by verdict.
 
-Both print ``reproduced`` and exit 0 when nothing differs; else one line per difference (the trial's
+* A study directory whose run no tracking store holds (its store gone or never there: a copy in
+  ``results/<study>/``, another machine), or any directory with ``--offline``, is **re-analysed from
+  its own tables**: the kind's analysis on its trial table and recorded tuning
+  (:mod:`studies.offline`), compared with its ``verdict.json``. No tracking store is opened that does
+  not exist already, so none is created.
+
+All print ``reproduced`` and exit 0 when nothing differs; else one line per difference (the trial's
 run name or the hypothesis, the field, the logged and the recomputed value) and exit 1. Exit 2: the
 run cannot be found or read, or a rerun is refused.
 """
@@ -41,12 +47,15 @@ __all__ = [
     "EXIT_REFUSED",
     "TAG_REPRODUCES",
     "Difference",
+    "NoStudyRun",
     "ReproduceError",
     "compare_trials",
     "compare_verdicts",
     "find_study_run",
     "reanalyse",
+    "reanalyse_directory",
     "rerun",
+    "stored_study",
 ]
 
 TAG_REPRODUCES = "autonorm.reproduces"
@@ -62,6 +71,11 @@ _TIMING = ("examples_per_s", "time_total_s", "time_this_iter_s")
 
 class ReproduceError(Exception):
     """The run cannot be found or read, or a rerun is refused (exit 2)."""
+
+
+class NoStudyRun(ReproduceError):
+    """No tracking store holds a study directory's run: the store does not exist (it is not
+    created by looking), cannot be read, or has no run of that directory."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +157,7 @@ def _spec_from_text(text: str, source: str, overrides: Sequence[str] = ()) -> An
         path = Path(tmp) / "spec.yaml"
         path.write_text(text, encoding="utf-8")
         try:
-            return load_study(path, list(overrides))
+            return load_study(path, list(overrides), stored=True)  # a study's spec, as it ran
         except Exception as exc:
             raise ReproduceError(f"the spec logged on {source} does not load here: {exc}") from None
 
@@ -164,15 +178,23 @@ def find_study_run(target: str, tracking_uri: str | None = None) -> tuple[str, s
         spec = _spec_from_text(spec_file.read_text(encoding="utf-8"), str(spec_file), [here])
         if uri is None:
             uri = _spec_tracking_uri(spec)
+        if not store_exists(uri):
+            raise NoStudyRun(f"no tracking store at {_redact(uri)} (where {study_dir}'s study run would be)")
         from studies.study_dir import StudyDir
 
         key = study_key(StudyDir.of(spec).uri)
-        client = _client(uri)
         filt = f"tags.`{TAG_STUDY_KEY}` = '{key}' and tags.`{TAG_ROLE}` = '{ROLE_STUDY}'"
-        experiments = [e.experiment_id for e in client.search_experiments()]
-        found = client.search_runs(experiments, filter_string=filt, max_results=10) if experiments else []
+        try:
+            client = _client(uri)
+            experiments = [e.experiment_id for e in client.search_experiments()]
+            found = client.search_runs(experiments, filter_string=filt, max_results=10) if experiments else []
+        except Exception as exc:  # unreachable server, unreadable database
+            raise NoStudyRun(
+                f"the tracking store {_redact(uri)} cannot be read ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''})"
+            ) from None
         if not found:
-            raise ReproduceError(f"RUN: no study run for {study_dir} in the tracking store {_redact(uri)}")
+            raise NoStudyRun(f"no study run for {study_dir} in the tracking store {_redact(uri)}")
         return uri, str(min(found, key=lambda r: r.info.start_time or 0).info.run_id)
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
@@ -202,6 +224,18 @@ def _spec_tracking_uri(spec: Any) -> str:
         tracking=TrackingConfig(uri=spec.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or None),
     )
     return str(_tracking_uri(probe, resolve_storage(storage)))
+
+
+def store_exists(uri: str) -> bool:
+    """Whether the tracking store at ``uri`` is there to be read: a sqlite file or a local file
+    store that exists (MLflow would create a missing one on first use); any server is assumed to."""
+    parts = urlsplit(uri)
+    if parts.scheme == "sqlite":
+        path = uri.split("sqlite:///", 1)[1].split("?", 1)[0] if uri.startswith("sqlite:///") else ""
+        return bool(path) and Path(path).is_file()
+    if parts.scheme in ("", "file"):
+        return Path(parts.path if parts.scheme == "file" else uri).is_dir()
+    return True
 
 
 def _redact(uri: str) -> str:
@@ -410,6 +444,41 @@ def reanalyse(study: StudyRun) -> list[Difference]:
     return compare_tables(study.tables, tracked) + compare_verdicts(study.verdict, recomputed)
 
 
+def stored_study(directory: Path) -> tuple[Any, Any]:
+    """``(spec, kind)`` of a study directory (or a stored copy of one): its ``study_spec.yaml``,
+    placed where the directory lies now.
+
+    Raises:
+        ReproduceError: no ``study_spec.yaml``, or one that does not load here.
+    """
+    from studies.kinds import kind_for
+    from studies.study_dir import SPEC_FILE
+
+    spec_file = directory / SPEC_FILE
+    if not spec_file.is_file():
+        raise ReproduceError(f"RUN: no {SPEC_FILE} in {directory}: not a study directory")
+    here = f"storage_path={json.dumps(str(directory.resolve().parent))}"
+    spec = _spec_from_text(spec_file.read_text(encoding="utf-8"), str(spec_file), [here])
+    return spec, kind_for(spec)
+
+
+def reanalyse_directory(directory: Path) -> list[Difference]:
+    """Re-analyse a study directory from its own tables (:mod:`studies.offline`); the differences
+    from its ``verdict.json``. Reads nothing but the directory (and the data set's class count)."""
+    from studies.offline import OfflineError, compare_offline, reanalyse_tables
+
+    spec, kind = stored_study(directory)
+    verdict_file = directory / "verdict.json"
+    if not verdict_file.is_file():
+        raise ReproduceError(f"RUN: no verdict.json in {directory} (did the study finish?)")
+    logged = json.loads(verdict_file.read_text(encoding="utf-8"))
+    try:
+        recomputed = reanalyse_tables(spec, kind, directory, logged)
+    except OfflineError as exc:
+        raise ReproduceError(str(exc)) from None
+    return compare_offline(logged, recomputed)
+
+
 def _check_code(study: StudyRun, *, allow_different_code: bool) -> None:
     import os
 
@@ -495,19 +564,39 @@ def main(
     do_rerun: bool = False,
     allow_different_code: bool = False,
     storage_path: str | None = None,
+    offline: bool = False,
 ) -> int:
-    """The CLI command; returns the exit status."""
+    """The CLI command; returns the exit status. ``offline``: re-analyse the study directory
+    ``target`` from its own tables without looking for its run in any tracking store."""
     from workers.tracking import http_limits
 
     try:
-        uri, run_id = find_study_run(target, tracking_uri)
-        with http_limits(30, 3, override=False):
-            study = load_study_run(uri, run_id)
-        if do_rerun:
-            diffs, new_id = rerun(study, allow_different_code=allow_different_code, storage_path=storage_path)
-            print(f"rerun: MLflow run {new_id} ({TAG_REPRODUCES}={run_id})")
+        if offline:
+            if do_rerun:
+                raise ReproduceError(
+                    "--offline re-analyses a directory's own tables; --rerun needs its MLflow run"
+                )
+            if not Path(target).is_dir():
+                raise ReproduceError(f"RUN: with --offline, a study directory is needed ({target} is none)")
+            diffs = _from_tables(Path(target), "--offline")
         else:
-            diffs = reanalyse(study)
+            try:
+                with http_limits(30, 3, override=False):
+                    uri, run_id = find_study_run(target, tracking_uri)
+            except NoStudyRun as exc:
+                if do_rerun:
+                    raise
+                diffs = _from_tables(Path(target), str(exc))
+            else:
+                with http_limits(30, 3, override=False):
+                    study = load_study_run(uri, run_id)
+                if do_rerun:
+                    diffs, new_id = rerun(
+                        study, allow_different_code=allow_different_code, storage_path=storage_path
+                    )
+                    print(f"rerun: MLflow run {new_id} ({TAG_REPRODUCES}={run_id})")
+                else:
+                    diffs = reanalyse(study)
     except ReproduceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_REFUSED
@@ -518,3 +607,12 @@ def main(
         return EXIT_DIFFERENT
     print("reproduced")
     return 0
+
+
+def _from_tables(directory: Path, why: str) -> list[Difference]:
+    """:func:`reanalyse_directory`, saying why and from which files."""
+    from studies.offline import TABLE_FILES
+
+    files = ", ".join(name for name in TABLE_FILES if (directory / name).is_file()) or "no table"
+    print(f"{why}: re-analysing {directory} from its own tables ({files})", flush=True)
+    return reanalyse_directory(directory)

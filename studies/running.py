@@ -16,7 +16,8 @@ from typing import Any
 
 from studies.kinds import kind_for
 from studies.kinds.contract import StudyKind, StudyOutcome
-from studies.schema import SpecError, SpecIssue, parse_yaml
+from studies.provenance import PROVENANCE_ARTIFACT
+from studies.schema import SpecError, SpecIssue, parse_yaml, stored_defaults_missing
 from studies.sequential import ExtendRefused
 from studies.study_dir import SPEC_FILE
 
@@ -42,12 +43,46 @@ def changed_fields(old: Any, new: Any, path: str = "") -> list[str]:
     return [] if old == new else [path or "<root>"]
 
 
-def _check_unchanged(spec: Any, study_dir: Any, *, allow_changed: bool) -> None:
-    """Refuse to resume a study whose stored spec differs from ``spec`` (two studies would mix)."""
+def _set_by_spec(spec: Any, path: str) -> bool:
+    """Whether ``spec`` sets the dotted field ``path`` itself (file, preset or ``--set``), rather than
+    leaving it to its default."""
+    node = spec
+    for key in path.split("."):
+        if key not in (getattr(node, "model_fields_set", None) or ()):
+            return False
+        node = getattr(node, key)
+    return True
+
+
+def _as_stored(spec: Any, stored: dict[str, Any]) -> Any:
+    """``spec`` against a study whose stored spec (``stored``, a document) predates fields added
+    since (:func:`studies.schema.stored_defaults_missing`): ``stored`` gets the value the study ran
+    with for each, and so does ``spec`` where it leaves the field to today's default (a study from
+    before ``lr_tuning.refine`` resumes unrefined). A field ``spec`` sets itself stays: a change."""
+    from workers.dotted import set_path, split_path
+
+    missing = stored_defaults_missing(stored, type(spec))
+    for path, value in missing.items():
+        set_path(stored, split_path(path), value)
+    adopt = {path: value for path, value in missing.items() if not _set_by_spec(spec, path)}
+    if not adopt:
+        return spec
+    doc = spec.to_document()
+    for path, value in adopt.items():
+        set_path(doc, split_path(path), value)
+        print(f"[{spec.name}] {path}: {value}, as the study ran (its spec predates the field)", flush=True)
+    return type(spec).model_validate(doc)
+
+
+def _check_unchanged(spec: Any, study_dir: Any, *, allow_changed: bool) -> Any:
+    """Refuse to resume a study whose stored spec differs from ``spec`` (two studies would mix);
+    returns ``spec``, with what the study ran as for the fields its stored spec predates
+    (:func:`_as_stored`)."""
     text = study_dir.read_text(SPEC_FILE)
     if text is None:
-        return
+        return spec
     stored, _ = parse_yaml(text, source=f"{study_dir.uri}/{SPEC_FILE}")
+    spec = _as_stored(spec, stored)
     current = spec.to_document()
     # Where the study lives may move (a copied directory, another mount): that is not a new study.
     ignore = {"storage_path", "presets"}
@@ -65,6 +100,7 @@ def _check_unchanged(spec: Any, study_dir: Any, *, allow_changed: bool) -> None:
                 for c in changes
             ]
         )
+    return spec
 
 
 def run_study_spec(
@@ -93,7 +129,7 @@ def run_study_spec(
         endpoint_override=study_dir.config.endpoint_override,
         region=study_dir.config.region,
     ):
-        _check_unchanged(spec, study_dir, allow_changed=allow_changed_spec)
+        spec = _check_unchanged(spec, study_dir, allow_changed=allow_changed_spec)
         fresh = study_dir.read_text(SPEC_FILE) is None
         study_dir.write_text(SPEC_FILE, spec.to_yaml())
         print(f"[{spec.name}] {kind.name} study; spec -> {study_dir.uri}/{SPEC_FILE}", flush=True)
@@ -101,13 +137,15 @@ def run_study_spec(
         if planned is not None:
             runner_options["planned"] = planned
         runner_options = {"provenance": _provenance(spec, kind), **runner_options}
+        _keep_provenance(study_dir, runner_options["provenance"])
         try:
             outcome = kind.run(spec, **runner_options)
         except BaseException:
             # Refused (or failed) before its first trial left anything: take the spec back, so the
             # corrected command is a fresh start rather than "a changed spec" (issue: a refused
             # `--set resources.cpu=64` locked its own fix out).
-            if fresh and study_dir.list_files() == [SPEC_FILE]:
+            if fresh and set(study_dir.list_files()) <= {SPEC_FILE, PROVENANCE_ARTIFACT}:
+                study_dir.delete(PROVENANCE_ARTIFACT)
                 study_dir.delete(SPEC_FILE)
             raise
     return outcome
@@ -144,6 +182,14 @@ def _provenance(spec: Any, kind: StudyKind) -> dict[str, Any]:
     except Exception as exc:
         print(f"[{spec.name}] no provenance: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return {}
+
+
+def _keep_provenance(study_dir: Any, provenance: Mapping[str, Any]) -> None:
+    """The provenance record in the study directory too (``provenance.json`` beside the spec), so a
+    copy of the directory (``autonorm-study results --export``) carries it without MLflow."""
+    text = (provenance.get("artifacts") or {}).get(PROVENANCE_ARTIFACT)
+    if text:
+        study_dir.write_text(PROVENANCE_ARTIFACT, text)
 
 
 def extend_study(spec: Any, seeds: int) -> Any:

@@ -18,9 +18,16 @@ tuning seeds, never on a confirmatory seed, and hands the winner to its confirma
    of fewer than 3 points has no interior: it is never extended, and a 2-point grid's winner is
    always on its edge (a 1-point grid's never is).
 
+4. Refinement: once the grid (and any extension) settles on an interior winner, ``refine`` more
+   rates run on the tuning seeds — ``refine / 2`` log-evenly spaced between the winner and each of
+   its two neighbours (``refine = 2``: the geometric midpoints ``sqrt(lr * neighbour)``; a ×10 grid
+   can miss an optimum by √10) — in one more tuning phase (through ``run_refine``), and the
+   selection is made again over every rate (:func:`refine_points`). A winner still on its grid's
+   edge, or a grid without an interior, is not refined; the record says why.
+
 :func:`tune` is deterministic in the trials it is given, so a report rebuilt from the study
-directory replays the same extensions from the extension phases' trials (``run_points`` then reads
-them back instead of running them).
+directory replays the same extensions and refinement from their phases' trials (``run_points`` and
+``run_refine`` then read them back instead of running them).
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ __all__ = [
     "LRGrid",
     "TrialLike",
     "extension_trials_max",
+    "refine_points",
+    "refine_trials",
     "round_lr",
     "select_lr",
     "tune",
@@ -132,9 +141,15 @@ def _lr_of(t: TrialLike) -> float:
 
 
 def select_lr(
-    trials: Sequence[TrialLike], grid: LRGrid, *, metric: str, mode: Literal["min", "max"]
+    trials: Sequence[TrialLike],
+    grid: LRGrid,
+    *,
+    metric: str,
+    mode: Literal["min", "max"],
+    extra: Sequence[float] = (),
 ) -> dict[str, Any]:
-    """The winning rate of one cell's tuning trials on ``grid`` (trials at other rates are ignored).
+    """The winning rate of one cell's tuning trials on ``grid`` and the ``extra`` rates (its
+    refinement, :func:`refine_points`); trials at other rates are ignored. The edge is ``grid``'s.
 
     Returns:
         A JSON-able record: ``lr`` (the winner; with no trained rate, the lowest rate tried),
@@ -143,7 +158,7 @@ def select_lr(
         ``grid`` (the rates in use), ``extensions``, ``trials``, ``trials_failed``.
     """
     worst = -math.inf if mode == "max" else math.inf
-    on_grid = set(grid.points)
+    on_grid = set(grid.points) | {round_lr(lr) for lr in extra}
     scores: dict[float, list[float]] = {}
     failed = 0
     for t in trials:
@@ -195,6 +210,45 @@ RunPoints = Callable[[int, Mapping[str, float]], Sequence[TrialLike]]
 """``run_points(round, {cell: lr})``: run (or read back) extension round ``round`` (1-based): each
 cell's new rate on every tuning seed; returns those trials."""
 
+RefinePoints = Callable[[Mapping[str, Sequence[float]]], Sequence[TrialLike]]
+"""``run_refine({cell: rates})``: run (or read back) the refinement: each cell's rates on every
+tuning seed; returns those trials."""
+
+
+def refine_points(grid: LRGrid, best: float, n: int) -> tuple[float, ...]:
+    """The ``n`` refinement rates around ``best`` (one of ``grid``'s points in use), ascending:
+    ``n / 2`` between it and each neighbour, log-evenly spaced (``n = 2``: the two geometric
+    midpoints). None when ``n`` is 0 or ``best`` has not two neighbours (an edge of the grid, a grid
+    of fewer than 3 points).
+
+    Raises:
+        ValueError: ``n`` is negative or odd (the points are shared equally between the two sides).
+    """
+    if n < 0 or n % 2:
+        raise ValueError(f"refine must be an even number >= 0, got {n}")
+    points = grid.points
+    if n == 0 or best not in points:
+        return ()
+    i = grid.first + points.index(best)
+    if i in (grid.first, grid.last):
+        return ()
+    k = n // 2
+    offsets = [j / (k + 1) for j in range(-k, k + 1) if j]
+    return tuple(round_lr(10 ** (grid.log_start + (i + off) * grid.log_step)) for off in offsets)
+
+
+def _refine_skipped(rec: Mapping[str, Any], grid: LRGrid, refine: int) -> str | None:
+    """Why a cell's winner is not refined (``None``: it is)."""
+    if refine == 0:
+        return "refine: 0"
+    if rec["lr"] is None or rec["no_learning_rate_trained"]:
+        return "no learning rate trained"
+    if not grid.extendable:
+        return "a grid of fewer than 3 points has no interior"
+    if rec["at_range_edge"]:
+        return f"the best rate sits on the {rec['edge']} edge of its grid"
+    return None
+
 
 def tune(
     grids: Mapping[str, LRGrid],
@@ -205,8 +259,11 @@ def tune(
     mode: Literal["min", "max"],
     max_extensions: int,
     run_points: RunPoints | None = None,
+    refine: int = 0,
+    run_refine: RefinePoints | None = None,
 ) -> tuple[dict[str, dict[str, Any]], list[TrialLike]]:
-    """Select every cell's rate, extending the grids whose winner sits on an edge.
+    """Select every cell's rate, extending the grids whose winner sits on an edge, then refining
+    the interior winners.
 
     Args:
         grids: cell -> its grid (the points the first tuning phase ran).
@@ -215,22 +272,31 @@ def tune(
         metric / mode: the validation metric and its direction.
         max_extensions: extension rounds at most (0: never extend).
         run_points: runs one extension round (see :data:`RunPoints`); ``None`` never extends.
+        refine: refinement rates per interior winner (:func:`refine_points`; 0: no refinement).
+        run_refine: runs the refinement (see :data:`RefinePoints`); ``None`` never refines.
 
     Returns:
-        ``(records, trials)``: cell -> :func:`select_lr`'s record on its final grid, and every tuning
-        trial (the first phase's and the extensions').
+        ``(records, trials)``: cell -> :func:`select_lr`'s record on its final grid and refinement,
+        with ``refine``: ``{"points"`` (the rates refinement ran, ``[]`` for none), ``"grid_lr"``
+        (the winner before it), ``"moved"`` (a refinement rate won), ``"skipped"`` (why there was
+        no refinement, else ``None``)``}``; and every tuning trial (the first phase's, the
+        extensions' and the refinement's).
     """
     if max_extensions < 0:
         raise ValueError(f"max_extensions must be >= 0, got {max_extensions}")
+    if refine < 0 or refine % 2:
+        raise ValueError(f"refine must be an even number >= 0, got {refine}")
     current = dict(grids)
     every = list(trials)
 
-    def records() -> dict[str, dict[str, Any]]:
+    def records(extra: Mapping[str, Sequence[float]] | None = None) -> dict[str, dict[str, Any]]:
         by_cell: dict[str, list[TrialLike]] = {}
         for t in every:
             by_cell.setdefault(cell_of(t), []).append(t)
         return {
-            cell: select_lr(by_cell.get(cell, []), grid, metric=metric, mode=mode)
+            cell: select_lr(
+                by_cell.get(cell, []), grid, metric=metric, mode=mode, extra=(extra or {}).get(cell, ())
+            )
             for cell, grid in sorted(current.items())
         }
 
@@ -251,7 +317,26 @@ def tune(
         for cell, side in need.items():
             current[cell] = current[cell].extended(side)
         out = records()
-    return out, every
+    skipped = {cell: _refine_skipped(rec, current[cell], refine) for cell, rec in out.items()}
+    around = {
+        cell: refine_points(current[cell], rec["lr"], refine)
+        for cell, rec in out.items()
+        if skipped[cell] is None
+    }
+    ran = False
+    if around and run_refine is not None:
+        added = list(run_refine(around))
+        ran = bool(added)  # no trials: the refinement has not run (yet)
+        every += added
+    final = records(around) if ran else out
+    for cell, rec in final.items():
+        rec["refine"] = {
+            "points": list(around.get(cell, ())) if ran else [],
+            "grid_lr": out[cell]["lr"],
+            "moved": rec["lr"] != out[cell]["lr"],
+            "skipped": skipped[cell] or (None if ran else "not run"),
+        }
+    return final, every
 
 
 class GridTuning(Protocol):
@@ -263,6 +348,8 @@ class GridTuning(Protocol):
     def mode(self) -> Literal["min", "max"]: ...
     @property
     def max_extensions(self) -> int: ...
+    @property
+    def refine(self) -> int: ...
     def lr_grid(self) -> LRGrid: ...
 
 
@@ -273,10 +360,11 @@ def tuned_rates(
     cell_of: Callable[[TrialLike], str],
     tuning: GridTuning,
     run_points: RunPoints | None = None,
+    run_refine: RefinePoints | None = None,
 ) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
-    """:func:`tune` with ``tuning``'s grid, metric, mode and extension limit for every one of
-    ``cells``: the tuned rate per cell and the record per cell, a cell with no winner (no trial
-    completed) left out of both."""
+    """:func:`tune` with ``tuning``'s grid, metric, mode, extension limit and refinement for every
+    one of ``cells``: the tuned rate per cell and the record per cell, a cell with no winner (no
+    trial completed) left out of both."""
     grid = tuning.lr_grid()
     record, _ = tune(
         {cell: grid for cell in cells},
@@ -286,18 +374,25 @@ def tuned_rates(
         mode=tuning.mode,
         max_extensions=tuning.max_extensions,
         run_points=run_points,
+        refine=tuning.refine,
+        run_refine=run_refine,
     )
     record = {cell: rec for cell, rec in record.items() if rec["lr"] is not None}
     return {cell: float(rec["lr"]) for cell, rec in record.items()}, record
 
 
 def tuned_lines(record: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """One line per cell of :func:`tune`'s record: its rate, the extension rounds it took and whether
-    it still sits on the edge of its grid."""
+    """One line per cell of :func:`tune`'s record: its rate, the extension rounds it took, whether
+    refinement moved it and whether it still sits on the edge of its grid."""
     lines = []
     for cell, rec in record.items():
         edge = " (on the edge of the range!)" if rec["at_range_edge"] else ""
         grown = f" after {rec['extensions']} range extension(s)" if rec["extensions"] else ""
+        refined = rec.get("refine") or {}
+        if refined.get("points"):
+            grown += (
+                f", refined from {refined['grid_lr']:.4g}" if refined["moved"] else ", kept after refinement"
+            )
         lines.append(f"  {cell}: lr={rec['lr']:.4g}{grown}{edge}")
     return lines
 
@@ -305,3 +400,9 @@ def tuned_lines(record: Mapping[str, Mapping[str, Any]]) -> list[str]:
 def extension_trials_max(grids: Sequence[LRGrid], seeds: int, max_extensions: int) -> int:
     """The most trials the extensions of ``grids`` can add (every extendable cell, every round)."""
     return sum(max_extensions * seeds for g in grids if g.extendable)
+
+
+def refine_trials(grids: Sequence[LRGrid], seeds: int, refine: int) -> int:
+    """The trials the refinement of ``grids`` adds when every winner is interior (a grid of fewer
+    than 3 points has no interior: never refined)."""
+    return sum(refine * seeds for g in grids if g.extendable)

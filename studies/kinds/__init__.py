@@ -112,8 +112,11 @@ def load_study(
     *,
     preset: str | None = None,
     kind: str | None = None,
+    stored: bool = False,
 ) -> Any:
-    """Load and validate a spec file of any kind (preset, then ``--set`` overrides).
+    """Load and validate a spec file of any kind (preset, then ``--set`` overrides); ``stored``: the
+    file is a study's ``study_spec.yaml``, whose fields added since it was written take the value
+    the study ran with (:func:`studies.schema.stored_defaults_missing`).
 
     Raises:
         SpecError: every problem found, with field paths and lines.
@@ -124,7 +127,7 @@ def load_study(
         study_kind = kind_of(document, source=str(path), line=lines.get(("kind",)))
     else:
         study_kind = KINDS[kind]
-    return load_spec(path, list(overrides), preset=preset, model=study_kind.spec_class())
+    return load_spec(path, list(overrides), preset=preset, model=study_kind.spec_class(), stored=stored)
 
 
 def presets_of(path: str | Path) -> list[str]:

@@ -64,15 +64,27 @@ class Phase:
     configs: tuple[dict[str, Any], ...]
     optional: bool = False  # runs only when needed (a range extension): in ``plan``'s maxima only
     look: bool = False  # a sequential design's look after the first (optional too): its expected cost
+    # the learning-rate refinement (optional too: skipped where a tuned η stays on its grid's edge),
+    # counted in ``plan``'s trials: an interior winner, the usual case, is refined
+    refine: bool = False
 
     @classmethod
-    def of(cls, plan: StudyPlan, *, optional: bool = False, look: bool = False) -> Phase:
+    def of(
+        cls, plan: StudyPlan, *, optional: bool = False, look: bool = False, refine: bool = False
+    ) -> Phase:
         configs = tuple(with_values(plan.base_config, point) for point in _grid_points(plan))
         if len(configs) != expected_trials(plan):  # the plan contract; never expected to fail
             raise AssertionError(
                 f"phase {plan.name}: {len(configs)} configs for {expected_trials(plan)} trials"
             )
-        return cls(name=plan.name, plan=plan, configs=configs, optional=optional or look, look=look)
+        return cls(
+            name=plan.name,
+            plan=plan,
+            configs=configs,
+            optional=optional or look or refine,
+            look=look,
+            refine=refine,
+        )
 
 
 @dataclass

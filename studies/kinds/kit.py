@@ -9,19 +9,27 @@ inside the function that needs it.
 from __future__ import annotations
 
 import itertools
+import math
+from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.contract import Phase, StudyOutcome
+from pydantic import BaseModel
+
+from studies.kinds.contract import Phase, StudyKind, StudyOutcome
 from workers.plan import StudyPlan
 
 __all__ = [
     "RUNNER_OPTIONS",
+    "FolderKind",
+    "KindParts",
     "arm_of",
     "chance_levels",
     "extended_spec",
     "extension_runner",
+    "finite_metrics",
     "hypothesis_entry",
     "log_study_outputs",
     "metric_value",
@@ -29,13 +37,18 @@ __all__ = [
     "phase_status",
     "print_verdict",
     "read_phase_trials",
+    "refine_runner",
+    "run_outcome",
     "say",
     "sequential_design",
     "spent",
     "status_row",
+    "stored_refinement",
     "stored_rounds",
     "study_outcome",
     "study_runner",
+    "trial_row",
+    "verdict_tags",
     "with_seeds",
 ]
 
@@ -99,15 +112,26 @@ def read_phase_trials(phases: Sequence[Phase], spec: Any, *, history: bool = Fal
 def stored_rounds(spec: Any, prefix: str) -> Any:
     """A :data:`studies.tuning.RunPoints` that reads range-extension round ``k`` back from the study
     directory (the phase ``<prefix><k>``, e.g. ``tune-ext2``) instead of running it (report, status)."""
+    return _stored(spec, lambda round_, lrs: f"{prefix}{round_}")
+
+
+def stored_refinement(spec: Any, phase: str) -> Any:
+    """A :data:`studies.tuning.RefinePoints` that reads the learning-rate refinement back from the
+    study directory (the phase ``phase``, e.g. ``tune-refine``) instead of running it (report)."""
+    return _stored(spec, lambda lrs: phase)
+
+
+def _stored(spec: Any, phase_of: Callable[..., str]) -> Callable[..., list[Any]]:
+    """Reads the phase ``phase_of(*args)`` back from the study directory for ``(*args)``."""
     from studies.study_dir import StudyDir
     from workers.results import read_trials
 
     where = StudyDir.of(spec)
 
-    def read_points(round_: int, lrs: Mapping[str, float]) -> Any:
-        return read_trials(where.phase_plan(f"{prefix}{round_}"), history=False)
+    def read(*args: Any) -> list[Any]:
+        return read_trials(where.phase_plan(phase_of(*args)), history=False)
 
-    return read_points
+    return read
 
 
 def phase_status(
@@ -153,6 +177,48 @@ def metric_value(trial: Any, metric: str) -> float:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else float("nan")
 
 
+def trial_row(trial: Any, metric: str, cell: Mapping[str, Any], tuned: Mapping[str, Any]) -> dict[str, Any]:
+    """One row of an arm design's trials table: the trial's ``cell`` (arm, seed, ...), its ``status``,
+    its last ``metric`` and ``train_loss`` (:func:`metric_value`), what it ran with (``tuned``: its η,
+    ...), then ``epochs_done``, ``time_total_s``, ``trial_id`` and ``mlflow_run_id``."""
+    return {
+        **cell,
+        "status": trial.status,
+        metric: metric_value(trial, metric),
+        "train_loss": metric_value(trial, "train_loss"),
+        **tuned,
+        "epochs_done": trial.metrics.get("epoch"),
+        "time_total_s": float(trial.metrics.get("time_total_s") or 0.0),
+        "trial_id": trial.trial_id,
+        "mlflow_run_id": trial.mlflow_run_id,
+    }
+
+
+def finite_metrics(pairs: Iterable[tuple[str, Any]]) -> dict[str, float]:
+    """The ``(name, value)`` pairs whose value is a finite number (a bool is none), as run metrics."""
+    return {
+        name: float(v)
+        for name, v in pairs
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def verdict_tags(
+    verdict: Mapping[str, Any], labels: Mapping[str, Mapping[str, Any]], reasons: Mapping[str, Any]
+) -> dict[str, str]:
+    """A study run's verdict tags: ``<prefix>/<name>`` for each ``labels[prefix]`` (name -> label, e.g.
+    ``verdict/<arm>``), ``verdict/study``, then a ``reasons/<name>`` per name with ``reasons``, them
+    joined by ``; `` (at most 5,000 characters, MLflow's limit for a tag)."""
+    tags = {
+        f"{prefix}/{name}": str(label) for prefix, named in labels.items() for name, label in named.items()
+    }
+    tags["verdict/study"] = str(verdict.get("study_verdict", "inconclusive"))
+    tags.update(
+        {f"reasons/{name}": "; ".join(str(r) for r in rs)[:5000] for name, rs in reasons.items() if rs}
+    )
+    return tags
+
+
 def status_row(phase: str, trial: Any, **fields: Any) -> dict[str, Any]:
     """One row of an arm design's ``status`` table: phase, trial, status, arm, seed, lr, then ``fields``."""
     return {
@@ -181,13 +247,20 @@ def log_study_outputs(
     *,
     tags: Mapping[str, str],
     metrics: Mapping[str, float],
+    verdict: Mapping[str, Any] | None = None,
 ) -> None:
     """A finished study's output files into its directory (when remote) and onto its MLflow run, with
-    the verdict ``tags`` and ``metrics`` and the analysed metric as a param (the wall time and the
-    resource hours are the runner's own ``actual_*`` metrics)."""
+    the verdict ``tags`` (and the ``autonorm.scope.*`` tags of ``verdict``'s scope) and ``metrics``
+    and the analysed metric as a param (the wall time and the resource hours are the runner's own
+    ``actual_*`` metrics)."""
+    from studies.scope import scope_tags
+
     runner.publish(files.values())
     runner.log_outputs(
-        files=files.values(), tags=tags, metrics=metrics, params={"analysis_metric": spec.analysis.metric}
+        files=files.values(),
+        tags={**tags, **scope_tags((verdict or {}).get("scope"))},
+        metrics=metrics,
+        params={"analysis_metric": spec.analysis.metric},
     )
 
 
@@ -207,25 +280,25 @@ def study_outcome(
     from collections import Counter
 
     counts = Counter(str(s) for s in table["status"]) if not table.empty else Counter()
-    return StudyOutcome(
-        kind=spec.kind,
-        name=spec.name,
-        study_dir=runner.study_uri,
-        tracking_uri=runner.tracking_uri,
-        parent_run_id=runner.run_id,
-        summary={
-            "study": spec.name,
-            "study_verdict": verdict.get("study_verdict"),
-            **verdicts,
-            "trials": dict(counts),
-            "tuned_lr": tuned_lr,
-            "parent_run_id": runner.run_id,
-            "tracking_uri": runner.tracking_uri,
-            "study_dir": runner.study_uri,
-        },
-        verdict=verdict,
-        files=files,
-    )
+    summary = {
+        "study": spec.name,
+        "study_verdict": verdict.get("study_verdict"),
+        **verdicts,
+        "trials": dict(counts),
+        "tuned_lr": tuned_lr,
+        "parent_run_id": runner.run_id,
+        "tracking_uri": runner.tracking_uri,
+        "study_dir": runner.study_uri,
+    }
+    return run_outcome(spec, runner, summary=summary, verdict=verdict, files=files)
+
+
+def run_outcome(spec: Any, runner: Any, *, parent_run_id: str | None = None, **results: Any) -> StudyOutcome:
+    """The :class:`StudyOutcome` of a finished ``run``: the study, where ``runner`` put it (its
+    directory, tracking store and study run, or ``parent_run_id``) and ``results`` (``summary``,
+    ``verdict``, ``files``)."""
+    run_id = parent_run_id or runner.run_id
+    return StudyOutcome(spec.kind, spec.name, runner.study_uri, runner.tracking_uri, run_id, **results)
 
 
 def say(tag: str, message: str) -> None:
@@ -234,9 +307,14 @@ def say(tag: str, message: str) -> None:
 
 
 def print_verdict(tag: str, verdict: Mapping[str, Any], lines: Sequence[str], runner: Any) -> None:
-    """A finished study's verdict as printed: ``lines[0]`` (the headline), the exploratory note when
+    """A finished study's verdict as printed: ``lines[0]`` (the headline), its scope (what it was
+    decided on, :func:`studies.scope.scope_line`), the exploratory note when
     the design is exploratory, the rest of ``lines``, then where the outputs and the MLflow run are."""
+    from studies.scope import scope_line
+
     say(tag, lines[0])
+    if verdict.get("scope"):
+        say(tag, f"scope: {scope_line(verdict['scope'])}")
     if verdict.get("exploratory"):
         say(tag, "exploratory: underpowered by design (see reasons); no claim either way")
     for line in lines[1:]:
@@ -247,8 +325,6 @@ def print_verdict(tag: str, verdict: Mapping[str, Any], lines: Sequence[str], ru
 def chance_levels(spec: Any) -> tuple[float, float] | None:
     """Chance accuracy 1/C and chance loss ln C of the study's data; ``None`` without classes
     (regression)."""
-    import math
-
     from studies.schema import data_classes
 
     c = data_classes(spec.data)
@@ -326,12 +402,37 @@ def extension_runner(
     listed by ``status``), raising the study's trial count by ``seeds`` per rate and printing ``line``."""
 
     def run_points(round_: int, lrs: Mapping[str, float]) -> list[Any]:
-        plan = plan_of(round_, lrs)
-        say(tag, line(round_, lrs))
-        runner.set_expected_trials(runner.expected_trials + len(lrs) * seeds)
-        return list(runner.run(plan).trials)
+        return _run_tuning(runner, plan_of(round_, lrs), tag, line(round_, lrs), added=len(lrs) * seeds)
 
     return run_points
+
+
+def _run_tuning(runner: Any, plan: StudyPlan, tag: str, line: str, *, added: int) -> list[Any]:
+    """An extra tuning phase, run: ``line`` printed, the study's trial count raised by ``added``."""
+    say(tag, line)
+    runner.set_expected_trials(runner.expected_trials + added)
+    return list(runner.run(plan).trials)
+
+
+def refine_runner(
+    runner: Any,
+    plan_of: Callable[[Mapping[str, Sequence[float]]], StudyPlan],
+    *,
+    seeds: int,
+    tag: str,
+    label: str = "",
+) -> Any:
+    """A :data:`studies.tuning.RefinePoints` that runs the learning-rate refinement as its own
+    tuning phase (``plan_of(lrs)``: ordinary tuning trials, resumable, listed by ``status``),
+    raising the study's trial count by ``seeds`` per rate and printing one line (``label``: e.g.
+    the budget)."""
+
+    def run_refine(lrs: Mapping[str, Sequence[float]]) -> list[Any]:
+        rates = ", ".join(f"{cell} lr={'/'.join(f'{lr:g}' for lr in v)}" for cell, v in lrs.items())
+        added = sum(len(v) for v in lrs.values()) * seeds
+        return _run_tuning(runner, plan_of(lrs), tag, f"  lr refinement{label}: {rates}", added=added)
+
+    return run_refine
 
 
 def original_run(spec: Any, table_file: str) -> tuple[dict[str, str], float]:
@@ -340,7 +441,6 @@ def original_run(spec: Any, table_file: str) -> tuple[dict[str, str], float]:
     ``verdict.json``); empty / NaN when the run wrote none yet."""
     import io
     import json
-    import math
 
     import pandas as pd
 
@@ -364,3 +464,51 @@ def original_run(spec: Any, table_file: str) -> tuple[dict[str, str], float]:
         if isinstance(value, int | float) and math.isfinite(value):
             wall = float(value)
     return run_ids, wall
+
+
+@dataclass(frozen=True)
+class KindParts:
+    """What a kind's folder provides, handed over by the kind's own :meth:`FolderKind.parts`, which
+    imports its modules by name (so the imports are plain imports that tools and readers follow).
+
+    Attributes:
+        spec_class: the kind's pydantic spec class (``spec.py``).
+        undecidable: ``undecidable(spec)`` of ``decidability.py``: what the design can never decide.
+        pilot: ``pilot(spec, study_dir, *, power, min_effect, alpha)`` of ``power.py`` (``plan --pilot``).
+        phases: ``phases(spec)`` of ``plans.py``; ``None`` where the class builds its phases itself.
+        design: the kind's :class:`~studies.kinds.pipeline.TunedDesign` (``workflow.DESIGN``) for a
+            tuned-design kind, else ``None``.
+    """
+
+    spec_class: type[BaseModel]
+    undecidable: Callable[[Any], Iterable[Any]]
+    pilot: Callable[..., dict[str, Any]]
+    phases: Callable[[Any], Iterable[Phase]] | None = None
+    design: Any = None
+
+
+class FolderKind(StudyKind):
+    """A kind laid out as a package of its own (``studies/kinds/<kind>/``, docs/architecture.md):
+    the class in ``kind.py`` names its folder's pieces in :meth:`parts` (spec class, phases,
+    decidability, ``plan --pilot``), imported when a method needs them, so the registry stays light."""
+
+    @abstractmethod
+    def parts(self) -> KindParts:
+        """The folder's pieces: import the modules inside this method and name what they provide."""
+
+    def spec_class(self) -> type[BaseModel]:
+        return self.parts().spec_class
+
+    def phases(self, spec: Any) -> list[Phase]:
+        phases = self.parts().phases
+        if phases is None:
+            raise NotImplementedError(f"{type(self).__name__} names no phases in parts() and builds none")
+        return list(phases(spec))
+
+    def undecidable(self, spec: Any) -> list[Any]:
+        return list(self.parts().undecidable(spec))
+
+    def power(
+        self, spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
+    ) -> dict[str, Any]:
+        return self.parts().pilot(spec, study_dir, power=power, min_effect=min_effect, alpha=alpha)

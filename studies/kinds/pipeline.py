@@ -2,49 +2,103 @@
 
 A tuned-design kind (``batchsize``, ``compare``) runs, per *budget* (the batch-size kind's
 ``epochs`` / ``updates``; one unnamed budget ``""`` elsewhere): its tuning phase, the range-extension rounds
-while a tuned η sits on its grid's edge, its confirmatory phase (or a sequential design's looks);
-then it analyses every confirmatory trial, writes its outputs, logs them on the study run and prints
-the verdict. ``report`` replays the same steps from the study directory: the tuning (extension rounds
-read back, not run), the confirmatory trials, the analysis and the outputs.
+while a tuned η sits on its grid's edge, the refinement of the interior winners, its confirmatory
+phase (or a sequential design's looks); then it analyses every confirmatory trial, writes its
+outputs, logs them on the study run and prints the verdict. ``report`` replays the same steps from
+the study directory: the tuning (extension rounds and refinement read back, not run), the
+confirmatory trials, the analysis and the outputs.
 
 :class:`TunedDesignKind` implements those :class:`~studies.kinds.contract.StudyKind` methods once;
-what differs between kinds is a :class:`TunedDesign`, the kind's workflow module (its plans, its
-tables and analysis, its output files, its verdict tags and metrics, the lines it prints), which
+the phases are the spec's (:class:`studies.schema.arms.ArmStudySpec`); what differs between kinds
+is a :class:`TunedDesign` in the kind's workflow module (its tables and analysis, its output files,
+its verdict tags and metrics, the lines it prints), which
 :meth:`TunedDesignKind.design` imports when a method needs it (Ray and pandas stay out of the
 registry's imports).
 """
 
 from __future__ import annotations
 
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, cast
 
-from studies.kinds.contract import StudyKind, StudyOutcome
+from studies.kinds.contract import Phase, StudyOutcome
 from studies.kinds.kit import (
+    FolderKind,
+    arm_of,
     extension_runner,
     log_study_outputs,
     original_run,
     phase_status,
     print_verdict,
     read_phase_trials,
+    refine_runner,
     say,
     spent,
     status_row,
+    stored_refinement,
     stored_rounds,
     study_outcome,
     study_runner,
+    with_seeds,
 )
+from studies.schema.arms import phase_name
+from studies.tuning import refine_points, tuned_rates
 from workers.plan import StudyPlan
 
-__all__ = ["TunedDesign", "TunedDesignKind", "all_decided"]
+__all__ = ["TINY", "Analysed", "TunedDesign", "TunedDesignKind", "all_decided"]
 
 Spent = tuple[float, float, float]
+Environ = Mapping[str, str] | None
+Rates = Mapping[str, float]
+
+TINY: tuple[str, ...] = (
+    "training.epochs=1",
+    "arms=[linear, corrected]",
+    "lr_tuning={low: 0.1, high: 1.0, points: 3, seeds: [1000, 1001], max_extensions: 0, refine: 0}",
+    "max_concurrent=1",  # one trial actor per phase: each actor process costs seconds of CPU to start
+)
+"""The overrides every tuned design's :attr:`~studies.kinds.contract.StudyKind.tiny` starts with: one
+epoch, two arms, three rates, no optional phase (no range extension, no refinement)."""
 
 
-class TunedDesign(Protocol):
-    """A tuned-design kind's hooks: what its workflow module defines (a module is the implementation).
+@dataclass(frozen=True)
+class Analysed:
+    """A tuned-design study once analysed: what :meth:`TunedDesign.write_outputs` is handed.
+
+    Attributes:
+        spec: the validated spec.
+        verdict: the ``verdict.json`` dictionary (a hook may add fields before it is written).
+        table: every confirmatory trial, one row each (the kind's trials table).
+        records: the tuning record per budget (``""`` for a kind of one unnamed budget).
+        spent: ``(wall s, CPU h, GPU h)``.
+    """
+
+    spec: Any
+    verdict: dict[str, Any]
+    table: Any
+    records: Mapping[str, Any]
+    spent: Spent
+
+    @property
+    def resources(self) -> dict[str, float]:
+        """:attr:`spent` by name, as the report writers take it: ``wall_time_s``, ``cpu_hours``,
+        ``gpu_hours``."""
+        return dict(zip(("wall_time_s", "cpu_hours", "gpu_hours"), self.spent))
+
+
+class TunedDesign(ABC):
+    """A tuned-design kind's hooks: its workflow module defines one subclass and its instance
+    ``DESIGN``, which :meth:`TunedDesignKind.design` imports when a method needs it.
+
+    The phases are the spec's (:class:`studies.schema.arms.ArmStudySpec`): per budget of
+    ``spec.budget_names`` (one unnamed ``""`` unless the kind has several) ``spec.tuning_plan``,
+    ``spec.extension_plan``, ``spec.refine_plan`` and ``spec.confirmatory_plan``, named by
+    :func:`studies.schema.arms.phase_name` (``tune[-<budget>]``, ``confirm[-<budget>][-look<j>]``).
+    The defaults are those of a kind that checks nothing after tuning, logs nothing after a
+    confirmatory phase, hands its analysis nothing but the table and prints no closing line.
 
     Attributes:
         TAG: the ``[<tag>]`` of its printed lines.
@@ -53,61 +107,127 @@ class TunedDesign(Protocol):
             outputs the run wrote (``trials.csv``, ``verdict.json``); otherwise they stay unknown.
     """
 
-    TAG: str
-    ANALYSIS_LINE: str
-    REPORT_READS_RUN: bool
-
-    # ---- phases
-    def budgets(self, spec: Any) -> Sequence[str]: ...
-    def tune_name(self, spec: Any, budget: str) -> str: ...
-    def look_name(self, spec: Any, budget: str, look: int) -> str: ...
-    def tuning_plan(self, spec: Any, budget: str, environ: Mapping[str, str] | None) -> StudyPlan: ...
-    def extension_plan(
-        self, spec: Any, budget: str, round_: int, lrs: Mapping[str, float], environ: Mapping[str, str] | None
-    ) -> StudyPlan: ...
-    def confirm_plan(
-        self, spec: Any, budget: str, lr: Mapping[str, float], look: int, environ: Mapping[str, str] | None
-    ) -> StudyPlan: ...
+    TAG: ClassVar[str]
+    ANALYSIS_LINE: ClassVar[str]
+    REPORT_READS_RUN: ClassVar[bool] = False
 
     # ---- tuning, the confirmatory table, the analysis
+
+    def cell_of(self, spec: Any, trial: Any) -> str:
+        """The tuning cell (one of ``spec.tuning_cells``) a tuning trial belongs to: its arm."""
+        return arm_of(trial)
+
     def select_learning_rates(
-        self, spec: Any, trials: Sequence[Any], *, run_points: Any = None
-    ) -> tuple[dict[str, float], dict[str, Any]]: ...
-    def check_tuned(self, spec: Any, lr: Mapping[str, float]) -> None: ...
-    def confirm_table(
-        self, spec: Any, trials: Sequence[Any], budget: str, record: Mapping[str, Any]
-    ) -> Any: ...
-    def after_confirm(self, spec: Any, runner: Any, phase: str, table: Any) -> None: ...
-    def analyse(self, table: Any, spec: Any, **inputs: Any) -> dict[str, Any]: ...
-    def analysis_inputs(self, records: Mapping[str, Any]) -> dict[str, Any]: ...
+        self, spec: Any, trials: Sequence[Any], *, run_points: Any = None, run_refine: Any = None
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        """The tuned η per cell of ``spec.tuning_cells`` (:meth:`cell_of`) from one budget's tuning
+        trials (:func:`studies.tuning.tuned_rates`): the η with the best mean validation metric over
+        the tuning seeds (a failed trial scores the worst value); a winner on the edge of its grid
+        extends it through ``run_points`` (up to ``lr_tuning.max_extensions`` rounds), an interior
+        winner is refined through ``run_refine`` (``lr_tuning.refine`` rates); ``None``: neither
+        (``run`` runs them, ``report`` reads them back). Returns the η per cell and a JSON-able
+        record per cell (every η's mean score, the winner, the final grid, the refinement, whether
+        the winner still sits on its edge, trials completed / failed)."""
+        return tuned_rates(
+            spec.tuning_cells,
+            trials,
+            cell_of=lambda t: self.cell_of(spec, t),
+            tuning=spec.lr_tuning,
+            run_points=run_points,
+            run_refine=run_refine,
+        )
+
+    def check_tuned(self, spec: Any, lr: Rates) -> None:
+        """After tuning, before the confirmatory phase: raise when ``lr`` cannot be confirmed (by
+        default every cell the tuning saw confirms with its η)."""
+        return None
+
+    @abstractmethod
+    def confirm_table(self, spec: Any, trials: Sequence[Any], budget: str, record: Mapping[str, Any]) -> Any:
+        """One budget's confirmatory trials as the kind's trials table."""
+
+    def after_confirm(self, spec: Any, runner: Any, phase: str, table: Any) -> None:
+        """After each confirmatory phase of ``run`` (e.g. summary runs under its phase run); by
+        default nothing."""
+        return None
+
+    @abstractmethod
+    def analyse(self, table: Any, spec: Any, **inputs: Any) -> dict[str, Any]:
+        """The ``verdict.json`` dictionary (:meth:`studies.kinds.contract.StudyKind.analyse`)."""
+
+    def analysis_inputs(self, records: Mapping[str, Any]) -> dict[str, Any]:
+        """What :meth:`analyse` reads besides the table, from the tuning records per budget."""
+        return {}
 
     # ---- outputs
-    def write_outputs(
-        self,
-        spec: Any,
-        verdict: dict[str, Any],
-        table: Any,
-        out_dir: Path,
-        records: Mapping[str, Any],
-        spent: Spent,
-    ) -> dict[str, Path]: ...
-    def verdict_tags(self, verdict: Mapping[str, Any]) -> dict[str, str]: ...
-    def verdict_metrics(self, verdict: Mapping[str, Any]) -> dict[str, float]: ...
+
+    @abstractmethod
+    def write_outputs(self, done: Analysed, out_dir: Path) -> dict[str, Path]:
+        """The kind's output files in ``out_dir`` (``lr_tuning.json`` is the pipeline's), by name."""
+
+    @abstractmethod
+    def verdict_tags(self, verdict: Mapping[str, Any]) -> dict[str, str]:
+        """The study run's verdict tags."""
+
+    @abstractmethod
+    def verdict_metrics(self, verdict: Mapping[str, Any]) -> dict[str, float]:
+        """The numbers the verdict rests on, as the study run's metrics."""
+
+    @abstractmethod
     def outcome_summary(
         self, verdict: Mapping[str, Any], records: Mapping[str, Any]
-    ) -> tuple[dict[str, Any], Any]: ...
+    ) -> tuple[dict[str, Any], Any]:
+        """The run's summary: the kind's verdicts and the tuned η."""
 
     # ---- printed lines
-    def opening_line(self, spec: Any) -> str: ...
-    def tuning_line(self, spec: Any, budget: str, plan: StudyPlan) -> str: ...
-    def extension_line(self, budget: str, round_: int, lrs: Mapping[str, float]) -> str: ...
-    def confirm_line(self, spec: Any, budget: str, plan: StudyPlan) -> str: ...
-    def verdict_lines(self, spec: Any, verdict: Mapping[str, Any]) -> list[str]: ...
-    def closing_lines(self, spent: Spent) -> list[str]: ...
+
+    def opening_line(self, spec: Any) -> str:
+        """Before the first phase: the design (:meth:`design_size`), its trial counts (the
+        confirmatory ones through a sequential design's first look), then :meth:`design_note`."""
+        confirmatory = spec.total_trials - spec.tuning_trials
+        return (
+            f"study {spec.name!r}: {self.design_size(spec)} = {confirmatory} confirmatory + "
+            f"{spec.tuning_trials} lr-tuning trials ({spec.total_trials} total){self.design_note(spec)}"
+        )
+
+    @abstractmethod
+    def design_size(self, spec: Any) -> str:
+        """The design in words, for :meth:`opening_line` (``5 arms x 8 seeds``)."""
+
+    def design_note(self, spec: Any) -> str:
+        """What :meth:`opening_line` ends with (``"; contrasts: ..."``); nothing by default."""
+        return ""
+
+    @abstractmethod
+    def tuning_line(self, spec: Any, budget: str, plan: StudyPlan) -> str:
+        """Before a tuning phase."""
+
+    def extension_line(self, budget: str, round_: int, lrs: Rates) -> str:
+        """Before a range-extension round: each edge cell's new η."""
+        within = f" ({budget} budget)" if budget else ""
+        return f"  range extension {round_}{within}: " + ", ".join(f"{k} lr={v:g}" for k, v in lrs.items())
+
+    @abstractmethod
+    def confirm_line(self, spec: Any, budget: str, plan: StudyPlan) -> str:
+        """Before a confirmatory phase."""
+
+    @abstractmethod
+    def verdict_lines(self, spec: Any, verdict: Mapping[str, Any]) -> list[str]:
+        """The printed verdict: the headline first (:func:`studies.kinds.kit.print_verdict`)."""
+
+    def closing_lines(self, spent: Spent) -> list[str]:
+        """After the verdict (``spent``: wall s, CPU h, GPU h)."""
+        return []
 
     # ---- status
-    def status_fields(self, spec: Any, verdict: Mapping[str, Any] | None) -> dict[str, Any]: ...
-    def status_row_fields(self, spec: Any, phase: str, trial: Any) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def status_fields(self, spec: Any, verdict: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The kind's own ``status`` fields, from ``verdict.json`` (None before there is one)."""
+
+    @abstractmethod
+    def status_row_fields(self, spec: Any, phase: str, trial: Any) -> dict[str, Any]:
+        """The kind's own columns of a trial's ``status`` row."""
 
 
 def all_decided(verdict: Mapping[str, Any]) -> bool:
@@ -118,6 +238,11 @@ def all_decided(verdict: Mapping[str, Any]) -> bool:
     return all(h["decision"] in ("reject", "futile") for h in looks[-1]["hypotheses"].values())
 
 
+def _n_looks(spec: Any) -> int:
+    """How many confirmatory looks the spec's design has (1 without ``sequential:``)."""
+    return len(spec.sequential.schedule()) if getattr(spec, "sequential", None) is not None else 1
+
+
 def _concat(tables: Sequence[Any]) -> Any:
     import pandas as pd
 
@@ -126,13 +251,87 @@ def _concat(tables: Sequence[Any]) -> Any:
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
 
 
-class TunedDesignKind(StudyKind):
-    """A kind whose ``run`` / ``status`` / ``report`` are the tuned-design pipeline (module docstring):
-    a subclass sets the class attributes, :meth:`spec_class`, :meth:`phases` and :meth:`design`."""
+@dataclass(frozen=True)
+class _Running:
+    """One ``run`` of a tuned design under way: its hooks, spec, study runner and environment."""
 
-    @abstractmethod
+    d: TunedDesign
+    spec: Any
+    runner: Any
+    environ: Environ
+
+    def tuning_rounds(self, budget: str) -> dict[str, Any]:
+        """The budget's range-extension rounds and refinement, each run as its own tuning phase: the
+        ``run_points`` and ``run_refine`` of :meth:`TunedDesign.select_learning_rates`."""
+        d, spec, seeds = self.d, self.spec, len(self.spec.lr_tuning.seeds)
+        return {
+            "run_points": extension_runner(
+                self.runner,
+                lambda round_, lrs: spec.extension_plan(budget, round_, lrs, environ=self.environ),
+                seeds=seeds,
+                line=lambda round_, lrs: d.extension_line(budget, round_, lrs),
+                tag=d.TAG,
+            ),
+            "run_refine": refine_runner(
+                self.runner,
+                lambda lrs: spec.refine_plan(budget, lrs, environ=self.environ),
+                seeds=seeds,
+                tag=d.TAG,
+                label=f" ({budget} budget)" if budget else "",
+            ),
+        }
+
+    def confirm(self, budget: str, lr: Rates, record: Mapping[str, Any], *, look: int) -> Any:
+        """One confirmatory phase (a look of a sequential design) as a trials table."""
+        d, spec = self.d, self.spec
+        plan = spec.confirmatory_plan(budget, lr, look=look, environ=self.environ)
+        say(d.TAG, d.confirm_line(spec, budget, plan))
+        confirmed = self.runner.run(plan)
+        table = d.confirm_table(spec, confirmed.trials, budget, record)
+        d.after_confirm(spec, self.runner, plan.name, table)
+        return table
+
+
+class TunedDesignKind(FolderKind):
+    """A kind whose ``run`` / ``status`` / ``report`` are the tuned-design pipeline (module docstring):
+    a subclass sets the class attributes and :meth:`~studies.kinds.kit.FolderKind.parts`, whose
+    ``design`` is its folder's ``workflow.DESIGN`` (:class:`TunedDesign`)."""
+
     def design(self) -> TunedDesign:
-        """The kind's hooks: its workflow module, imported here (heavy)."""
+        """The kind's hooks: ``parts().design`` (its ``workflow.DESIGN``)."""
+        return cast(TunedDesign, self.parts().design)
+
+    def phases(self, spec: Any) -> list[Phase]:
+        """Per budget ``tune[-<budget>]``, the optional range-extension rounds ``...-ext<k>`` (run only
+        while a tuned η sits on its grid's edge), the refinement ``...-refine`` (``lr_tuning.refine``
+        rates per cell with an interior winner; counted by ``plan`` as if every winner were), then
+        ``confirm[-<budget>]`` and a sequential design's optional later looks
+        ``confirm[-<budget>]-look<j>``. The spec's η stands in for the tuned one (and the grid's top
+        for an edge winner): the trial counts do not depend on them."""
+        tuning = spec.lr_tuning
+        grid = tuning.lr_grid()
+        rounds = tuning.max_extensions if grid.extendable else 0
+        around = refine_points(grid, grid.point(1), tuning.refine)  # around an interior winner
+        cells = spec.tuning_cells
+        edge, placeholder = dict.fromkeys(cells, tuning.high), dict.fromkeys(cells, spec.training.lr)
+        out = []
+        for budget in spec.budget_names:
+            out.append(Phase.of(spec.tuning_plan(budget)))
+            out += [
+                Phase.of(spec.extension_plan(budget, k, edge), optional=True) for k in range(1, rounds + 1)
+            ]
+            if around:
+                out.append(Phase.of(spec.refine_plan(budget, dict.fromkeys(cells, around)), refine=True))
+            out.append(Phase.of(spec.confirmatory_plan(budget, placeholder)))
+            looks = range(2, _n_looks(spec) + 1)  # a sequential design's looks after the first
+            out += [Phase.of(spec.confirmatory_plan(budget, placeholder, look=j), look=True) for j in looks]
+        return out
+
+    def with_seeds(self, spec: Any, k: int) -> Any:
+        """``k`` confirmatory seeds, off the tuning seeds. The document re-validated is what was set
+        (``exclude_unset``): a full dump would also carry fields the spec derives itself (the layer,
+        the LR scaling), which it refuses as input."""
+        return with_seeds(spec, k, taken=spec.lr_tuning.seeds)
 
     def analyse(self, table: Any, spec: Any, **inputs: Any) -> dict[str, Any]:
         return self.design().analyse(table, spec, **inputs)
@@ -142,9 +341,7 @@ class TunedDesignKind(StudyKind):
 
     # ---- run ------------------------------------------------------------------------------------
 
-    def run(
-        self, spec: Any, *, environ: Mapping[str, str] | None = None, **runner_options: Any
-    ) -> StudyOutcome:
+    def run(self, spec: Any, *, environ: Environ = None, **runner_options: Any) -> StudyOutcome:
         """Every phase, the analysis, the outputs written and logged; idempotent (a rerun resumes).
         ``runner_options``: :data:`studies.kinds.kit.RUNNER_OPTIONS`."""
         from studies.tuning import tuned_lines
@@ -157,22 +354,21 @@ class TunedDesignKind(StudyKind):
         tables: list[Any] = []
         sequential = getattr(spec, "sequential", None)
         with study_runner(study, expected_trials=spec.total_trials, **runner_options) as runner:
-            for budget in d.budgets(spec):
-                plan = d.tuning_plan(spec, budget, environ)
+            r = _Running(d, spec, runner, environ)
+            for budget in spec.budget_names:
+                plan = spec.tuning_plan(budget, environ=environ)
                 say(d.TAG, d.tuning_line(spec, budget, plan))
                 trials = runner.run(plan).trials
-                lr, record = d.select_learning_rates(
-                    spec, trials, run_points=self._extension_runner(d, spec, runner, budget, environ)
-                )
+                lr, record = d.select_learning_rates(spec, trials, **r.tuning_rounds(budget))
                 records[budget] = record
                 for line in tuned_lines(record):
                     say(d.TAG, line)
                 d.check_tuned(spec, lr)
                 tuned[budget] = lr
                 if sequential is None:
-                    tables.append(self._confirm(d, spec, runner, budget, lr, record, look=1, environ=environ))
+                    tables.append(r.confirm(budget, lr, record, look=1))
             if sequential is not None:
-                tables = self._run_looks(d, spec, runner, tuned, records, environ=environ)
+                tables = self._run_looks(r, tuned, records)
             say(d.TAG, d.ANALYSIS_LINE)
             table = _concat(tables)
             verdict = d.analyse(table, spec, **d.analysis_inputs(records))
@@ -180,7 +376,12 @@ class TunedDesignKind(StudyKind):
             cost = (runner.wall_time_s, cpu_h, gpu_h)
             files = self._outputs(d, spec, verdict, table, runner.local_dir(), records, cost)
             log_study_outputs(
-                runner, spec, files, tags=d.verdict_tags(verdict), metrics=d.verdict_metrics(verdict)
+                runner,
+                spec,
+                files,
+                tags=d.verdict_tags(verdict),
+                metrics=d.verdict_metrics(verdict),
+                verdict=verdict,
             )
         print_verdict(d.TAG, verdict, d.verdict_lines(spec, verdict), runner)
         for line in d.closing_lines((runner.wall_time_s, cpu_h, gpu_h)):
@@ -188,47 +389,8 @@ class TunedDesignKind(StudyKind):
         verdicts, tuned_lr = d.outcome_summary(verdict, records)
         return study_outcome(spec, runner, verdict, table, files, verdicts=verdicts, tuned_lr=tuned_lr)
 
-    @staticmethod
-    def _extension_runner(
-        d: TunedDesign, spec: Any, runner: Any, budget: str, environ: Mapping[str, str] | None
-    ) -> Any:
-        return extension_runner(
-            runner,
-            lambda round_, lrs: d.extension_plan(spec, budget, round_, lrs, environ),
-            seeds=len(spec.lr_tuning.seeds),
-            line=lambda round_, lrs: d.extension_line(budget, round_, lrs),
-            tag=d.TAG,
-        )
-
-    @staticmethod
-    def _confirm(
-        d: TunedDesign,
-        spec: Any,
-        runner: Any,
-        budget: str,
-        lr: Mapping[str, float],
-        record: Mapping[str, Any],
-        *,
-        look: int,
-        environ: Mapping[str, str] | None,
-    ) -> Any:
-        """One confirmatory phase (a look of a sequential design) as a trials table."""
-        plan = d.confirm_plan(spec, budget, lr, look, environ)
-        say(d.TAG, d.confirm_line(spec, budget, plan))
-        confirmed = runner.run(plan)
-        table = d.confirm_table(spec, confirmed.trials, budget, record)
-        d.after_confirm(spec, runner, plan.name, table)
-        return table
-
     def _run_looks(
-        self,
-        d: TunedDesign,
-        spec: Any,
-        runner: Any,
-        tuned: Mapping[str, Mapping[str, float]],
-        records: Mapping[str, Any],
-        *,
-        environ: Mapping[str, str] | None,
+        self, r: _Running, tuned: Mapping[str, Mapping[str, float]], records: Mapping[str, Any]
     ) -> list[Any]:
         """The confirmatory seeds in looks (every budget per look): after each, the anytime-valid
         test of every hypothesis; no more seeds once every one is decided. A look already in the study
@@ -239,17 +401,14 @@ class TunedDesignKind(StudyKind):
         from studies.study_dir import StudyDir
         from workers.results import read_trials
 
+        d, spec, runner = r.d, r.spec, r.runner
         schedule = spec.sequential.schedule()
         where = StudyDir.of(spec)
-        budgets = list(d.budgets(spec))
+        budgets = list(spec.budget_names)
         tables: list[Any] = []
         for j in range(1, len(schedule) + 1):
             for budget in budgets:
-                tables.append(
-                    self._confirm(
-                        d, spec, runner, budget, tuned[budget], records[budget], look=j, environ=environ
-                    )
-                )
+                tables.append(r.confirm(budget, tuned[budget], records[budget], look=j))
             if j == len(schedule):
                 break
             verdict = d.analyse(_concat(tables), spec, **d.analysis_inputs(records))
@@ -261,7 +420,7 @@ class TunedDesignKind(StudyKind):
                 f"look {j} ({schedule[j - 1]} seeds): " + ", ".join(f"{k} {v}" for k, v in state.items()),
             )
             ran_before = bool(
-                read_trials(where.phase_plan(d.look_name(spec, budgets[0], j + 1)), history=False)
+                read_trials(where.phase_plan(phase_name("confirm", budgets[0], j + 1)), history=False)
             )
             if all_decided(verdict) and not ran_before and spec.sequential.looks is None:
                 say(
@@ -275,8 +434,8 @@ class TunedDesignKind(StudyKind):
             )
         return tables
 
-    @staticmethod
     def _outputs(
+        self,
         d: TunedDesign,
         spec: Any,
         verdict: dict[str, Any],
@@ -285,11 +444,20 @@ class TunedDesignKind(StudyKind):
         records: Mapping[str, Any],
         cost: Spent,
     ) -> dict[str, Path]:
-        """The kind's output files, then ``lr_tuning.json``: the tuning record per budget (strict
-        JSON), the record itself for a kind of one unnamed budget (``""``)."""
+        """The verdict's ``scope`` (:mod:`studies.scope`: the confirmatory trials' data, model and
+        budget, the arms' mean metric), the kind's output files, then ``lr_tuning.json``: the tuning
+        record per budget (strict JSON), the record itself for a kind of one unnamed budget (``""``)."""
         from studies.reporting import write_json
+        from studies.scope import study_scope
 
-        files = d.write_outputs(spec, verdict, table, out_dir, records, cost)
+        looks = {
+            phase_name("confirm", budget, j)
+            for budget in spec.budget_names
+            for j in range(1, _n_looks(spec) + 1)
+        }
+        configs = [c for phase in self.phases(spec) if phase.name in looks for c in phase.configs]
+        verdict["scope"] = study_scope(configs, table, metric=spec.analysis.metric, gpu_hours=cost[2])
+        files = d.write_outputs(Analysed(spec, verdict, table, records, cost), out_dir)
         doc = records[""] if list(records) == [""] else records
         return {**files, "lr_tuning": write_json(out_dir / "lr_tuning.json", dict(doc))}
 
@@ -314,7 +482,8 @@ class TunedDesignKind(StudyKind):
 
     def report(self, spec: Any, out_dir: Path) -> Path:
         """Re-analyse the finished phases from the study directory (the tuning replayed with its
-        extension rounds read back) and write the report files, ``verdict.json`` among them."""
+        extension rounds and refinement read back) and write the report files, ``verdict.json``
+        among them."""
         import dataclasses
         import math
 
@@ -330,16 +499,19 @@ class TunedDesignKind(StudyKind):
                 ]
                 for name, ts in phases.items()
             }
-        n_looks = len(spec.sequential.schedule()) if getattr(spec, "sequential", None) is not None else 1
+        n_looks = _n_looks(spec)
         records: dict[str, Any] = {}
         tables = []
-        for budget in d.budgets(spec):
-            tune = d.tune_name(spec, budget)
+        for budget in spec.budget_names:
+            tune = phase_name("tune", budget)
             _, record = d.select_learning_rates(
-                spec, phases[tune], run_points=stored_rounds(spec, f"{tune}-ext")
+                spec,
+                phases[tune],
+                run_points=stored_rounds(spec, f"{tune}-ext"),
+                run_refine=stored_refinement(spec, f"{tune}-refine"),
             )
             records[budget] = record
-            looks = {d.look_name(spec, budget, j) for j in range(1, n_looks + 1)}
+            looks = {phase_name("confirm", budget, j) for j in range(1, n_looks + 1)}
             trials = [t for name, ts in phases.items() if name in looks for t in ts]
             tables.append(d.confirm_table(spec, trials, budget, record))
         table = _concat(tables)

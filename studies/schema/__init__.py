@@ -33,6 +33,7 @@ from studies.schema.loading import (
     layer_document,
     load_spec,
     read_spec_text,
+    stored_defaults_missing,
     url_field_issues,
     validate_spec,
 )
@@ -181,6 +182,7 @@ __all__ = [
     "reported_metrics",
     "resolve_storage_path",
     "spec_hash",
+    "stored_defaults_missing",
     "trial_config",
     "url_field_issues",
     "validate_spec",

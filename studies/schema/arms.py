@@ -11,6 +11,7 @@ plan of one phase. It never imports a kind.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
@@ -20,7 +21,7 @@ from studies.schema import sections
 from studies.schema.errors import SpecError, SpecIssue
 from studies.schema.plan import build_plan, plan_settings, spec_hash
 from studies.schema.reading import dump_yaml
-from studies.schema.sampling import FIFOSpec, GridSpec, SearchSpec
+from studies.schema.sampling import CategoricalParam, FIFOSpec, GridSpec, SearchSpec
 from studies.schema.sections import (
     FROZEN,
     CNNSpec,
@@ -40,8 +41,9 @@ from studies.schema.sections import (
     data_task,
     metric_issues,
 )
+from studies.schema.space import check_search_space
 from studies.schema.urls import StoragePath
-from studies.tuning import LRGrid
+from studies.tuning import LRGrid, extension_trials_max, refine_trials
 from workers.dotted import ROOT
 from workers.plan import StudyPlan
 
@@ -56,6 +58,7 @@ __all__ = [
     "PlainSGDTrainingSpec",
     "arm_issues",
     "arm_layer",
+    "phase_name",
     "set_by_study_issues",
     "tuned_design_issues",
 ]
@@ -116,7 +119,9 @@ class GridLRTuningSpec(BaseModel):
     phase resumes trial by trial, and "the best η sits on the edge of the range" is exact. Such a
     winner extends the grid by one point of its ratio in that direction, up to ``max_extensions``
     times (:mod:`studies.tuning`); an arm still on the edge afterwards is ``lr-at-range-edge`` (its
-    claims inconclusive).
+    claims inconclusive). An interior winner is refined: ``refine`` more rates between it and its
+    neighbours (2: the geometric midpoints) run on the tuning seeds, and the selection is made again.
+    A study stored before ``refine`` existed reads as ``refine: 0`` (:attr:`ArmStudySpec.stored_defaults`).
     """
 
     model_config = FROZEN
@@ -129,6 +134,8 @@ class GridLRTuningSpec(BaseModel):
     metric: Annotated[str, Field(min_length=1)] = "val_accuracy"
     mode: Literal["min", "max"] = "max"
     max_extensions: Annotated[int, Field(strict=True, ge=0, le=20)] = 3  # edge extensions (studies.tuning)
+    # even: refine/2 more rates between an interior best η and each neighbour (2: the geometric midpoints; 0: none)
+    refine: Annotated[int, Field(strict=True, ge=0, le=8, multiple_of=2)] = 2
 
     @model_validator(mode="after")
     def _range(self) -> GridLRTuningSpec:
@@ -153,6 +160,13 @@ def arm_layer(model_type: str, arm: str) -> Any:
     """The layer spec of ``arm`` for the model type (validated through the model's own union)."""
     cls = MLPSpec if model_type == "mlp" else CNNSpec
     return cls.model_validate({"type": model_type, "layer": {"type": arm}}).layer
+
+
+def phase_name(stem: str, budget: str = "", look: int = 1) -> str:
+    """A tuned design's phase name (its folder, phase run and ``autonorm.phase`` tag): ``stem``
+    (``tune``, ``confirm``), ``-<budget>`` for a named budget, ``-look<j>`` for a sequential
+    design's look after the first: ``tune``, ``tune-epochs``, ``confirm-updates-look2``."""
+    return stem + (f"-{budget}" if budget else "") + (f"-look{int(look)}" if look > 1 else "")
 
 
 def arm_issues(model: Any, arms: Sequence[str] | None, *, study: str) -> list[SpecIssue]:
@@ -252,6 +266,18 @@ class ArmStudySpec(BaseModel):
     """The kind's study in words, for messages (``"batch-size study"``)."""
     set_by_study: ClassVar[Mapping[str, str]] = {}
     """``training.<field>`` -> what to set instead, for the fields the kind sets itself (refused)."""
+    grid: ClassVar[Mapping[str, str]] = {}
+    """The kind's trial grid: spec field -> the trial-config path it sets (``{"arms":
+    "model.layer.type"}``); every trial of it is checked (:meth:`trial_issues`), none when empty."""
+    stored_defaults: ClassVar[Mapping[str, Any]] = {"lr_tuning.refine": 0}
+    """Fields added after studies were stored, with what a stored spec without them ran as
+    (:func:`studies.schema.stored_defaults_missing`): a study from before ``lr_tuning.refine`` existed
+    was not refined."""
+
+    study_tags: ClassVar[tuple[tuple[str, str], ...]] = ()
+    """Tags of every phase run and trial run of the kind's studies (``autonorm.study``, ...)."""
+    trial_name: ClassVar[str] = "{model.layer.type}"
+    """A trial run's name, a template over its config (``-lr<η>`` on a tuning trial, then ``-s<seed>``)."""
 
     @model_validator(mode="after")
     def _check_design(self) -> ArmStudySpec:
@@ -296,9 +322,110 @@ class ArmStudySpec(BaseModel):
         return []
 
     def trial_issues(self) -> list[SpecIssue]:
-        """Problems of the kind's trials themselves (:func:`check_search_space` over its grid), with
-        the spec's field paths; run only when nothing else was found."""
-        return []
+        """Problems of the kind's trials themselves, run only when nothing else was found: every
+        trial of its :attr:`grid` must be valid on its own (data fits model, budgets, ...), by
+        :func:`check_search_space`, with the spec's field paths."""
+        if not self.grid:
+            return []
+        values = self._grid_values()
+        params = tuple(
+            CategoricalParam(name=path, choices=values[field]) for field, path in self.grid.items()
+        )
+        found = check_search_space(
+            params, self.base_config(), sampler="grid", seeds=self.seeds, prefix="<grid>"
+        )
+        return [SpecIssue(self._grid_path(i.path), i.message, i.line, i.source) for i in found]
+
+    def _grid_values(self) -> dict[str, tuple[Any, ...]]:
+        """Each field of the :attr:`grid` (the arms alone without one) -> its values."""
+        fields = self.grid or {"arms": ""}
+        return {f: self.arm_names if f == "arms" else tuple(getattr(self, f)) for f in fields}
+
+    def _grid_path(self, path: str) -> str:
+        """``<grid>.k.choices.i`` (from :func:`check_search_space`) -> ``<field k>.i``; the field
+        alone for any other part of parameter ``k``, and for arms the kind chose (``arms`` not set)."""
+        parts = path.split(".")
+        if parts[0] != "<grid>" or len(parts) < 2:
+            return path
+        field = list(self.grid)[int(parts[1])]
+        if len(parts) >= 4 and parts[2] == "choices" and (field != "arms" or self.arms is not None):
+            return f"{field}.{parts[3]}"
+        return field
+
+    # ---- the trial configs ------------------------------------------------------------------------
+
+    @property
+    def default_arm(self) -> str:
+        """The arm of :meth:`base_config` when none is named: the model type's plain layer (``linear``,
+        ``conv``), whose only field is its type, so that each arm's cell sets the type alone and
+        keeps that arm's defaults."""
+        return ARMS_BY_MODEL.get(self.model.type, self.arm_names)[0]
+
+    def training_section(self, budget: str | None = None) -> TrainingSpec:
+        """The training section of a trial (under ``budget``, for a kind that has several)."""
+        return TrainingSpec.model_validate(self.training.model_dump())
+
+    def base_config(
+        self, *, arm: str | None = None, seed: int | None = None, budget: str | None = None
+    ) -> dict[str, Any]:
+        """The trial config of ``arm`` (:attr:`default_arm` by default) under ``budget`` at ``seed``
+        (the first by default)."""
+        return self.arm_config(arm or self.default_arm, self.training_section(budget), seed=seed)
+
+    # ---- arms, budgets and sizes ------------------------------------------------------------------
+
+    @property
+    def arm_names(self) -> tuple[str, ...]:
+        """The arms (``arms``; a kind whose arms default per model type says which)."""
+        return tuple(self.arms or ())
+
+    @property
+    def budget_names(self) -> tuple[str, ...]:
+        """The training budgets, each its own tuning and confirmatory phase: one unnamed ``""``
+        unless the kind has several."""
+        return ("",)
+
+    @property
+    def tuning_cells(self) -> tuple[str, ...]:
+        """The cells whose η is tuned: one per arm, unless the kind tunes finer."""
+        return self.arm_names
+
+    @property
+    def trials_per_seed(self) -> int:
+        """Confirmatory trials one seed adds: every point of the grid under every budget."""
+        return math.prod(len(v) for v in self._grid_values().values()) * len(self.budget_names)
+
+    @property
+    def expected_trials(self) -> int:
+        """Confirmatory trials: :attr:`trials_per_seed` x seeds (a sequential design: through its
+        first look, the least it runs)."""
+        sequential = getattr(self, "sequential", None)  # a field of the kinds that have it
+        return self.trials_per_seed * (len(self.seeds) if sequential is None else sequential.schedule()[0])
+
+    @property
+    def total_trials(self) -> int:
+        """Every trial with no range extension firing and no refinement (the least a study runs)."""
+        return self.expected_trials + self.tuning_trials
+
+    @property
+    def tuning_trials(self) -> int:
+        """LR-tuning trials: cells x grid points x tuning seeds x budgets."""
+        cells = len(self.tuning_cells) * len(self.budget_names)
+        return cells * self.lr_tuning.points * len(self.lr_tuning.seeds)
+
+    @property
+    def extension_trials_max(self) -> int:
+        """The most trials range extensions can add: every cell, every round, every budget."""
+        grids = [self.lr_tuning.lr_grid()] * len(self.tuning_cells)
+        seeds, rounds = len(self.lr_tuning.seeds), self.lr_tuning.max_extensions
+        return extension_trials_max(grids, seeds, rounds) * len(self.budget_names)
+
+    @property
+    def refine_trials(self) -> int:
+        """The trials the learning-rate refinement adds when every cell's winner is interior:
+        ``lr_tuning.refine`` rates x tuning seeds per cell and budget."""
+        grids = [self.lr_tuning.lr_grid()] * len(self.tuning_cells)
+        return refine_trials(grids, len(self.lr_tuning.seeds), self.lr_tuning.refine) * len(self.budget_names)
 
     def to_document(self) -> dict[str, Any]:
         """The resolved spec as plain data, loadable again (``study_spec.yaml``): the layer type (set
@@ -364,6 +491,78 @@ class ArmStudySpec(BaseModel):
         grid = ((ROOT, tuple(dict(c) for c in cells)), ("seed", tuple(int(s) for s in seeds)))
         tags = (*plan.tags, ("autonorm.trial_tag.arm", "{model.layer.type}"))
         return dataclasses.replace(plan, grid=grid, run_name=run_name, tags=tags)
+
+    # ---- a tuned design's tuning phases (studies.kinds.pipeline runs them per budget) -----------------
+
+    def tuning_plan(self, budget: str = "", *, environ: Mapping[str, str] | None = None) -> StudyPlan:
+        """Phase ``tune[-<budget>]``: every tuning cell x the LR grid x the tuning seeds."""
+        cells = [self.lr_cell(cell, lr) for cell in self.tuning_cells for lr in self.lr_tuning.grid()]
+        return self.design_phase(phase_name("tune", budget), budget, cells, tuning=True, environ=environ)
+
+    def extension_plan(
+        self, budget: str, round_: int, lrs: Mapping[str, float], *, environ: Mapping[str, str] | None = None
+    ) -> StudyPlan:
+        """Range-extension round ``round_`` of the budget's tuning phase, ``tune[-<budget>]-ext<k>``:
+        each edge cell's one new η x the tuning seeds."""
+        cells = [self.lr_cell(cell, lr) for cell, lr in sorted(lrs.items())]
+        name = f"{phase_name('tune', budget)}-ext{int(round_)}"
+        return self.design_phase(name, budget, cells, tuning=True, environ=environ)
+
+    def refine_plan(
+        self, budget: str, lrs: Mapping[str, Sequence[float]], *, environ: Mapping[str, str] | None = None
+    ) -> StudyPlan:
+        """The learning-rate refinement of the budget's tuning phase, ``tune[-<budget>]-refine``:
+        each cell's refinement rates x the tuning seeds."""
+        cells = [self.lr_cell(cell, lr) for cell, rates in sorted(lrs.items()) for lr in rates]
+        name = f"{phase_name('tune', budget)}-refine"
+        return self.design_phase(name, budget, cells, tuning=True, environ=environ)
+
+    def lr_cell(self, cell: str, lr: float) -> dict[str, Any]:
+        """What a tuning trial of ``cell`` (one of :attr:`tuning_cells`: an arm) at ``lr`` sets."""
+        return {"model": {"layer": {"type": cell}}, "training": {"lr": float(lr)}}
+
+    def phase_tags(self, budget: str) -> tuple[tuple[str, str], ...]:
+        """The tags of a phase of ``budget`` and of its trial runs: the kind's :attr:`study_tags`, then
+        ``autonorm.budget`` for a named budget."""
+        return (*self.study_tags, *((("autonorm.budget", budget),) if budget else ()))
+
+    def study_plan(self, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
+        """A plan carrying the study-level settings (name, storage, tracking, tags, params, spec): the
+        first tuning phase's, less what is a phase's (the study run has no one budget)."""
+        plan = self.tuning_plan(self.budget_names[0], environ=environ)
+        return self.study_level_plan(plan, phase_tags=("autonorm.budget",))
+
+    def plan_params(self) -> tuple[tuple[str, str], ...]:
+        """The design's params on every phase run."""
+        return ()
+
+    def design_phase(
+        self,
+        name: str,
+        budget: str,
+        cells: Sequence[Mapping[str, Any]],
+        seeds: Sequence[int] | None = None,
+        *,
+        tuning: bool,
+        environ: Mapping[str, str] | None = None,
+    ) -> StudyPlan:
+        """Phase ``name`` of the design (:meth:`phase_plan`): ``cells`` x ``seeds`` (the tuning seeds by
+        default) on the budget's :meth:`base_config`, a tuning phase at ``lr_tuning.epochs`` under an
+        epoch budget; its trials named :attr:`trial_name`, tagged :meth:`phase_tags`, with
+        :meth:`plan_params`."""
+        base = self.base_config(budget=budget)
+        if tuning and self.lr_tuning.epochs is not None and base["training"]["budget"] == "epochs":
+            base["training"]["epochs"] = int(self.lr_tuning.epochs)
+        return self.phase_plan(
+            name,
+            cells,
+            self.lr_tuning.seeds if seeds is None else seeds,
+            base_config=base,
+            run_name=self.trial_name + ("-lr{training.lr:g}" if tuning else "") + "-s{seed}",
+            extra_tags=self.phase_tags(budget),
+            extra_params=self.plan_params(),
+            environ=environ,
+        )
 
     def study_level_plan(self, phase_plan: StudyPlan, *, phase_tags: Sequence[str] = ()) -> StudyPlan:
         """``phase_plan`` as the plan of the study run (its name, storage, tracking, params, spec): the

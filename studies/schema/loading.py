@@ -366,12 +366,29 @@ def layer_document(
     return doc, origins
 
 
+def stored_defaults_missing(document: Mapping[str, Any], model: type[BaseModel]) -> dict[str, Any]:
+    """What a stored spec document (a study's ``study_spec.yaml``, written by an earlier version)
+    lacks of the fields added since whose default would change the study: ``model.stored_defaults``
+    (dotted path -> the value a study stored without the field ran as), for each path whose section
+    the document holds but whose field it does not (a section that is null or absent is left alone)."""
+    missing: dict[str, Any] = {}
+    for path, value in (getattr(model, "stored_defaults", None) or {}).items():
+        *parents, leaf = path.split(".")
+        node: Any = document
+        for key in parents:
+            node = node.get(key) if isinstance(node, Mapping) else None
+        if isinstance(node, Mapping) and leaf not in node:
+            missing[path] = value
+    return missing
+
+
 def load_spec(
     path: str | os.PathLike[str],
     overrides: Sequence[str] = (),
     preset: str | None = None,
     *,
     model: type[BaseModel],
+    stored: bool = False,
 ) -> Any:
     """Load, layer and validate a study spec (:func:`studies.kinds.load_study` finds ``model`` from
     the file's ``kind:``).
@@ -382,9 +399,15 @@ def load_spec(
             ``[1, 2]``, ``{type: layernorm}``, ``null``).
         preset: name of an entry of the file's top-level ``presets:`` mapping, merged over the file.
         model: the spec class to validate against.
+        stored: the file is a study's stored spec: a field added since it was written (and not set
+            by ``overrides``) takes the value the study ran with (:func:`stored_defaults_missing`),
+            not today's default.
 
     Raises:
         SpecError: with every problem found, each with its field path and YAML line where known.
     """
     doc, origins = layer_document(path, overrides=overrides, preset=preset)
+    if stored:
+        for key, value in stored_defaults_missing(doc, model).items():
+            set_path(doc, split_path(key), copy.deepcopy(value))
     return validate_spec(doc, model=model, origins=origins)

@@ -10,6 +10,7 @@ messages) the same way. Pure Python, no I/O.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Annotated
@@ -111,6 +112,16 @@ def _common(value: str) -> str | None:
     return None
 
 
+def _after_common(check: Callable[[str], str | None]) -> Callable[[str], str | None]:
+    """``check`` after the checks every URL field shares (:func:`_common`): the first problem found."""
+
+    @functools.wraps(check)
+    def problem(value: str) -> str | None:
+        return _common(value) or check(value)
+
+    return problem
+
+
 def _s3(value: str, parts: tuple[str, str, str]) -> str | None:
     _, bucket, _ = parts
     if not bucket:
@@ -120,11 +131,9 @@ def _s3(value: str, parts: tuple[str, str, str]) -> str | None:
     return None
 
 
+@_after_common
 def storage_path_problem(value: str) -> str | None:
     """Why ``value`` cannot be a ``storage_path`` (a local directory, ``file:///abs`` or ``s3://bucket/prefix``)."""
-    problem = _common(value)
-    if problem is not None:
-        return problem
     parts = _split(value)
     if parts is None:
         m = _SCHEME.match(value)
@@ -147,11 +156,9 @@ def storage_path_problem(value: str) -> str | None:
     )
 
 
+@_after_common
 def tracking_uri_problem(value: str) -> str | None:
     """Why ``value`` cannot be an MLflow tracking URI (see :data:`TRACKING_SCHEMES`)."""
-    problem = _common(value)
-    if problem is not None:
-        return problem
     if value == "databricks":
         return None  # the default profile
     m = _SCHEME.match(value)
@@ -180,22 +187,18 @@ def tracking_uri_problem(value: str) -> str | None:
     return None
 
 
+@_after_common
 def artifact_location_problem(value: str) -> str | None:
     """Why ``value`` cannot be an artifact root (``s3://bucket/prefix``, a path, ``file:///abs``, ``mlflow-artifacts:``)."""
-    problem = _common(value)
-    if problem is not None:
-        return problem
     m = _SCHEME.match(value)
     if m is not None and m.group(1).lower() == "mlflow-artifacts":
         return None
     return storage_path_problem(value)
 
 
+@_after_common
 def endpoint_problem(value: str) -> str | None:
     """Why ``value`` cannot be an S3 ``endpoint_override`` (``http(s)://host[:port]``)."""
-    problem = _common(value)
-    if problem is not None:
-        return problem
     parts = _split(value)
     if parts is None or parts[0] not in ("http", "https"):
         return f"{redact_url(value)} must be http://host[:port] or https://host[:port]"

@@ -33,7 +33,7 @@ from studies.stats.anytime import (
     sequential_test,
 )
 from studies.stats.intervals import mean_interval, ols_slope, seed_interval, t_interval, t_test_p
-from studies.stats.multiplicity import holm
+from studies.stats.multiplicity import holm, holm_into
 from studies.stats.power import power_of_t_test, seeds_needed
 from studies.stats.randomisation import (
     EXACT_PERMUTATION_LIMIT,
@@ -51,6 +51,7 @@ __all__ = [
     "confidence_sequence",
     "expected_seeds",
     "holm",
+    "holm_into",
     "log_n_permutations",
     "mean_interval",
     "min_sign_flip_p",

@@ -316,19 +316,18 @@ def sequential_looks(
     values: Mapping[str, Sequence[float] | np.ndarray | None],
     *,
     looks: Sequence[int],
-    alpha: float,
-    alternatives: Mapping[str, Alternative],
-    min_effect: float | Mapping[str, float | None] | None = None,
-    prior_scale: float = 1.0,
     stop_early: bool = True,
+    **family: Any,
 ) -> list[dict[str, Any]]:
     """Replay a sequential study's looks from its per-seed values (in seed order).
 
-    Look j uses the first ``looks[j]`` values of every hypothesis; the replay ends at the first look
-    where every hypothesis is decided (``reject`` or ``futile``) — the study stops launching seeds
-    there — or at the last look the values reach (``stop_early=False``: always the latter, for a
-    study that went on, e.g. extended, after a decided look). Deterministic, so a report regenerated
-    from the trials repeats the study's own looks.
+    Look j uses the first ``looks[j]`` values of every hypothesis, decided by
+    :func:`sequential_family` (``family``: its ``alpha``, ``alternatives``, ``min_effect``,
+    ``prior_scale``); the replay ends at the first look where every hypothesis is decided
+    (``reject`` or ``futile``) — the study stops launching seeds there — or at the last look the
+    values reach (``stop_early=False``: always the latter, for a study that went on, e.g. extended,
+    after a decided look). Deterministic, so a report regenerated from the trials repeats the
+    study's own looks.
 
     Returns:
         ``[{"n_seeds", "hypotheses": {name: {decision, p_value, p_value_holm, ci, estimate, n}},
@@ -343,15 +342,7 @@ def sequential_looks(
         if n > have:
             break
         prefix = {k: (None if a is None else a[:n]) for k, a in arrays.items()}
-        decided = sequential_family(
-            prefix,
-            looks=planned,
-            alpha=alpha,
-            alternatives=alternatives,
-            min_effect=min_effect,
-            prior_scale=prior_scale,
-            n_seeds=n,
-        )
+        decided = sequential_family(prefix, looks=planned, n_seeds=n, **family)
         stop = n == planned[-1] or all(h["decision"] in ("reject", "futile") for h in decided.values())
         out.append({"n_seeds": n, "hypotheses": decided, "stop": stop})
         if stop and stop_early:
@@ -383,22 +374,18 @@ def expected_seeds(
     rng = np.random.default_rng(seed)
     names = [f"h{i}" for i in range(family)]
     alternatives: dict[str, Alternative] = dict.fromkeys(names, "greater")
+    before_last = planned[-2] if len(planned) > 1 else 0
     used = []
     for _ in range(runs):
         data = rng.normal(effect, 1.0, size=(family, planned[-1]))
-        stop = planned[-1]
-        for n in planned[:-1]:
-            out = sequential_family(
-                {k: data[i, :n] for i, k in enumerate(names)},
-                looks=planned,
-                alpha=alpha,
-                alternatives=alternatives,
-                min_effect=min_effect,
-                prior_scale=prior_scale,
-                n_seeds=n,
-            )
-            if all(h["decision"] in ("reject", "futile") for h in out.values()):
-                stop = n
-                break
-        used.append(stop)
+        # The looks before the last: a study that no look of them stops runs to the last look.
+        replay = sequential_looks(
+            dict(zip(names, data[:, :before_last])),
+            looks=planned,
+            alpha=alpha,
+            alternatives=alternatives,
+            min_effect=min_effect,
+            prior_scale=prior_scale,
+        )
+        used.append(replay[-1]["n_seeds"] if replay and replay[-1]["stop"] else planned[-1])
     return float(np.mean(used))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
+from typing import Any
 
-__all__ = ["holm"]
+__all__ = ["holm", "holm_into"]
 
 
 def holm(p_values: Mapping[str, float | None]) -> dict[str, float | None]:
@@ -35,3 +36,11 @@ def holm(p_values: Mapping[str, float | None]) -> dict[str, float | None]:
         running = max(running, min(1.0, (m - rank) * p))
         out[name] = running
     return out
+
+
+def holm_into(results: Mapping[str, MutableMapping[str, Any]], names: Iterable[str] | None = None) -> None:
+    """Set each result's ``p_value_holm``: :func:`holm` over the ``p_value`` of ``results[name]`` for
+    ``name`` in ``names`` (every result by default), the family."""
+    family = list(results if names is None else names)
+    for name, p in holm({n: results[n]["p_value"] for n in family}).items():
+        results[name]["p_value_holm"] = p

@@ -765,6 +765,28 @@ def test_plan_json_counts_what_run_will_run(capsys: pytest.CaptureFixture[str]) 
     assert plan["wall_s_max"] > plan["wall_s"] and "trials_expected" not in plan  # a fixed design
 
 
+def test_plan_json_counts_the_learning_rate_refinement(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from studies.kinds import load_study
+
+    plans = {}
+    for refine in (0, 2):
+        args = ["plan", str(BATCHSIZE), "--preset", "smoke", "--set", f"lr_tuning.refine={refine}", "--json"]
+        assert cli.main(args) == 0
+        plans[refine] = json.loads(capsys.readouterr().out)
+    spec = load_study(BATCHSIZE, preset="smoke")
+    assert spec.lr_tuning.refine == 0  # the smoke preset's own, to stay quick
+    # 2 more rates per arm and budget, each on every tuning seed
+    added = 2 * len(spec.arms) * len(spec.budgets) * len(spec.lr_tuning.seeds)
+    assert added == 12
+    assert plans[2]["trials"] == plans[0]["trials"] + added == 42 + 12
+    assert plans[2]["trials_max"] == plans[0]["trials_max"] + added
+    refined = [p for p in plans[2]["phases"] if p["refine"]]
+    assert [(p["name"], p["trials"], p["optional"]) for p in refined] == [("tune-epochs-refine", added, True)]
+    assert not any(p["refine"] for p in plans[0]["phases"])
+
+
 def test_plan_pilot_gives_seeds_needed_from_the_pilots_per_seed_slopes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -24,7 +24,7 @@ SMALL = (
     "max_concurrent=1",
     "arms=[corrected, linear_batchnorm]",
     "seeds=[0, 1]",
-    "lr_tuning={low: 0.1, high: 1.0, points: 3, seeds: [1000, 1001], max_extensions: 0}",
+    "lr_tuning={low: 0.1, high: 1.0, points: 3, seeds: [1000, 1001], max_extensions: 0, refine: 0}",
 )
 
 
@@ -46,7 +46,10 @@ def test_every_preset_validates_and_plans_its_cost(
         spec = load_study(SPEC, preset=preset)
         assert len(spec.arm_names) == arms and len(spec.contrast_specs) == contrasts
         assert [p["name"] for p in plan["phases"]] == [p.name for p in KINDS["compare"].phases(spec)]
-        assert plan["trials"] == spec.total_trials == spec.tuning_trials + spec.confirmatory_trials
+        assert spec.total_trials == spec.tuning_trials + spec.confirmatory_trials
+        # every arm's winner refined (the local presets: the default 2 rates; the smoke: refine 0)
+        assert spec.refine_trials == (0 if preset == "smoke" else 2 * arms * len(spec.lr_tuning.seeds))
+        assert plan["trials"] == spec.total_trials + spec.refine_trials
         assert plan["trials_max"] == plan["trials"] + spec.extension_trials_max
         assert plan["wall_s"] > 0 and plan["cpu_hours"] > 0
 

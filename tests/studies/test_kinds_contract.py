@@ -345,3 +345,47 @@ def test_reproduce_recomputes_the_verdict_from_mlflow_alone(
     # The study directory names the run too (its study_spec.yaml says where the tracking store is).
     assert main(["reproduce", str(study_dir)]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "reproduced"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_results_export_reproduces_offline(
+    ran: Ran, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Issue #39 item 5: ``results --export`` copies the study's verdict, spec, provenance and trial
+    tables (kilobytes) into ``results/<study>/``; ``reproduce`` on the copy, whose run no tracking
+    store holds, re-analyses those tables to the stored verdict and creates no store; the page has
+    the study's row and one per hypothesis, with the study run's id. A kind that keeps no trial table
+    (the plug-in test kind) cannot be re-analysed offline, and says so (exit 2)."""
+    from studies.cli import main
+    from studies.offline import TABLE_FILES
+
+    root, page = tmp_path / "results", tmp_path / "results.md"
+    assert main(["results", "--export", ran.outcome.study_dir, "--to", str(root), "--output", str(page)]) == 0
+    capsys.readouterr()
+    stored = root / ran.spec.name
+    files = {p.name for p in stored.iterdir()}
+    tables = {name for name in TABLE_FILES if (Path(ran.outcome.study_dir) / name).is_file()}
+    assert files == {"verdict.json", "study_spec.yaml", "provenance.json", *tables} | (
+        {"gate_logs.json"} if "confirm_trials.csv" in tables else set()
+    )
+    assert sum(p.stat().st_size for p in stored.iterdir()) < 200_000
+    provenance = json.loads((stored / "provenance.json").read_text(encoding="utf-8"))
+    assert provenance["study_run"]["run_id"] == ran.outcome.parent_run_id
+    assert len(provenance["data_fingerprint"]) == 64  # the run's own record, kept in its directory
+    assert (Path(ran.outcome.study_dir) / "provenance.json").is_file()
+    code = main(["reproduce", str(stored)])
+    out, err = capsys.readouterr()
+    if tables:
+        assert code == 0 and out.strip().splitlines()[-1] == "reproduced", out
+        assert "from its own tables" in out.splitlines()[0], out
+    else:
+        assert code == 2 and "nothing to re-analyse offline" in err, (out, err)
+    assert not [p for p in tmp_path.rglob("*") if p.suffix == ".db" or p.name == "mlruns"]
+    rows = [
+        line
+        for line in page.read_text(encoding="utf-8").splitlines()
+        if line.startswith(f"| {ran.spec.name} |")
+    ]
+    assert len(rows) == 1 + len(_verdict(ran)["hypotheses"])
+    assert all(str(ran.outcome.parent_run_id) in row for row in rows)

@@ -19,11 +19,11 @@ from studies.schema import SpecError
 ROOT = Path(__file__).resolve().parents[2]
 BATCHSIZE = ROOT / "studies" / "specs" / "batchsize_correlation.yaml"
 # The tiniest batch-size study that still runs every phase: 2 arms x 2 batch sizes x 2 seeds, a 3-point
-# learning-rate grid (20 trials).
+# learning-rate grid, no refinement (20 trials).
 TINY = [
     "arms=[linear,corrected]",
     "batch_sizes=[16,64]",
-    "lr_tuning={low: 0.01, high: 3.0, points: 3, reference_batch_size: 16}",
+    "lr_tuning={low: 0.01, high: 3.0, points: 3, reference_batch_size: 16, refine: 0}",
     "max_concurrent=1",  # one trial at a time: one trial actor per phase (an actor process costs seconds of CPU to start)
 ]
 

@@ -31,10 +31,14 @@ CAL: dict[str, Any] = {"step_s": {"*": 0.01}, "eval_s": 0.1, "setup_s": 0.5}
 def test_trials_equal_the_kinds_total_trials(kind: str, preset: str | None) -> None:
     spec = load_study(Path(__file__).resolve().parents[2] / KINDS[kind].example[0], preset=preset)
     plan = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=8)
-    # no extension firing; every look of a sequential spec (the kind's count is its first look's)
-    looks = sum(p["trials"] for p in plan["phases"] if p["look"])
-    assert plan["trials"] == KINDS[kind].total_trials(spec) + looks
-    assert sum(p["trials"] for p in plan["phases"] if not p["optional"] or p["look"]) == plan["trials"]
+    # no extension firing; every look of a sequential spec (the kind's count is its first look's) and
+    # every tuned rate refined (the kind's count: none)
+    counted = sum(p["trials"] for p in plan["phases"] if p["look"] or p["refine"])
+    assert plan["trials"] == KINDS[kind].total_trials(spec) + counted
+    assert (
+        sum(p["trials"] for p in plan["phases"] if not p["optional"] or p["look"] or p["refine"])
+        == plan["trials"]
+    )
     # trials_max: every learning-rate range extension firing (optional phases, one per round)
     assert sum(p["trials"] for p in plan["phases"]) == plan["trials_max"] >= plan["trials"]
     assert plan["wall_s_max"] >= plan["wall_s"] and plan["cpu_hours_max"] >= plan["cpu_hours"]
@@ -49,13 +53,19 @@ def test_batchsize_phases_are_tuning_then_confirmatory_per_budget() -> None:
     assert names == ["tune-epochs", "confirm-epochs", "tune-updates", "confirm-updates"]
     by = {p["name"]: p for p in plan["phases"]}
     rounds = spec.lr_tuning.max_extensions
-    extensions = [p for p in plan["phases"] if p["optional"]]
+    extensions = [p for p in plan["phases"] if p["optional"] and not p["refine"]]
     assert [p["name"] for p in extensions] == [
         f"tune-{b}-ext{k}" for b in spec.budgets for k in range(1, rounds + 1)
     ]
     # one new rate per arm and round, on every tuning seed
     assert {p["trials"] for p in extensions} == {len(spec.arms) * len(spec.lr_tuning.seeds)}
-    assert plan["trials_max"] == spec.total_trials + spec.extension_trials_max
+    # the refinement after the extensions: 2 rates per arm (the default refine), on every tuning seed
+    refined = [p for p in plan["phases"] if p["refine"]]
+    assert [p["name"] for p in refined] == [f"tune-{b}-refine" for b in spec.budgets]
+    assert {p["trials"] for p in refined} == {2 * len(spec.arms) * len(spec.lr_tuning.seeds)}
+    assert spec.refine_trials == sum(p["trials"] for p in refined)
+    assert plan["trials"] == spec.total_trials + spec.refine_trials
+    assert plan["trials_max"] == spec.total_trials + spec.refine_trials + spec.extension_trials_max
     assert by["confirm-epochs"]["trials"] == spec.expected_trials // 2
     assert by["tune-epochs"]["trials"] == spec.tuning_trials // 2
     assert by["confirm-epochs"]["epochs"] == spec.training.epochs
@@ -102,6 +112,8 @@ def test_many_unequal_trials_scale_roughly_with_the_slots() -> None:
     wide = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=16)
     narrow = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=8)
     for w, n in zip(wide["phases"], narrow["phases"]):
+        if w["refine"]:  # 24 trials: 2 waves of 16 against 3 of 8, not "many"
+            continue
         ratio = (n["wall_s"] - 5.0) / (w["wall_s"] - 5.0)  # phase_start_s is paid once either way
         assert 1.7 < ratio < 2.1, (w["name"], ratio)
 
@@ -206,7 +218,7 @@ def test_pilot_power_batchsize_matches_seeds_needed_on_the_planted_slopes(tmp_pa
     k = max(result["seeds_needed"].values())
     assert result["k"] == k and result["seeds_planned"] == max(k, spec.analysis.min_seeds)
     study = load_study(BATCHSIZE, [f"seeds=[{','.join(str(s) for s in range(result['seeds_planned']))}]"])
-    assert result["cost"]["trials"] == study.total_trials
+    assert result["cost"]["trials"] == study.total_trials + study.refine_trials
     assert str(k) in result["statement"]
 
 
@@ -275,8 +287,9 @@ def test_a_sequential_spec_plans_its_looks_and_expected_cost() -> None:
     looks = spec.sequential.schedule()
     names = [p["name"] for p in plan["phases"] if p["optional"] and "-look" in p["name"]]
     assert names == [f"confirm-{b}-look{j}" for b in spec.budgets for j in range(2, len(looks) + 1)]
-    assert plan["trials"] == spec.tuning_trials + spec.confirmatory_trials_max  # no extension, every look
-    assert plan["trials_max"] == spec.tuning_trials + spec.extension_trials_max + spec.confirmatory_trials_max
+    # no extension, every rate refined, every look
+    assert plan["trials"] == spec.tuning_trials + spec.refine_trials + spec.confirmatory_trials_max
+    assert plan["trials_max"] == plan["trials"] + spec.extension_trials_max
     assert spec.total_trials <= plan["trials_expected"] <= plan["trials"] <= plan["trials_max"]
     first_look = [p for p in plan["phases"] if not p["optional"]]
     assert plan["wall_s_expected"] >= sum(p["wall_s"] for p in first_look)

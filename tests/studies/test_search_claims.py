@@ -184,7 +184,19 @@ def test_claims_end_to_end(local_ray: None, tmp_path: Path) -> None:
         assert tags[f"claim/{cid}"] == claims[cid]["verdict"]
     exp = client.get_run(out.parent_run_id).info.experiment_id
     trials = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'trial'")
-    assert len(trials) == total_trials(spec)
+    # every arm's winner is the centre, interior: refined by 2 more rates on the 1 tuning seed, in its own
+    # phase, the best of the 5 kept
+    assert spec.confirm is not None and spec.confirm.lr_tuning is not None
+    assert len(trials) == total_trials(spec) + len(_LEVEL) * 2 * len(spec.confirm.lr_tuning.seeds)
+    refined = {
+        t.data.tags["autonorm.phase"] for t in trials if t.data.tags["autonorm.phase"].endswith("-refine")
+    }
+    assert refined == {f"confirm-tune-{arm}-refine" for arm in _LEVEL}
+    for arm, rec in verdict["tuned_lr"].items():
+        low, high = rec["refine"]["points"]
+        assert low < rec["refine"]["grid_lr"] < high and rec["refine"]["skipped"] is None, (arm, rec)
+        rates = [*rec["grid"], low, high]  # the planted optimum is 2e-3: the nearest rate wins
+        assert rec["lr"] == min(rates, key=lambda lr: abs(math.log10(lr / 2e-3)))
     names = {t.info.run_name for t in trials}
     assert {f"{arm}-s{seed}" for arm in _LEVEL for seed in seeds} <= names
     assert {"search-001", "search-002"} <= names

@@ -1,5 +1,6 @@
 """Settling a verdict on a real local Ray (issue 24): one batch-size smoke whose learning-rate range is
-deliberately too low (the range extension must find the optimum) and whose seeds run sequentially,
+deliberately too low (the range extension must find the optimum, the refinement then tries the
+midpoints around it: issue 39 item 3) and whose seeds run sequentially,
 then ``extend STUDY_DIR --seeds 2`` on it. One study for the whole module, cut to 2 arms (the control
 and one fix arm, so there is one hypothesis to look at) x 2 batch sizes (the fewest the spec accepts;
 the analysis calls it underpowered at any count below 4, as it does the smoke's 3)."""
@@ -33,6 +34,7 @@ SETTLE = (
     "lr_tuning.high=0.01",
     "lr_tuning.points=3",
     "lr_tuning.max_extensions=6",
+    "lr_tuning.refine=2",  # the smoke's is 0: 2 more rates per arm around the extended grid's winner
     "sequential.min_seeds=2",
     "sequential.max_seeds=3",
     "sequential.look_every=1",
@@ -101,8 +103,22 @@ def test_range_extension_finds_every_arms_optimum(settled: dict[str, Any]) -> No
     ext_tags = {r.data.tags["autonorm.phase"] for r in runs if "-ext" in r.data.tags["autonorm.phase"]}
     rounds = max(rec["extensions"] for rec in tuned.values())
     assert ext_tags == {f"tune-epochs-ext{k}" for k in range(1, rounds + 1)}
-    n_ext = sum(rec["trials"] for rec in tuned.values()) - spec.tuning_trials
-    assert n_ext == sum(len(spec.lr_tuning.seeds) * rec["extensions"] for rec in tuned.values())
+    # then the refinement: each arm's winner is interior, so the geometric midpoints to its two
+    # neighbours ran on the tuning seeds, in one more tuning phase, and the best of all rates won
+    seeds = len(spec.lr_tuning.seeds)
+    for arm, rec in tuned.items():
+        low, high = rec["refine"]["points"]
+        grid = rec["grid"]
+        i = grid.index(rec["refine"]["grid_lr"])
+        assert 0 < i < len(grid) - 1, (arm, rec)
+        assert low == pytest.approx((grid[i - 1] * grid[i]) ** 0.5, rel=1e-5)
+        assert high == pytest.approx((grid[i] * grid[i + 1]) ** 0.5, rel=1e-5)
+        best = max(rec["scores"], key=lambda lr: rec["scores"][lr] if rec["scores"][lr] is not None else -1)
+        assert rec["lr"] == float(best) and rec["refine"]["moved"] == (rec["lr"] != rec["refine"]["grid_lr"])
+    refine_runs = [r for r in runs if r.data.tags["autonorm.phase"] == "tune-epochs-refine"]
+    assert len(refine_runs) == 2 * len(spec.arms) * seeds
+    n_ext = sum(rec["trials"] for rec in tuned.values()) - spec.tuning_trials - len(refine_runs)
+    assert n_ext == sum(seeds * rec["extensions"] for rec in tuned.values())
 
 
 def test_sequential_looks_and_seeds_used_in_the_verdict(settled: dict[str, Any]) -> None:
@@ -181,7 +197,10 @@ def test_status_and_report_see_the_extended_study(
     status = json.loads(capsys.readouterr().out)
     assert status["trials"] == status["expected_trials"] == len(settled["after"]["runs"])
     assert "confirm-epochs-look4" in status["phases"] and "tune-epochs-ext1" in status["phases"]
+    assert "tune-epochs-refine" in status["phases"]
     assert cli.main(["report", str(study_dir)]) == 0
     report = json.loads((study_dir / "report" / "verdict.json").read_text())
+    # the tuning replayed from the study directory: extensions and refinement read back, not run
+    assert json.loads((study_dir / "report" / "lr_tuning.json").read_text()) == settled["before"]["lr"]
     assert report["looks"] == settled["after"]["verdict"]["looks"]
     assert report["verdict"] == settled["after"]["verdict"]["verdict"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +11,7 @@ import pytest
 
 from studies.kinds.batchsize.spec import LRTuningSpec
 from studies.kinds.search.spec import ConfirmLRSpec
-from studies.tuning import LRGrid, extension_trials_max, select_lr, tune
+from studies.tuning import LRGrid, extension_trials_max, refine_points, refine_trials, select_lr, tune
 
 SEEDS = (1000, 1001)
 
@@ -193,3 +193,136 @@ def test_extension_trials_max() -> None:
     grids = [LRGrid.absolute(1e-3, 1e-1, 3), LRGrid.absolute(1e-3, 1e-1, 2), LRGrid.relative(1.0, 10.0, 5)]
     assert extension_trials_max(grids, 2, 3) == 2 * 3 * 2  # the 2-point grid never extends
     assert extension_trials_max(grids, 2, 0) == 0
+
+
+# ---- refinement --------------------------------------------------------------------------------
+
+
+class Refiner:
+    """Runs the refinement by scoring its rates with the objective (and records the calls)."""
+
+    def __init__(self, score: Any) -> None:
+        self.score = score
+        self.calls: list[dict[str, tuple[float, ...]]] = []
+
+    def __call__(self, lrs: Mapping[str, Sequence[float]]) -> list[Trial]:
+        self.calls.append({cell: tuple(v) for cell, v in lrs.items()})
+        return [t for cell, v in lrs.items() for t in _trials(v, self.score, cell)]
+
+
+def _tune(grid: LRGrid, score: Any, run_refine: Any, *, refine: int = 2, max_extensions: int = 3) -> Any:
+    return tune(
+        {"arm": grid},
+        _trials(grid.points, score),
+        cell_of=lambda t: t.cell,
+        metric="val_accuracy",
+        mode="max",
+        max_extensions=max_extensions,
+        run_points=Runner(score),
+        refine=refine,
+        run_refine=run_refine,
+    )
+
+
+def test_refine_points_lie_between_an_interior_best_and_its_neighbours() -> None:
+    grid = LRGrid.absolute(0.01, 10.0, 4)  # 0.01, 0.1, 1, 10
+    # 2: the geometric midpoints to both neighbours
+    assert refine_points(grid, 0.1, 2) == pytest.approx(
+        (math.sqrt(0.01 * 0.1), math.sqrt(0.1 * 1.0)), rel=1e-5
+    )
+    # 4: two per side, a third and two thirds of the way (on the log scale) to each neighbour
+    assert refine_points(grid, 1.0, 4) == pytest.approx(
+        (10 ** (-2 / 3), 10 ** (-1 / 3), 10 ** (1 / 3), 10 ** (2 / 3)), rel=1e-5
+    )
+    # an edge has one neighbour: none; refine 0: none; a point not in use: none
+    assert refine_points(grid, 0.01, 2) == refine_points(grid, 10.0, 2) == ()
+    assert refine_points(grid, 0.1, 0) == refine_points(grid, 0.5, 2) == ()
+    # an extended grid: its new last point is an edge, its old last point now interior
+    wider = grid.extended("high")
+    assert refine_points(wider, 100.0, 2) == () and refine_points(wider, 10.0, 2) == pytest.approx(
+        (math.sqrt(10.0), math.sqrt(1000.0)), rel=1e-5
+    )
+    # grids without an interior: 2 points, 1 point
+    assert refine_points(LRGrid.absolute(0.01, 0.1, 2), 0.1, 2) == ()
+    assert refine_points(LRGrid.relative(0.1, 10.0, 1), 0.1, 2) == ()
+    for odd in (1, 3, -2):
+        with pytest.raises(ValueError):
+            refine_points(grid, 0.1, odd)
+
+
+def test_a_refinement_point_that_wins_is_selected() -> None:
+    # optimum 0.3: the grid's best is 0.1 (0.48 decades off; 1 is 0.52 off), its midpoint to 1 (0.316) is
+    # 0.02 decades off
+    score = _objective(0.3)
+    grid = LRGrid.absolute(0.01, 10.0, 4)
+    refiner = Refiner(score)
+    records, trials = _tune(grid, score, refiner)
+    rec = records["arm"]
+    assert refiner.calls == [{"arm": pytest.approx((0.0316228, 0.316228))}]
+    assert rec["lr"] == pytest.approx(0.316228) and not rec["at_range_edge"] and rec["extensions"] == 0
+    assert rec["refine"] == {
+        "points": pytest.approx([0.0316228, 0.316228]),
+        "grid_lr": 0.1,
+        "moved": True,
+        "skipped": None,
+    }
+    assert rec["grid"] == list(grid.points)  # the grid is the grid; the refinement rates are scored beside it
+    assert set(rec["scores"]) == {"0.01", "0.0316228", "0.1", "0.316228", "1", "10"}
+    assert len(trials) == rec["trials"] == (4 + 2) * len(SEEDS)
+    # replayed from the stored trials (a report): the same record; a refinement not run yet: the grid's
+    stored = [t for t in trials if t.lr not in grid.points]
+    again, _ = _tune(grid, score, lambda lrs: stored)
+    assert again == records
+    unrun, _ = _tune(grid, score, lambda lrs: [])
+    assert unrun["arm"]["lr"] == 0.1 and unrun["arm"]["refine"]["skipped"] == "not run"
+    assert unrun["arm"]["refine"]["points"] == [] and not unrun["arm"]["refine"]["moved"]
+
+
+def test_a_winner_that_holds_against_its_refinement_stays() -> None:
+    score = _objective(0.1)
+    grid = LRGrid.absolute(0.01, 10.0, 4)
+    refiner = Refiner(score)
+    records, _ = _tune(grid, score, refiner)
+    rec = records["arm"]
+    assert len(refiner.calls) == 1 and rec["lr"] == 0.1
+    assert rec["refine"]["grid_lr"] == 0.1 and not rec["refine"]["moved"] and rec["refine"]["skipped"] is None
+
+
+def test_no_refinement_on_an_edge_after_the_extensions_or_with_refine_0() -> None:
+    grid = LRGrid.absolute(0.01, 10.0, 4)
+    far = _objective(1e4)  # three decades above the range: still on the edge after 2 extensions
+    refiner = Refiner(far)
+    records, trials = _tune(grid, far, refiner, max_extensions=2)
+    rec = records["arm"]
+    assert refiner.calls == [] and rec["at_range_edge"] and rec["extensions"] == 2
+    assert (
+        rec["refine"]["points"] == []
+        and rec["refine"]["skipped"] == "the best rate sits on the high edge of its grid"
+    )
+    assert len(trials) == (4 + 2) * len(SEEDS)
+    score = _objective(0.3)
+    refiner = Refiner(score)
+    records, trials = _tune(grid, score, refiner, refine=0)
+    assert refiner.calls == [] and records["arm"]["lr"] == 0.1 and len(trials) == 4 * len(SEEDS)
+    assert records["arm"]["refine"] == {"points": [], "grid_lr": 0.1, "moved": False, "skipped": "refine: 0"}
+    with pytest.raises(ValueError):
+        _tune(grid, score, refiner, refine=3)
+
+
+def test_refinement_follows_the_range_extension() -> None:
+    # the optimum above the range: extended until interior, then refined around the new winner
+    score = _objective(0.5)
+    grid = LRGrid.absolute(1e-3, 1e-1, 3)  # a decade apart
+    refiner = Refiner(score)
+    records, trials = _tune(grid, score, refiner, max_extensions=4)
+    rec = records["arm"]
+    assert rec["extensions"] == 2 and rec["refine"]["grid_lr"] == 1.0  # 1e-3 .. 10 after 2 rounds
+    assert refiner.calls == [{"arm": pytest.approx((0.316228, 3.16228))}]
+    assert rec["lr"] == pytest.approx(0.316228) and rec["refine"]["moved"]
+    assert len(trials) == (3 + 2 + 2) * len(SEEDS)
+
+
+def test_refine_trials_count_every_grid_with_an_interior() -> None:
+    grids = [LRGrid.absolute(1e-3, 1e-1, 3), LRGrid.absolute(1e-3, 1e-1, 2), LRGrid.relative(1.0, 10.0, 1)]
+    assert refine_trials(grids, 2, 2) == 2 * 2  # only the 3-point grid has an interior
+    assert refine_trials(grids, 2, 0) == 0

@@ -1,8 +1,4 @@
-"""The batch-size kind: does the benefit of divergence-correcting layers shrink as the batch grows?
-
-``KIND`` is the registered kind (:class:`studies.kinds.batchsize.kind.BatchSizeKind`): its methods are the kind; the
-heavy work (Ray, pandas) is in :mod:`studies.kinds.batchsize.workflow`, imported on use.
-"""
+"""The batch-size kind: does the benefit of divergence-correcting layers shrink as the batch grows?"""
 
 from studies.kinds.batchsize.kind import BatchSizeKind
 

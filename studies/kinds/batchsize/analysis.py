@@ -51,7 +51,7 @@ from studies.kinds.batchsize.verdicts import (
     study_verdict,
     verdict_fields,
 )
-from studies.stats import EXACT_PERMUTATION_LIMIT, holm, ols_slope, permutation_p_value
+from studies.stats import EXACT_PERMUTATION_LIMIT, holm_into, ols_slope, permutation_p_value
 
 __all__ = [
     "COMPLETED_STATUSES",
@@ -317,9 +317,7 @@ def _analyse(
         res["gates"] = gates
         arms[arm] = res
 
-    adjusted = holm({a: arms[a]["p_value"] for a in fix_arms})
-    for arm, p in adjusted.items():
-        arms[arm]["p_value_holm"] = p
+    holm_into(arms, fix_arms)
     looks = interaction_looks(arms, fix_arms, seeds, sequential, alpha=alpha, negative=negative)
     final = looks[-1]["hypotheses"] if looks else {}
     for arm, h in final.items():

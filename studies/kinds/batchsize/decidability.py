@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from studies.decidability import (
-    MAX_SEEDS_SEARCHED,
     Undecidable,
+    fewest_seeds,
     permutation_floor,
     sequential_undecidable,
+    too_few_seeds,
 )
 
 __all__ = ["undecidable"]
@@ -33,9 +34,7 @@ def undecidable(spec: Any) -> list[Undecidable]:
 
     out: list[Undecidable] = []
     p = floor(s)
-    reasons = []
-    if s < a.min_seeds:
-        reasons.append(f"fewer seeds than analysis.min_seeds ({a.min_seeds})")
+    reasons = too_few_seeds(s, a.min_seeds, "analysis.min_seeds")
     if k < _MIN_BATCH_SIZES:
         reasons.append(f"fewer than {_MIN_BATCH_SIZES} batch sizes")
     if p >= a.alpha:
@@ -44,11 +43,7 @@ def undecidable(spec: Any) -> list[Undecidable]:
         )
     if not reasons:
         return out
-    needed: int | None = None
-    if k >= _MIN_BATCH_SIZES:
-        needed = next(
-            (n for n in range(max(a.min_seeds, 2), MAX_SEEDS_SEARCHED + 1) if floor(n) < a.alpha), None
-        )
+    needed = fewest_seeds(floor, a.alpha, a.min_seeds) if k >= _MIN_BATCH_SIZES else None
     path = "batch_sizes" if k < _MIN_BATCH_SIZES else "seeds"
     for budget in spec.budgets:
         for arm in spec.fix_arms:

@@ -52,20 +52,14 @@ def pilot(
         ValueError: no ``trials.csv`` (the pilot has not finished its confirmatory phase), or no trial
             of the control arm.
     """
-    import pandas as pd
-
     from studies.kinds.batchsize.analysis import normalize_table
-    from studies.pilot import chance_accuracy, seed_needs
+    from studies.pilot import chance_accuracy, pilot_table, seed_needs
 
-    path = study_dir / "trials.csv"
-    if not path.is_file():
-        raise ValueError(
-            f"{path} not found: the pilot has not finished its confirmatory phase (no trials.csv)"
-        )
     a = spec.analysis
-    df = normalize_table(pd.read_csv(path), a.metric)
+    missing = "the pilot has not finished its confirmatory phase (no trials.csv)"
+    df = normalize_table(pilot_table(study_dir, "trials.csv", missing=missing), a.metric)
     if spec.control not in set(df["arm"]):
-        raise ValueError(f"the control arm {spec.control!r} has no trial in {path}")
+        raise ValueError(f"the control arm {spec.control!r} has no trial in {study_dir / 'trials.csv'}")
     fix_arms = list(spec.fix_arms)
     m = len(fix_arms)
     alternative = "less" if a.higher_is_better else "greater"

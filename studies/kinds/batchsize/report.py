@@ -38,13 +38,11 @@ from studies.reporting import (
     fmt,
     fmt_ci,
     legend_handles,
-    resources_lines,
     save_figure,
-    to_yaml,
+    study_document,
 )
 from studies.reporting import render_html as kit_html
 from studies.reporting import render_markdown as kit_markdown
-from studies.scope import scope_line
 
 __all__ = [
     "VERDICT_COLORS",
@@ -117,53 +115,46 @@ def verdict_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
     slope CI, interaction, interaction CI, p, p (Holm), spearman ρ, n, failed.
     """
     control = result["control"]
-    rows = []
-    for arm, r in _arm_results(result):
-        rows.append(
-            {
-                "arm": f"{arm} (control)" if arm == control else arm,
-                "role": str(r.get("role", "control" if arm == control else "fix")),
-                "verdict": _outcome(r),
-                **_cells(r, "reasons", *_CELLS),
-            }
-        )
-    return rows
+    return [
+        {
+            "arm": f"{arm} (control)" if arm == control else arm,
+            "role": str(r.get("role", "control" if arm == control else "fix")),
+            "verdict": _outcome(r),
+            **_cells(r, "reasons", *_CELLS),
+        }
+        for arm, r in _arm_results(result)
+    ]
 
 
 def control_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
     """The control labels of a single-budget result: label, slope with CI, the −δ threshold, reasons."""
     delta = float(result.get("delta", 0.005))
     sign = 1.0 if result.get("higher_is_better", True) else -1.0
-    rows = []
-    for arm, label in result["controls"].items():
-        r = result["arms"][arm]
-        rows.append(
-            {
-                "control": arm,
-                "label": str(label),
-                **_cells(r, "slope / log2 B", "slope CI"),
-                "threshold": f"{fmt(-sign * delta)} per doubling",
-                **_cells(r, "reasons"),
-            }
-        )
-    return rows
+    threshold = f"{fmt(-sign * delta)} per doubling"
+    return [
+        {
+            "control": arm,
+            "label": str(label),
+            **_cells(result["arms"][arm], "slope / log2 B", "slope CI"),
+            "threshold": threshold,
+            **_cells(result["arms"][arm], "reasons"),
+        }
+        for arm, label in result["controls"].items()
+    ]
 
 
 def sensitivity_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
     """The sensitivity analysis of a single-budget result (failed trials dropped, not scored at chance)."""
-    rows = []
-    for arm, r in _arm_results(result):
-        s = r.get("sensitivity") or {}
-        rows.append(
-            {
-                "arm": arm,
-                "verdict (failures dropped)": _outcome(s),
-                "verdict (primary)": _outcome(r),
-                **_cells(s, "n", "slope / log2 B", "slope CI", "interaction", "interaction CI"),
-                **_cells(s, "p (Holm)", "reasons"),
-            }
-        )
-    return rows
+    columns = ("n", "slope / log2 B", "slope CI", "interaction", "interaction CI", "p (Holm)", "reasons")
+    return [
+        {
+            "arm": arm,
+            "verdict (failures dropped)": _outcome(r.get("sensitivity") or {}),
+            "verdict (primary)": _outcome(r),
+            **_cells(r.get("sensitivity") or {}, *columns),
+        }
+        for arm, r in _arm_results(result)
+    ]
 
 
 def cell_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -189,7 +180,7 @@ def budget_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
             "arm": arm,
             "role": str(r.get("role", "")),
             "combined": _outcome(r),
-            "reasons": "; ".join(r.get("reasons") or []) or "–",
+            **_cells(r, "reasons"),
         }
         for b in names:
             row[b] = _outcome(r["by_budget"][b])
@@ -449,49 +440,36 @@ def _method_lines(result: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _sections(result: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The report body as sections of paragraphs and tables, shared by Markdown and HTML."""
-    sections: list[dict[str, Any]] = []
-    singles = _single_results(result)
+def _sections(result: Mapping[str, Any]) -> list[tuple[str, list[str], list[dict[str, str]]]]:
+    """The report body as ``(heading, paragraphs, table)`` sections, shared by Markdown and HTML."""
+    sections = []
     if result.get("budgets"):
-        sections.append(
-            {
-                "heading": "Verdicts across budgets",
-                "text": [
-                    "A fix arm is supported only when it is supported under every budget; supported under "
-                    "some budgets only is reported as budget-dependent (inconclusive)."
-                ],
-                "tables": [("", budget_table(result))],
-            }
+        across = (
+            "A fix arm is supported only when it is supported under every budget; supported under "
+            "some budgets only is reported as budget-dependent (inconclusive)."
         )
-    for budget, single in singles:
+        sections.append(("Verdicts across budgets", [across], budget_table(result)))
+    for budget, single in _single_results(result):
         prefix = f"Budget {budget}: " if budget is not None else ""
-        text = [_headline(single)] if budget is not None else []
-        sections.append(
-            {
-                "heading": f"{prefix}per-arm results",
-                "text": text,
-                "tables": [("", verdict_table(single))],
-            }
-        )
-        sections.append(
-            {"heading": f"{prefix}control labels", "text": [], "tables": [("", control_table(single))]}
-        )
-        sens = single.get("sensitivity") or {}
-        sections.append(
-            {
-                "heading": f"{prefix}sensitivity (failed trials dropped)",
-                "text": [f"Study verdict with failures dropped: {sens.get('study_verdict', '–')}."],
-                "tables": [("", sensitivity_table(single))],
-            }
-        )
-        sections.append(
-            {
-                "heading": f"{prefix}failures and median train loss per cell",
-                "text": ["failed/trials · median final train loss (failures at chance loss)."],
-                "tables": [("", cell_table(single))],
-            }
-        )
+        dropped = (single.get("sensitivity") or {}).get("study_verdict", "–")
+        sections += [
+            (
+                f"{prefix}per-arm results",
+                [_headline(single)] if budget is not None else [],
+                verdict_table(single),
+            ),
+            (f"{prefix}control labels", [], control_table(single)),
+            (
+                f"{prefix}sensitivity (failed trials dropped)",
+                [f"Study verdict with failures dropped: {dropped}."],
+                sensitivity_table(single),
+            ),
+            (
+                f"{prefix}failures and median train loss per cell",
+                ["failed/trials · median final train loss (failures at chance loss)."],
+                cell_table(single),
+            ),
+        ]
     return sections
 
 
@@ -507,15 +485,15 @@ def _document(
     hib = result.get("higher_is_better", True)
     labels = ("label", "combined", *(result.get("budgets") or {}))
     sections = [
-        Section(sec["heading"], list(sec["text"]), [rows for _, rows in sec["tables"]], label_columns=labels)
-        for sec in _sections(result)
+        Section(heading, text, [rows], label_columns=labels) for heading, text, rows in _sections(result)
     ]
-    return Document(
+    return study_document(
+        result,
+        banner=_BANNER,
+        protocol=protocol,
+        spent=(wall_time_s, cpu_hours, gpu_hours),
         headline=_headline(result),
         title=title,
-        scope=scope_line(result.get("scope")),
-        verdict=str(result["study_verdict"]),
-        banner=_BANNER if result.get("exploratory") else "",
         intro=[
             f"**Hypothesis.** {result.get('hypothesis', '')}",
             f"Metric `{result['metric']}` (higher is {'better' if hib else 'worse'}); control arm "
@@ -524,8 +502,6 @@ def _document(
         ],
         sections=sections,
         method=_method_lines(result),
-        resources=resources_lines(wall_time_s, cpu_hours, gpu_hours),
-        protocol=to_yaml(dict(protocol)) if protocol else "",
     )
 
 

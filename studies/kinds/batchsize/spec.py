@@ -27,12 +27,10 @@ from pydantic import BaseModel, Field, StrictBool
 
 from studies.kinds.batchsize.hypothesis import HYPOTHESIS
 from studies.schema import (
-    CategoricalParam,
     NonNegInt,
     PosInt,
     SpecIssue,
     TrainingSpec,
-    check_search_space,
 )
 from studies.schema.arms import (
     CNN_ARMS,
@@ -41,10 +39,10 @@ from studies.schema.arms import (
     ArmStudySpec,
     GridLRTuningSpec,
     PlainSGDTrainingSpec,
+    phase_name,
 )
 from studies.schema.sections import FROZEN
 from studies.sequential import SequentialSpec, look_seeds
-from studies.tuning import extension_trials_max
 from workers.plan import StudyPlan
 
 __all__ = [
@@ -142,6 +140,9 @@ class BatchSizeStudySpec(ArmStudySpec):
 
     study_label: ClassVar[str] = "batch-size study"
     set_by_study: ClassVar[Mapping[str, str]] = SET_BY_STUDY
+    grid: ClassVar[Mapping[str, str]] = {"arms": "model.layer.type", "batch_sizes": "training.batch_size"}
+    # Readable trial names (MLflow legends, run lists): the arm, the batch size (then the seed).
+    trial_name: ClassVar[str] = "{model.layer.type}-B{training.batch_size}"
 
     def design_issues(self) -> list[SpecIssue]:
         """The control and the controls among the arms, at least one fix arm; distinct batch sizes and
@@ -184,16 +185,6 @@ class BatchSizeStudySpec(ArmStudySpec):
             )
         return issues
 
-    def trial_issues(self) -> list[SpecIssue]:
-        """Every (arm, batch size) trial must be valid on its own: data fits model, budgets, ..."""
-        found = check_search_space(
-            self._grid_params(), self.base_config(), sampler="grid", seeds=self.seeds, prefix="<grid>"
-        )
-        return [
-            SpecIssue(_grid_issue_path(i.path, self.arms, self.batch_sizes), i.message, i.line, i.source)
-            for i in found
-        ]
-
     # ---- arms -----------------------------------------------------------------------------------
 
     @property
@@ -228,17 +219,10 @@ class BatchSizeStudySpec(ArmStudySpec):
         )
         return TrainingSpec.model_validate(doc)
 
-    def base_config(
-        self, *, arm: str | None = None, seed: int | None = None, budget: str | None = None
-    ) -> dict[str, Any]:
-        """The trial config of ``arm`` (the control by default) at the first seed."""
-        return self.arm_config(arm or self.control, self.training_section(budget), seed=seed)
-
-    def _grid_params(self) -> tuple[CategoricalParam, ...]:
-        return (
-            CategoricalParam(name="model.layer.type", choices=tuple(self.arms)),
-            CategoricalParam(name="training.batch_size", choices=tuple(self.batch_sizes)),
-        )
+    @property
+    def default_arm(self) -> str:
+        """The control."""
+        return self.control
 
     # ---- sizes ----------------------------------------------------------------------------------
 
@@ -248,18 +232,6 @@ class BatchSizeStudySpec(ArmStudySpec):
         return len(self.fix_arms) * len(self.budgets)
 
     @property
-    def trials_per_seed(self) -> int:
-        """Confirmatory trials one seed adds: arms x batch sizes x budgets."""
-        return len(self.arms) * len(self.batch_sizes) * len(self.budgets)
-
-    @property
-    def expected_trials(self) -> int:
-        """Confirmatory trials: arms x batch sizes x seeds x budgets (a sequential design: through its
-        first look, the least it runs)."""
-        seeds = len(self.seeds) if self.sequential is None else self.sequential.schedule()[0]
-        return self.trials_per_seed * seeds
-
-    @property
     def confirmatory_trials_max(self) -> int:
         """Confirmatory trials when every look runs (``max_seeds``), or the fixed design's."""
         return self.trials_per_seed * (
@@ -267,15 +239,8 @@ class BatchSizeStudySpec(ArmStudySpec):
         )
 
     @property
-    def tuning_trials(self) -> int:
-        """LR-tuning trials: arms (x batch sizes for ``tuned``) x grid points x tuning seeds x budgets."""
-        cells = len(self.arms) * (len(self.batch_sizes) if self.lr_policy == "tuned" else 1)
-        return cells * self.lr_tuning.points * len(self.lr_tuning.seeds) * len(self.budgets)
-
-    @property
-    def total_trials(self) -> int:
-        """Every trial with no range extension firing."""
-        return self.expected_trials + self.tuning_trials
+    def budget_names(self) -> tuple[str, ...]:
+        return tuple(self.budgets)
 
     @property
     def tuning_cells(self) -> tuple[str, ...]:
@@ -283,14 +248,6 @@ class BatchSizeStudySpec(ArmStudySpec):
         if self.lr_policy == "tuned":
             return tuple(cell_key(a, b) for a in self.arms for b in self.batch_sizes)
         return tuple(self.arms)
-
-    @property
-    def extension_trials_max(self) -> int:
-        """The most trials range extensions can add: every cell, every round, every budget."""
-        grids = [self.lr_tuning.lr_grid()] * len(self.tuning_cells)
-        return extension_trials_max(grids, len(self.lr_tuning.seeds), self.lr_tuning.max_extensions) * len(
-            self.budgets
-        )
 
     # ---- plans --------------------------------------------------------------------------------
 
@@ -302,77 +259,15 @@ class BatchSizeStudySpec(ArmStudySpec):
             doc.pop("sequential", None)
         return doc
 
-    def _plan(
-        self,
-        *,
-        name: str,
-        budget: str,
-        cells: Sequence[Mapping[str, Any]],
-        seeds: Sequence[int],
-        phase: str,
-        epochs: int | None = None,
-        environ: Mapping[str, str] | None = None,
-    ) -> StudyPlan:
-        """Phase ``name``: a FIFO grid plan over ``cells`` (arm, batch size, lr together) x ``seeds``."""
-        base = self.base_config(budget=budget)
-        if epochs is not None and budget == "epochs":
-            base["training"]["epochs"] = int(epochs)
-        # Readable trial names (MLflow legends, run lists): the arm, the batch size, the seed.
-        run_name = (
-            "{model.layer.type}-B{training.batch_size}"
-            + ("-lr{training.lr:g}" if phase == "lr_tuning" else "")
-            + "-s{seed}"
-        )
-        return self.phase_plan(
-            name,
-            cells,
-            seeds,
-            base_config=base,
-            run_name=run_name,
-            extra_tags=(("autonorm.budget", budget),),
-            extra_params=self._plan_params(),
-            environ=environ,
-        )
-
-    def tuning_plan(self, budget: str, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
-        """Phase 1: every arm (x batch size for ``tuned``) x the LR grid x the tuning seeds."""
-        sizes = self.batch_sizes if self.lr_policy == "tuned" else (self.lr_tuning.reference_batch_size,)
-        cells = [_cell(arm, b, lr) for arm in self.arms for b in sizes for lr in self.lr_tuning.grid()]
-        return self._tuning(f"tune-{budget}", budget, cells, environ)
-
-    def extension_plan(
-        self,
-        budget: str,
-        round_: int,
-        lrs: Mapping[str, float],
-        *,
-        environ: Mapping[str, str] | None = None,
-    ) -> StudyPlan:
-        """Range extension ``round_`` of the tuning phase: each cell's one new η x the tuning seeds."""
-        cells = []
-        for key, lr in sorted(lrs.items()):
-            arm, _, b = key.partition("@")
-            cells.append(_cell(arm, int(b) if b else self.lr_tuning.reference_batch_size, lr))
-        return self._tuning(f"tune-{budget}-ext{int(round_)}", budget, cells, environ)
-
-    def _tuning(
-        self, name: str, budget: str, cells: Sequence[Mapping[str, Any]], environ: Mapping[str, str] | None
-    ) -> StudyPlan:
-        """A tuning phase's plan: ``cells`` x the tuning seeds, at the tuning budget."""
-        return self._plan(
-            name=name,
-            budget=budget,
-            cells=list(cells),
-            seeds=self.lr_tuning.seeds,
-            phase="lr_tuning",
-            epochs=self.lr_tuning.epochs,
-            environ=environ,
-        )
+    def lr_cell(self, cell: str, lr: float) -> dict[str, Any]:
+        """A tuning cell ``arm`` (at the reference batch size) or ``arm@B`` (``tuned``) at ``lr``."""
+        arm, _, b = cell.partition("@")
+        return _cell(arm, int(b) if b else self.lr_tuning.reference_batch_size, lr)
 
     def look_plan_name(self, budget: str, look: int) -> str:
         """The folder of a confirmatory look: ``confirm-<budget>`` (the first, or the fixed design's
         only one), ``confirm-<budget>-look<j>`` after it."""
-        return f"confirm-{budget}" if look <= 1 else f"confirm-{budget}-look{int(look)}"
+        return phase_name("confirm", budget, look)
 
     def confirmatory_plan(
         self,
@@ -399,22 +294,11 @@ class BatchSizeStudySpec(ArmStudySpec):
         seeds: Sequence[int] = self.seeds
         if self.sequential is not None:
             seeds = dict(look_seeds(self.seeds, self.sequential.schedule()))[look]
-        return self._plan(
-            name=self.look_plan_name(budget, look),
-            budget=budget,
-            cells=cells,
-            seeds=seeds,
-            phase="confirmatory",
-            environ=environ,
+        return self.design_phase(
+            self.look_plan_name(budget, look), budget, cells, seeds, tuning=False, environ=environ
         )
 
-    def study_plan(self, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
-        """A plan carrying the study-level settings (name, storage, tracking, tags, params, spec); the
-        study run has no one budget."""
-        plan = self.tuning_plan(self.budgets[0], environ=environ)
-        return self.study_level_plan(plan, phase_tags=("autonorm.budget",))
-
-    def _plan_params(self) -> tuple[tuple[str, str], ...]:
+    def plan_params(self) -> tuple[tuple[str, str], ...]:
         return (
             ("arms", ",".join(self.arms)),
             ("control", self.control),
@@ -429,14 +313,3 @@ class BatchSizeStudySpec(ArmStudySpec):
 
 def _cell(arm: str, batch_size: int, lr: float) -> dict[str, Any]:
     return {"model": {"layer": {"type": arm}}, "training": {"batch_size": int(batch_size), "lr": float(lr)}}
-
-
-def _grid_issue_path(path: str, arms: Sequence[str], batch_sizes: Sequence[int]) -> str:
-    """``<grid>.0.choices.2`` (from check_search_space) -> ``arms.2``; ``<grid>.1...`` -> ``batch_sizes.i``."""
-    parts = path.split(".")
-    if parts[0] != "<grid>" or len(parts) < 2:
-        return path
-    field = "arms" if parts[1] == "0" else "batch_sizes"
-    if len(parts) >= 4 and parts[2] == "choices":
-        return f"{field}.{parts[3]}"
-    return field

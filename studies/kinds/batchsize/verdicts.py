@@ -59,16 +59,12 @@ def fix_reasons(r: Mapping[str, Any], *, sign: float, alpha: float) -> list[str]
         reasons.append("no p-value (too little paired data)")
     elif p >= alpha:
         reasons.append("not significant")
-    s = oriented(r["slope_ci"], sign)
-    i = oriented(r["interaction_ci"], sign)
-    if s is None:
-        reasons.append("no slope CI")
-    elif s[1] >= 0:
-        reasons.append("slope CI not below 0")
-    if i is None:
-        reasons.append("no interaction CI")
-    elif i[1] >= 0:
-        reasons.append("interaction CI not below 0")
+    for name in ("slope", "interaction"):
+        ci = oriented(r[f"{name}_ci"], sign)
+        if ci is None:
+            reasons.append(f"no {name} CI")
+        elif ci[1] >= 0:
+            reasons.append(f"{name} CI not below 0")
     return reasons
 
 

@@ -1,6 +1,6 @@
 """The batch-size kind's workflow: run its phases, analyse, write and log the outputs; status; report.
 
-Phases (docs/science.md, "The batch-size hypothesis"; :mod:`studies.kinds.batchsize.plans`), each in
+Phases (docs/science.md, "The batch-size hypothesis"; :meth:`studies.kinds.pipeline.TunedDesignKind.phases`), each in
 its own folder with its own phase run nested under the study's MLflow run:
 
 1. ``tune-<budget>``, one grid plan per budget: every arm's η on a log-spaced grid at the reference
@@ -29,15 +29,20 @@ from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
 from studies.kinds.kit import (
     arm_of,
     chance_levels,
+    finite_metrics,
     hypothesis_entry,
     metric_value,
     sequential_design,
+    trial_row,
+    verdict_tags,
 )
-from studies.tuning import RunPoints, tuned_rates
+from studies.kinds.pipeline import Analysed, Spent, TunedDesign
 from workers.plan import StudyPlan
 from workers.records import TrialRecord
 
 __all__ = [
+    "DESIGN",
+    "BatchSizeDesign",
     "analyse",
     "select_learning_rates",
     "total_trials",
@@ -45,44 +50,10 @@ __all__ = [
 ]
 
 SPEC = BatchSizeStudySpec
-# The tuned-design pipeline's hooks (studies.kinds.pipeline.TunedDesign): this module is the kind's design.
-TAG = "batchsize"
-ANALYSIS_LINE = "phase analysis: statistics, verdict, report"
-REPORT_READS_RUN = True
 
 
 def total_trials(spec: BatchSizeStudySpec) -> int:
     return spec.total_trials
-
-
-def _cell_of(spec: BatchSizeStudySpec) -> Any:
-    def cell(t: TrialRecord) -> str:
-        return (
-            cell_key(arm_of(t), int(t.config["training"]["batch_size"]))
-            if spec.lr_policy == "tuned"
-            else arm_of(t)
-        )
-
-    return cell
-
-
-def select_learning_rates(
-    spec: BatchSizeStudySpec,
-    trials: Sequence[TrialRecord],
-    *,
-    run_points: RunPoints | None = None,
-) -> tuple[dict[str, float], dict[str, Any]]:
-    """The tuned η per arm (``cell_key(arm, B)`` per cell for ``tuned``) from one budget's tuning trials.
-
-    :func:`studies.tuning.tune`: the η with the best mean validation metric over the tuning seeds
-    (a failed trial scores the worst value); a winner on the edge of the grid extends it through
-    ``run_points`` (up to ``lr_tuning.max_extensions`` rounds; ``None``: no extension). Returns the
-    table and a JSON-able record per arm/cell (every η's mean score, the winner, the final grid,
-    whether the winner still sits on its edge, trials completed / failed).
-    """
-    return tuned_rates(
-        spec.tuning_cells, trials, cell_of=_cell_of(spec), tuning=spec.lr_tuning, run_points=run_points
-    )
 
 
 def trials_table(
@@ -106,27 +77,14 @@ def trials_table(
         arm = arm_of(t)
         b = int(t.config["training"]["batch_size"])
         rec = lr_record.get(cell_key(arm, b) if lr_policy == "tuned" else arm, {})
-        rows.append(
-            {
-                "arm": arm,
-                "batch_size": b,
-                "seed": int(t.config.get("seed", 0)),
-                "budget": budget,
-                "status": t.status,
-                metric: metric_value(t, metric),
-                "train_loss": metric_value(t, "train_loss"),
-                # The η the trial used at its batch size (scaled for linear / sqrt).
-                "lr": metric_value(t, "lr")
-                if math.isfinite(metric_value(t, "lr"))
-                else float(t.config["training"]["lr"]),
-                "updates": metric_value(t, "updates"),
-                "lr_at_edge": bool(rec.get("at_range_edge", False)),
-                "epochs_done": t.metrics.get("epoch"),
-                "time_total_s": float(t.metrics.get("time_total_s") or 0.0),
-                "trial_id": t.trial_id,
-                "mlflow_run_id": t.mlflow_run_id,
-            }
-        )
+        cell = {"arm": arm, "batch_size": b, "seed": int(t.config.get("seed", 0)), "budget": budget}
+        lr = metric_value(t, "lr")  # the η the trial used at its batch size (scaled for linear / sqrt)
+        tuned = {
+            "lr": lr if math.isfinite(lr) else float(t.config["training"]["lr"]),
+            "updates": metric_value(t, "updates"),
+            "lr_at_edge": bool(rec.get("at_range_edge", False)),
+        }
+        rows.append(trial_row(t, metric, cell, tuned))
     columns = ["arm", "batch_size", "seed", "budget", "status", metric, "train_loss", "lr", "updates"]
     df = pd.DataFrame(rows)
     if df.empty:
@@ -188,17 +146,6 @@ def _sequential_summary(spec: BatchSizeStudySpec, verdict: Mapping[str, Any]) ->
     )
 
 
-def verdict_tags(verdict: Mapping[str, Any]) -> dict[str, str]:
-    tags = {f"verdict/{arm}": str(v) for arm, v in verdict.get("verdict", {}).items()}
-    tags.update({f"control/{arm}": str(v) for arm, v in verdict.get("controls", {}).items()})
-    tags["verdict/study"] = str(verdict.get("study_verdict", "inconclusive"))
-    for arm, res in verdict.get("arms", {}).items():
-        reasons = res.get("reasons") or []
-        if reasons:
-            tags[f"reasons/{arm}"] = "; ".join(str(r) for r in reasons)[:5000]
-    return tags
-
-
 _VERDICT_NUMBERS = (
     "slope",
     "interaction",
@@ -212,64 +159,20 @@ _VERDICT_NUMBERS = (
 _VERDICT_CIS = ("slope_ci", "interaction_ci", "spearman_rho_ci")
 
 
-def verdict_metrics(verdict: Mapping[str, Any]) -> dict[str, float]:
-    """The numbers the verdict rests on, once each: per arm ``<stat>/<arm>`` (``<stat>/<budget>/<arm>``
-    with several budgets) for the slope, interaction, Spearman rho, p and Holm p, counts, and each CI
-    as ``<stat>_ci_low/<arm>`` / ``<stat>_ci_high/<arm>``."""
-    budgets = verdict.get("budgets") or {}
-    sources = {f"{b}/": res for b, res in budgets.items()} if len(budgets) > 1 else {"": verdict}
-    out = {}
-
-    def put(name: str, v: Any) -> None:
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-            out[name] = float(v)
-
-    for prefix, result in sources.items():
-        for arm, res in result.get("arms", {}).items():
-            for key in _VERDICT_NUMBERS:
-                put(f"{key}/{prefix}{arm}", res.get(key))
-            for key in _VERDICT_CIS:
-                ci = res.get(key)
-                if isinstance(ci, list | tuple) and len(ci) == 2:
-                    put(f"{key}_low/{prefix}{arm}", ci[0])
-                    put(f"{key}_high/{prefix}{arm}", ci[1])
+def _verdict_numbers(res: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """An arm's numbers (:data:`_VERDICT_NUMBERS`) and the two ends of each CI (:data:`_VERDICT_CIS`)."""
+    out = [(key, res.get(key)) for key in _VERDICT_NUMBERS]
+    for key in _VERDICT_CIS:
+        ci = res.get(key)
+        if isinstance(ci, list | tuple) and len(ci) == 2:
+            out += [(f"{key}_low", ci[0]), (f"{key}_high", ci[1])]
     return out
-
-
-def write_outputs(
-    spec: BatchSizeStudySpec,
-    verdict: dict[str, Any],
-    table: Any,
-    out_dir: Path,
-    records: Mapping[str, Any],
-    spent: tuple[float, float, float],
-) -> dict[str, Path]:
-    """The report files (``lr_tuning.json`` is the pipeline's); ``spent``: wall time (s), CPU hours,
-    GPU hours."""
-    wall_time_s, cpu_hours, gpu_hours = spent
-    from studies.kinds.batchsize.report import write_batchsize_report
-
-    # What the study cost, kept with the verdict so a regenerated report shows the run's wall time.
-    verdict["resources"] = {"wall_time_s": wall_time_s, "cpu_hours": cpu_hours, "gpu_hours": gpu_hours}
-
-    doc = spec.to_document()
-    head: dict[str, Any] = {k: doc.pop(k) for k in ("kind", "name") if k in doc}
-    protocol: dict[str, Any] = {**head, "phases": _resolved_phases(spec, table, records), **doc}
-    return write_batchsize_report(
-        verdict,
-        table,
-        out_dir,
-        title=f"Batch-size correlation study: {spec.name}",
-        protocol=protocol,
-        wall_time_s=wall_time_s,
-        cpu_hours=cpu_hours,
-        gpu_hours=gpu_hours,
-    )
 
 
 def _resolved_phases(spec: BatchSizeStudySpec, table: Any, lr_records: Mapping[str, Any]) -> dict[str, Any]:
     """What each phase actually ran (the protocol's first section): the tuning phase's batch sizes,
-    seeds, epochs and η grid (as extended), the tuned η per arm / cell; the confirmatory phase's batch
+    seeds, epochs and η grid (as extended), its refinement (the rates, the grid's winner, whether a
+    refinement rate won, or why none ran) and the tuned η per arm / cell; the confirmatory phase's batch
     sizes, seeds and the η each arm used at each batch size (scaled for ``linear`` / ``sqrt``)."""
     out: dict[str, Any] = {}
     sizes = spec.batch_sizes if spec.lr_policy == "tuned" else (spec.lr_tuning.reference_batch_size,)
@@ -280,6 +183,7 @@ def _resolved_phases(spec: BatchSizeStudySpec, table: Any, lr_records: Mapping[s
             "seeds": [int(x) for x in spec.lr_tuning.seeds],
             "epochs": spec.lr_tuning.epochs or spec.training.epochs,
             "lr_grid": {cell: [float(x) for x in rec.get("grid") or []] for cell, rec in record.items()},
+            "lr_refine": {cell: rec.get("refine") for cell, rec in record.items()},
             "tuned_lr": {cell: rec.get("lr") for cell, rec in record.items()},
         }
         sub = (
@@ -298,108 +202,6 @@ def _resolved_phases(spec: BatchSizeStudySpec, table: Any, lr_records: Mapping[s
     return out
 
 
-def after_confirm(spec: BatchSizeStudySpec, runner: Any, phase: str, table: Any) -> None:
-    """Under the confirmatory phase run, one summary run per arm: the analysis metric's mean over
-    seeds and its t-interval at step = batch size (MLflow then draws one line per arm against B)."""
-    from studies.summaries import arm_summaries
-
-    summaries = arm_summaries(
-        table, metrics=[spec.analysis.metric], axis="batch_size", confidence=spec.analysis.confidence
-    )
-    runner.log_summaries(phase, summaries)
-
-
-# ---- the pipeline's hooks (studies.kinds.pipeline.TunedDesign) ---------------------------------
-
-
-def budgets(spec: BatchSizeStudySpec) -> Sequence[str]:
-    return tuple(spec.budgets)
-
-
-def tune_name(spec: BatchSizeStudySpec, budget: str) -> str:
-    return f"tune-{budget}"
-
-
-def look_name(spec: BatchSizeStudySpec, budget: str, look: int) -> str:
-    return spec.look_plan_name(budget, look)
-
-
-def tuning_plan(spec: BatchSizeStudySpec, budget: str, environ: Mapping[str, str] | None) -> StudyPlan:
-    return spec.tuning_plan(budget, environ=environ)
-
-
-def extension_plan(
-    spec: BatchSizeStudySpec,
-    budget: str,
-    round_: int,
-    lrs: Mapping[str, float],
-    environ: Mapping[str, str] | None,
-) -> StudyPlan:
-    """Range-extension round ``k`` as its own tuning phase ``tune-<budget>-ext<k>``."""
-    return spec.extension_plan(budget, round_, lrs, environ=environ)
-
-
-def confirm_plan(
-    spec: BatchSizeStudySpec,
-    budget: str,
-    lr: Mapping[str, float],
-    look: int,
-    environ: Mapping[str, str] | None,
-) -> StudyPlan:
-    return spec.confirmatory_plan(budget, lr, look=look, environ=environ)
-
-
-def check_tuned(spec: BatchSizeStudySpec, lr: Mapping[str, float]) -> None:
-    """Nothing to check: every cell the tuning saw confirms with its η."""
-
-
-def confirm_table(
-    spec: BatchSizeStudySpec, trials: Sequence[TrialRecord], budget: str, record: Mapping[str, Any]
-) -> Any:
-    return trials_table(
-        trials, metric=spec.analysis.metric, budget=budget, lr_record=record, lr_policy=spec.lr_policy
-    )
-
-
-def analysis_inputs(records: Mapping[str, Any]) -> dict[str, Any]:
-    return {}
-
-
-def outcome_summary(verdict: Mapping[str, Any], records: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
-    """The run's summary: the verdict per arm and per control, the tuned η per budget and cell."""
-    verdicts = {"verdict": verdict.get("verdict"), "controls": verdict.get("controls")}
-    return verdicts, {b: {k: r["lr"] for k, r in rec.items()} for b, rec in records.items()}
-
-
-def opening_line(spec: BatchSizeStudySpec) -> str:
-    return (
-        f"study {spec.name!r}: {len(spec.arms)} arms x {len(spec.batch_sizes)} batch sizes x "
-        f"{len(spec.seeds)} seeds x {len(spec.budgets)} budget(s) = {spec.expected_trials} confirmatory "
-        f"+ {spec.tuning_trials} lr-tuning trials ({spec.total_trials} total), lr_policy={spec.lr_policy}"
-    )
-
-
-def tuning_line(spec: BatchSizeStudySpec, budget: str, plan: StudyPlan) -> str:
-    return (
-        f"phase lr_tuning ({budget} budget): {len(plan.grid[0][1])} cells x {len(spec.lr_tuning.seeds)} seeds"
-    )
-
-
-def extension_line(budget: str, round_: int, lrs: Mapping[str, float]) -> str:
-    return f"  range extension {round_} ({budget} budget): " + ", ".join(
-        f"{k} lr={v:g}" for k, v in lrs.items()
-    )
-
-
-def confirm_line(spec: BatchSizeStudySpec, budget: str, plan: StudyPlan) -> str:
-    return f"phase confirmatory ({budget} budget): {plan.name} (grid, FIFO, full budget)"
-
-
-def closing_lines(spent: tuple[float, float, float]) -> list[str]:
-    wall_time_s, cpu_h, gpu_h = spent
-    return [f"wall time {wall_time_s / 60:.1f} min, {cpu_h:.3f} CPU h, {gpu_h:.3f} GPU h"]
-
-
 def _num(v: Any) -> str:
     return (
         f"{v:+.4f}" if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else "n/a"
@@ -412,41 +214,146 @@ def _ci(ci: Any) -> str:
     return "n/a"
 
 
-def verdict_lines(spec: BatchSizeStudySpec, verdict: Mapping[str, Any]) -> list[str]:
-    """The printed verdict: the study's, then per budget (with several) each arm's numbers and label."""
-    lines = [
-        f"STUDY VERDICT: {verdict.get('study_verdict')}  {'; '.join(verdict.get('study_reasons') or [])}"
-    ]
-    budgets = verdict.get("budgets") or {}
-    sections = budgets.items() if len(budgets) > 1 else [("", verdict)]
-    combined = {**verdict.get("verdict", {}), **verdict.get("controls", {})}
-    for budget, result in sections:
-        if budget:
-            lines.append(
-                f" {budget} budget: {result.get('study_verdict')}  {'; '.join(result.get('study_reasons') or [])}"
-            )
-        labels = {**result.get("verdict", {}), **result.get("controls", {})}
-        arms = result.get("arms", {})
-        for arm in sorted(arms, key=lambda a: (a not in spec.control_arms, a)):
-            r = arms[arm]
-            lines.append(
-                f"  {arm:<18} n={r.get('n')} failed={r.get('n_failed')} slope={_num(r.get('slope'))} "
-                f"{_ci(r.get('slope_ci'))} interaction={_num(r.get('interaction'))} {_ci(r.get('interaction_ci'))} "
-                f"p_holm={_num(r.get('p_value_holm'))} -> {labels.get(arm, '?')}"
-                + (f" ({'; '.join(r.get('reasons') or [])})" if r.get("reasons") else "")
-            )
-    if len(budgets) > 1:
-        lines.append(
-            " both budgets together: " + ", ".join(f"{arm} {label}" for arm, label in combined.items())
+class BatchSizeDesign(TunedDesign):
+    """The batch-size kind's hooks (:class:`studies.kinds.pipeline.TunedDesign`): one tuning and one
+    confirmatory phase per budget (``epochs``, ``updates``), per-arm summary runs after each
+    confirmatory phase."""
+
+    TAG = "batchsize"
+    ANALYSIS_LINE = "phase analysis: statistics, verdict, report"
+    REPORT_READS_RUN = True
+
+    def cell_of(self, spec: BatchSizeStudySpec, trial: TrialRecord) -> str:
+        """Its arm, or ``cell_key(arm, B)`` for ``lr_policy: tuned``."""
+        arm = arm_of(trial)
+        return (
+            cell_key(arm, int(trial.config["training"]["batch_size"])) if spec.lr_policy == "tuned" else arm
         )
-    return lines
+
+    analyse = staticmethod(analyse)
+
+    def confirm_table(
+        self, spec: BatchSizeStudySpec, trials: Sequence[TrialRecord], budget: str, record: Mapping[str, Any]
+    ) -> Any:
+        return trials_table(
+            trials, metric=spec.analysis.metric, budget=budget, lr_record=record, lr_policy=spec.lr_policy
+        )
+
+    def after_confirm(self, spec: BatchSizeStudySpec, runner: Any, phase: str, table: Any) -> None:
+        """Under the confirmatory phase run, one summary run per arm: the analysis metric's mean over
+        seeds and its t-interval at step = batch size (MLflow then draws one line per arm against B)."""
+        from studies.summaries import arm_summaries
+
+        summaries = arm_summaries(
+            table, metrics=[spec.analysis.metric], axis="batch_size", confidence=spec.analysis.confidence
+        )
+        runner.log_summaries(phase, summaries)
+
+    def write_outputs(self, done: Analysed, out_dir: Path) -> dict[str, Path]:
+        """The report files, the cost kept in the verdict (``resources``)."""
+        from studies.kinds.batchsize.report import write_batchsize_report
+
+        spec = done.spec
+        # What the study cost, kept with the verdict so a regenerated report shows the run's wall time.
+        done.verdict["resources"] = done.resources
+        doc = spec.to_document()
+        head: dict[str, Any] = {k: doc.pop(k) for k in ("kind", "name") if k in doc}
+        protocol: dict[str, Any] = {**head, "phases": _resolved_phases(spec, done.table, done.records), **doc}
+        return write_batchsize_report(
+            done.verdict,
+            done.table,
+            out_dir,
+            title=f"Batch-size correlation study: {spec.name}",
+            protocol=protocol,
+            **done.resources,
+        )
+
+    def verdict_tags(self, verdict: Mapping[str, Any]) -> dict[str, str]:
+        labels = {"verdict": verdict.get("verdict", {}), "control": verdict.get("controls", {})}
+        return verdict_tags(
+            verdict, labels, {arm: r.get("reasons") for arm, r in verdict.get("arms", {}).items()}
+        )
+
+    def verdict_metrics(self, verdict: Mapping[str, Any]) -> dict[str, float]:
+        """The numbers the verdict rests on, once each: per arm ``<stat>/<arm>`` (``<stat>/<budget>/<arm>``
+        with several budgets) for the slope, interaction, Spearman rho, p and Holm p, counts, and each CI
+        as ``<stat>_ci_low/<arm>`` / ``<stat>_ci_high/<arm>``."""
+        budgets = verdict.get("budgets") or {}
+        sources = {f"{b}/": res for b, res in budgets.items()} if len(budgets) > 1 else {"": verdict}
+        return finite_metrics(
+            (f"{name}/{prefix}{arm}", v)
+            for prefix, result in sources.items()
+            for arm, res in result.get("arms", {}).items()
+            for name, v in _verdict_numbers(res)
+        )
+
+    def outcome_summary(
+        self, verdict: Mapping[str, Any], records: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], Any]:
+        """The run's summary: the verdict per arm and per control, the tuned η per budget and cell."""
+        verdicts = {"verdict": verdict.get("verdict"), "controls": verdict.get("controls")}
+        return verdicts, {b: {k: r["lr"] for k, r in rec.items()} for b, rec in records.items()}
+
+    def design_size(self, spec: BatchSizeStudySpec) -> str:
+        return (
+            f"{len(spec.arms)} arms x {len(spec.batch_sizes)} batch sizes x {len(spec.seeds)} seeds x "
+            f"{len(spec.budgets)} budget(s)"
+        )
+
+    def design_note(self, spec: BatchSizeStudySpec) -> str:
+        return f", lr_policy={spec.lr_policy}"
+
+    def tuning_line(self, spec: BatchSizeStudySpec, budget: str, plan: StudyPlan) -> str:
+        return f"phase lr_tuning ({budget} budget): {len(plan.grid[0][1])} cells x {len(spec.lr_tuning.seeds)} seeds"
+
+    def confirm_line(self, spec: BatchSizeStudySpec, budget: str, plan: StudyPlan) -> str:
+        return f"phase confirmatory ({budget} budget): {plan.name} (grid, FIFO, full budget)"
+
+    def verdict_lines(self, spec: BatchSizeStudySpec, verdict: Mapping[str, Any]) -> list[str]:
+        """The printed verdict: the study's, then per budget (with several) each arm's numbers and label."""
+        lines = [
+            f"STUDY VERDICT: {verdict.get('study_verdict')}  {'; '.join(verdict.get('study_reasons') or [])}"
+        ]
+        budgets = verdict.get("budgets") or {}
+        sections = budgets.items() if len(budgets) > 1 else [("", verdict)]
+        combined = {**verdict.get("verdict", {}), **verdict.get("controls", {})}
+        for budget, result in sections:
+            if budget:
+                lines.append(
+                    f" {budget} budget: {result.get('study_verdict')}  {'; '.join(result.get('study_reasons') or [])}"
+                )
+            labels = {**result.get("verdict", {}), **result.get("controls", {})}
+            arms = result.get("arms", {})
+            for arm in sorted(arms, key=lambda a: (a not in spec.control_arms, a)):
+                r = arms[arm]
+                lines.append(
+                    f"  {arm:<18} n={r.get('n')} failed={r.get('n_failed')} slope={_num(r.get('slope'))} "
+                    f"{_ci(r.get('slope_ci'))} interaction={_num(r.get('interaction'))} {_ci(r.get('interaction_ci'))} "
+                    f"p_holm={_num(r.get('p_value_holm'))} -> {labels.get(arm, '?')}"
+                    + (f" ({'; '.join(r.get('reasons') or [])})" if r.get("reasons") else "")
+                )
+        if len(budgets) > 1:
+            lines.append(
+                " both budgets together: " + ", ".join(f"{arm} {label}" for arm, label in combined.items())
+            )
+        return lines
+
+    def closing_lines(self, spent: Spent) -> list[str]:
+        wall_time_s, cpu_h, gpu_h = spent
+        return [f"wall time {wall_time_s / 60:.1f} min, {cpu_h:.3f} CPU h, {gpu_h:.3f} GPU h"]
+
+    def status_fields(self, spec: BatchSizeStudySpec, verdict: Mapping[str, Any] | None) -> dict[str, Any]:
+        return {"verdict": verdict.get("verdict") if verdict else None}
+
+    def status_row_fields(self, spec: BatchSizeStudySpec, phase: str, trial: TrialRecord) -> dict[str, Any]:
+        """A tuning trial shows what selects its η (validation), never the test set."""
+        metric = spec.lr_tuning.metric if phase.startswith("tune-") else spec.analysis.metric
+        return {"batch_size": trial.config["training"]["batch_size"], metric: trial.metrics.get(metric)}
 
 
-def status_fields(spec: BatchSizeStudySpec, verdict: Mapping[str, Any] | None) -> dict[str, Any]:
-    return {"verdict": verdict.get("verdict") if verdict else None}
+DESIGN = BatchSizeDesign()
+"""The hooks :meth:`studies.kinds.pipeline.TunedDesignKind.design` returns."""
 
-
-def status_row_fields(spec: BatchSizeStudySpec, phase: str, trial: TrialRecord) -> dict[str, Any]:
-    """A tuning trial shows what selects its η (validation), never the test set."""
-    metric = spec.lr_tuning.metric if phase.startswith("tune-") else spec.analysis.metric
-    return {"batch_size": trial.config["training"]["batch_size"], metric: trial.metrics.get(metric)}
+select_learning_rates = DESIGN.select_learning_rates
+"""The tuned η per arm (per ``cell_key(arm, B)`` for ``tuned``) from one budget's tuning trials
+(:meth:`studies.kinds.pipeline.TunedDesign.select_learning_rates`)."""

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from studies.stats import holm, min_sign_flip_p, paired_contrast, t_interval
+from studies.stats import holm_into, min_sign_flip_p, paired_contrast, t_interval
 
 __all__ = [
     "CONTRAST_VERDICTS",
@@ -241,9 +241,7 @@ def compare_arms(
         res["gate_arms"] = gate_arms
         results[name] = res
 
-    adjusted = holm({n: results[n]["p_value"] for n in results})
-    for name, p in adjusted.items():
-        results[name]["p_value_holm"] = p
+    holm_into(results)
     for res in results.values():
         res["verdict"], res["reasons"] = _verdict(res, alpha=alpha, margin=margin, sign=sign)
         res["hypothesis"] = hypothesis_verdict(res["verdict"], res["predicted"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from studies.decidability import MAX_SEEDS_SEARCHED, Undecidable
+from studies.decidability import Undecidable, fewest_seeds, too_few_seeds
 
 __all__ = ["undecidable"]
 
@@ -23,16 +23,14 @@ def undecidable(spec: Any) -> list[Undecidable]:
     def floor(n: int) -> float:
         return min_sign_flip_p(n, "two-sided") * family
 
-    reasons = []
-    if k < a.min_seeds:
-        reasons.append(f"fewer seeds than analysis.min_seeds ({a.min_seeds})")
+    reasons = too_few_seeds(k, a.min_seeds, "analysis.min_seeds")
     if floor(k) >= a.alpha:
         reasons.append(
             f"the sign-flip p (at least 2/2^K) times the Holm family size ({family} contrasts) cannot get below alpha"
         )
     if not reasons:
         return []
-    needed = next((n for n in range(max(a.min_seeds, 2), MAX_SEEDS_SEARCHED + 1) if floor(n) < a.alpha), None)
+    needed = fewest_seeds(floor, a.alpha, a.min_seeds)
     return [
         Undecidable(name, "seeds", floor(k), a.alpha, k, needed, "; ".join(reasons))
         for name in spec.contrast_specs

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from studies import reporting
-from studies.scope import scope_line
 
 __all__ = ["CONTRAST_COLORS", "plot_contrasts_forest", "write_compare_report"]
 
@@ -101,6 +100,7 @@ def _lr_rows(lr_record: Mapping[str, Any], metric: str) -> list[dict[str, str]]:
             if rec.get("grid")
             else "–",
             "extensions": reporting.fmt(rec.get("extensions")),
+            "refinement": reporting.fmt_refinement(rec.get("refine")),
             "at range edge": "yes" if rec.get("at_range_edge") else "no",
             "trials (failed)": f"{reporting.fmt(rec.get('trials'))} ({reporting.fmt(rec.get('trials_failed'))})",
         }
@@ -112,24 +112,21 @@ def _document(
     verdict: Mapping[str, Any],
     *,
     title: str,
-    protocol: Mapping[str, Any] | None,
     lr_record: Mapping[str, Any],
     tuning_metric: str,
-    wall_time_s: float | None,
-    cpu_hours: float | None,
-    gpu_hours: float | None,
+    **shared: Any,
 ) -> reporting.Document:
+    """``shared``: :func:`studies.reporting.study_document`'s ``protocol`` and ``spent``."""
     study = str(verdict["study_verdict"])
     contrasts = verdict.get("contrasts") or {}
     table_only = list(verdict.get("table_only_arms") or [])
-    return reporting.Document(
+    return reporting.study_document(
+        verdict,
+        banner=_BANNER,
         headline=f"Study verdict: {study}",
         title=title,
-        scope=scope_line(verdict.get("scope")),
-        verdict=study,
         prefix="Study verdict: ",
         parts=[(study, study)],
-        banner=_BANNER if verdict.get("exploratory") else "",
         intro=[
             f"**Claim.** {verdict.get('hypothesis', '')}",
             f"Metric `{verdict.get('metric')}` (final value; higher is "
@@ -165,8 +162,7 @@ def _document(
             "a contrast's hypothesis is supported when its verdict is the predicted one, refuted when the "
             "opposite; the study is refuted if any is refuted, supported if all are",
         ],
-        resources=reporting.resources_lines(wall_time_s, cpu_hours, gpu_hours),
-        protocol=reporting.to_yaml(dict(protocol)) if protocol else "",
+        **shared,
     )
 
 
@@ -194,9 +190,7 @@ def write_compare_report(
         protocol=protocol,
         lr_record=lr_record or {},
         tuning_metric=tuning_metric,
-        wall_time_s=wall_time_s,
-        cpu_hours=cpu_hours,
-        gpu_hours=gpu_hours,
+        spent=(wall_time_s, cpu_hours, gpu_hours),
     )
     paths["markdown"].write_text(reporting.render_markdown(doc, [p.name for p in plots]), encoding="utf-8")
     paths["html"].write_text(reporting.render_html(doc, plots), encoding="utf-8")

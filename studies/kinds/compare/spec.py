@@ -8,7 +8,7 @@ grid plan:
 
 1. ``tune``: each arm's η on a log-spaced grid on held-out tuning seeds, selected on a validation
    metric (:mod:`studies.tuning`; a winner on the grid's edge extends it in the optional phases
-   ``tune-ext<k>``).
+   ``tune-ext<k>``, an interior winner is refined in ``tune-refine``).
 2. ``confirm``: arms x seeds with the tuned η, the same seeds — same split, data order and, where
    the shapes agree, initialisation — for every arm, full budget, no early stopping.
 
@@ -19,21 +19,17 @@ vanilla gradient descent); momentum, Adam, weight decay are ablations a spec can
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, StrictBool
 
 from studies.schema import (
-    CategoricalParam,
     NonNegInt,
     SpecIssue,
-    TrainingSpec,
-    check_search_space,
 )
-from studies.schema.arms import Arm, ArmStudySpec, GridLRTuningSpec, PlainSGDTrainingSpec
+from studies.schema.arms import Arm, ArmStudySpec, GridLRTuningSpec, PlainSGDTrainingSpec, phase_name
 from studies.schema.sections import FROZEN
-from studies.tuning import extension_trials_max
 from workers.plan import StudyPlan
 
 __all__ = [
@@ -59,19 +55,22 @@ _DEFAULT_ARMS = {
 }
 """The arms of the paper's table per model type (``prenorm_l2``: PreNormAffine, table only)."""
 
+
+def _paper_contrasts(
+    fix: str, batchnorm: str, layernorm: str, plain: str, *_: str
+) -> dict[str, tuple[str, str, str]]:
+    """The claim over a model type's table (its fix, BatchNorm, LayerNorm and plain arm, in that
+    order): the fix beats both norms, and both norms beat no normalisation."""
+    return {
+        f"{fix}_vs_batchnorm": (fix, batchnorm, "better"),
+        f"{fix}_vs_layernorm": (fix, layernorm, "better"),
+        "batchnorm_vs_plain": (batchnorm, plain, "better"),
+        "layernorm_vs_plain": (layernorm, plain, "better"),
+    }
+
+
 DEFAULT_CONTRASTS: dict[str, dict[str, tuple[str, str, str]]] = {
-    "mlp": {
-        "corrected_vs_batchnorm": ("corrected", "linear_batchnorm", "better"),
-        "corrected_vs_layernorm": ("corrected", "linear_layernorm", "better"),
-        "batchnorm_vs_plain": ("linear_batchnorm", "linear", "better"),
-        "layernorm_vs_plain": ("linear_layernorm", "linear", "better"),
-    },
-    "cnn": {
-        "patchnorm_vs_batchnorm": ("patchnorm", "conv_batchnorm", "better"),
-        "patchnorm_vs_layernorm": ("patchnorm", "conv_layernorm", "better"),
-        "batchnorm_vs_plain": ("conv_batchnorm", "conv", "better"),
-        "layernorm_vs_plain": ("conv_layernorm", "conv", "better"),
-    },
+    model: _paper_contrasts(*arms) for model, arms in _DEFAULT_ARMS.items()
 }
 """The paper's predictions per model type: name -> (arm, reference, predicted direction). Used when
 ``contrasts`` is not given, restricted to the contrasts whose two arms are both among ``arms``."""
@@ -148,6 +147,8 @@ class CompareStudySpec(ArmStudySpec):
 
     study_label: ClassVar[str] = "compare study"
     set_by_study: ClassVar[Mapping[str, str]] = SET_BY_STUDY
+    grid: ClassVar[Mapping[str, str]] = {"arms": "model.layer.type"}
+    study_tags: ClassVar[tuple[tuple[str, str], ...]] = (("autonorm.study", "compare"),)
 
     def design_issues(self) -> list[SpecIssue]:
         """Contrasts between two distinct arms of the study, at least one, no pair twice; no BatchNorm
@@ -179,19 +180,6 @@ class CompareStudySpec(ArmStudySpec):
             issues.append(SpecIssue("contrasts", "two contrasts test the same (arm, reference) pair"))
         return issues + self.batchnorm_issues("training.batch_size", (self.training.batch_size,))
 
-    def trial_issues(self) -> list[SpecIssue]:
-        """Every arm's trial must be valid on its own (data fits model, ...)."""
-        found = check_search_space(
-            (CategoricalParam(name="model.layer.type", choices=tuple(self.arm_names)),),
-            self.base_config(),
-            sampler="grid",
-            seeds=self.seeds,
-            prefix="<arms>",
-        )
-        return [
-            SpecIssue(_arms_path(i.path, self.arms is not None), i.message, i.line, i.source) for i in found
-        ]
-
     # ---- arms and contrasts ------------------------------------------------------------------------
 
     @property
@@ -219,34 +207,12 @@ class CompareStudySpec(ArmStudySpec):
         used = {x for c in self.contrast_specs.values() for x in (c.arm, c.reference)}
         return tuple(a for a in self.arm_names if a not in used)
 
-    # ---- sizes -----------------------------------------------------------------------------------
-
     @property
     def confirmatory_trials(self) -> int:
-        return len(self.arm_names) * len(self.seeds)
-
-    @property
-    def tuning_trials(self) -> int:
-        return len(self.arm_names) * self.lr_tuning.points * len(self.lr_tuning.seeds)
-
-    @property
-    def total_trials(self) -> int:
-        """Every trial with no range extension firing."""
-        return self.confirmatory_trials + self.tuning_trials
-
-    @property
-    def extension_trials_max(self) -> int:
-        grids = [self.lr_tuning.lr_grid()] * len(self.arm_names)
-        return extension_trials_max(grids, len(self.lr_tuning.seeds), self.lr_tuning.max_extensions)
+        """Arms x seeds (:attr:`expected_trials`)."""
+        return self.expected_trials
 
     # ---- the trial configs -----------------------------------------------------------------------
-
-    def base_config(self, *, arm: str | None = None, seed: int | None = None) -> dict[str, Any]:
-        """The trial config of ``arm`` at the first seed; by default the model's plain layer, whose only
-        field is its type, so that each arm's cell sets the type alone and keeps that arm's defaults."""
-        plain = "conv" if self.model.type == "cnn" else "linear"
-        training = TrainingSpec.model_validate(self.training.model_dump())
-        return self.arm_config(arm or plain, training, seed=seed)
 
     def to_document(self) -> dict[str, Any]:
         """The resolved spec as plain data, loadable again (``study_spec.yaml``): arms and contrasts
@@ -258,78 +224,23 @@ class CompareStudySpec(ArmStudySpec):
 
     # ---- plans -----------------------------------------------------------------------------------
 
-    def _plan(
-        self,
-        *,
-        name: str,
-        cells: Sequence[Mapping[str, Any]],
-        seeds: Sequence[int],
-        tuning: bool,
-        environ: Mapping[str, str] | None = None,
-    ) -> StudyPlan:
-        """Phase ``name``: a FIFO grid plan over ``cells`` (arm and lr together) x ``seeds``."""
-        base = self.base_config()
-        if tuning and self.lr_tuning.epochs is not None:
-            base["training"]["epochs"] = int(self.lr_tuning.epochs)
+    def plan_params(self) -> tuple[tuple[str, str], ...]:
         contrasts = ",".join(f"{n}={c.arm}:{c.reference}" for n, c in self.contrast_specs.items())
-        return self.phase_plan(
-            name,
-            cells,
-            seeds,
-            base_config=base,
-            run_name="{model.layer.type}" + ("-lr{training.lr:g}" if tuning else "") + "-s{seed}",
-            extra_tags=(("autonorm.study", "compare"),),
-            extra_params=(
-                ("arms", ",".join(self.arm_names)),
-                ("contrasts", contrasts),
-                ("seeds", ",".join(str(s) for s in self.seeds)),
-                ("optimizer", self.training.optimizer),
-            ),
-            environ=environ,
-        )
-
-    def tuning_plan(self, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
-        """Phase ``tune``: every arm x the LR grid x the tuning seeds."""
-        cells = [_cell(arm, lr) for arm in self.arm_names for lr in self.lr_tuning.grid()]
-        return self._plan(name="tune", cells=cells, seeds=self.lr_tuning.seeds, tuning=True, environ=environ)
-
-    def extension_plan(
-        self, round_: int, lrs: Mapping[str, float], *, environ: Mapping[str, str] | None = None
-    ) -> StudyPlan:
-        """Phase ``tune-ext<round>``: each edge arm's one new η x the tuning seeds."""
-        cells = [_cell(arm, lr) for arm, lr in sorted(lrs.items())]
-        return self._plan(
-            name=f"tune-ext{int(round_)}",
-            cells=cells,
-            seeds=self.lr_tuning.seeds,
-            tuning=True,
-            environ=environ,
+        return (
+            ("arms", ",".join(self.arm_names)),
+            ("contrasts", contrasts),
+            ("seeds", ",".join(str(s) for s in self.seeds)),
+            ("optimizer", self.training.optimizer),
         )
 
     def confirmatory_plan(
-        self, lr: Mapping[str, float], *, environ: Mapping[str, str] | None = None
+        self, budget: str, lr: Mapping[str, float], *, look: int = 1, environ: Mapping[str, str] | None = None
     ) -> StudyPlan:
-        """Phase ``confirm``: every arm x every seed with its tuned η (FIFO, full budget)."""
+        """Phase ``confirm``: every arm x every seed with its tuned η (FIFO, full budget); one unnamed
+        ``budget`` (``""``) and one ``look`` (1), the pipeline's names for them."""
         missing = [a for a in self.arm_names if a not in lr]
         if missing:
             raise ValueError(f"no tuned learning rate for {missing}")
-        cells = [_cell(arm, float(lr[arm])) for arm in self.arm_names]
-        return self._plan(name="confirm", cells=cells, seeds=self.seeds, tuning=False, environ=environ)
-
-    def study_plan(self, *, environ: Mapping[str, str] | None = None) -> StudyPlan:
-        """A plan carrying the study-level settings (name, storage, tracking, tags, params, spec)."""
-        return self.study_level_plan(self.tuning_plan(environ=environ))
-
-
-def _cell(arm: str, lr: float) -> dict[str, Any]:
-    return {"model": {"layer": {"type": arm}}, "training": {"lr": float(lr)}}
-
-
-def _arms_path(path: str, explicit: bool) -> str:
-    """``<arms>.0.choices.2`` (from check_search_space) -> ``arms.2`` (``arms`` for defaulted arms)."""
-    parts = path.split(".")
-    if parts[0] != "<arms>":
-        return path
-    if explicit and len(parts) >= 4 and parts[2] == "choices":
-        return f"arms.{parts[3]}"
-    return "arms"
+        cells = [self.lr_cell(arm, lr[arm]) for arm in self.arm_names]
+        name = phase_name("confirm", budget, look)
+        return self.design_phase(name, budget, cells, self.seeds, tuning=False, environ=environ)

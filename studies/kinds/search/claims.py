@@ -174,6 +174,11 @@ def _result(claim: str, **fields: Any) -> dict[str, Any]:
     return base
 
 
+def _tested(test: Mapping[str, Any], *keys: str, **fields: Any) -> dict[str, Any]:
+    """A test's ``estimate``, ``ci``, ``p_value``, ``n_seeds`` and ``keys``, ``fields`` over them."""
+    return {**{k: test.get(k) for k in ("estimate", "ci", "p_value", "n_seeds", *keys)}, **fields}
+
+
 def _direction_verdict(
     p: float | None, ci: Sequence[float | None], alternative: str, alpha: float, reasons: list[str]
 ) -> str:
@@ -256,16 +261,11 @@ def _contrast(
             n_mc=n_mc,
             seed=seed,
         )
-        extra["sensitivity"] = {k: sens[k] for k in ("estimate", "ci", "p_value", "n_seeds")}
+        extra["sensitivity"] = _tested(sens)
     return _result(
         claim,
-        estimate=test["estimate"],
-        ci=test["ci"],
-        p_value=test["p_value"],
-        n_seeds=test["n_seeds"],
         reasons=reasons,
-        differences=test["differences"],
-        method=test["method"],
+        **_tested(test, "differences", "method"),
         alternative=alternative,
         **extra,
     )
@@ -323,15 +323,7 @@ def _gate_depth_claims(
         else:
             verdict = _direction_verdict(res["p_value"], res["ci"], "greater", alpha, reasons)
         out[claim] = _result(
-            claim,
-            verdict=verdict,
-            estimate=res["estimate"],
-            ci=res["ci"],
-            p_value=res["p_value"],
-            n_seeds=k,
-            reasons=reasons,
-            slopes=res["slopes"],
-            n_blocks=res["n_blocks"],
+            claim, verdict=verdict, reasons=reasons, **_tested(res, "slopes", "n_blocks", n_seeds=k)
         )
     # Summary c: intersection-union test of both sub-layer types.
     subs = [out["c_attn"], out["c_mlp"]]

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from studies.decidability import (
-    MAX_SEEDS_SEARCHED,
-    Undecidable,
-    sequential_undecidable,
-)
+from studies.decidability import Undecidable, fewest_seeds, sequential_undecidable, too_few_seeds
 
 __all__ = ["undecidable"]
 
@@ -34,9 +30,7 @@ def undecidable(spec: Any) -> list[Undecidable]:
 
     def add(claim: str, p_of: Any) -> None:
         p = p_of(k)
-        reasons = []
-        if k < confirm.min_seeds:
-            reasons.append(f"fewer seeds than confirm.min_seeds ({confirm.min_seeds})")
+        reasons = too_few_seeds(k, confirm.min_seeds, "confirm.min_seeds")
         if p >= alpha:
             reasons.append(
                 "the sign-flip p"
@@ -44,10 +38,7 @@ def undecidable(spec: Any) -> list[Undecidable]:
                 + " cannot get below alpha"
             )
         if reasons:
-            needed = next(
-                (n for n in range(max(confirm.min_seeds, 2), MAX_SEEDS_SEARCHED + 1) if p_of(n) < alpha),
-                None,
-            )
+            needed = fewest_seeds(p_of, alpha, confirm.min_seeds)
             out.append(
                 Undecidable(f"claim {claim}", "confirm.seeds", p, alpha, k, needed, "; ".join(reasons))
             )

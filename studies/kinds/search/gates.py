@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -179,18 +179,20 @@ def collapse_epochs(
 
 # ----------------------------------------------------------------------------------- gate logs
 
-_LAYER_KEY = re.compile(r"^(gate_entropy|dyt_weight|ln_weight)/layer_(\d+)$")
+_LAYER_NAMES = ("gate_entropy", "dyt_weight", "ln_weight")
+_LAYER_KEY = re.compile(rf"^({'|'.join(_LAYER_NAMES)})/layer_(\d+)$")
+
+
+def layer_count(rows: Iterable[Mapping[str, Any]], names: Collection[str] = _LAYER_NAMES) -> int:
+    """How many layers ``rows`` log a ``<name>/layer_<i>`` of ``names`` for: 1 + the largest ``i``."""
+    found = (_LAYER_KEY.match(str(key)) for row in rows for key in row)
+    return max((int(m.group(2)) + 1 for m in found if m and m.group(1) in names), default=0)
 
 
 def gate_arrays(rows: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
     """Per-epoch result rows → ``{"entropy", "dyt", "ln"}`` arrays of shape (n_epochs, n_layers)."""
     ordered = sorted(rows, key=lambda r: to_float(r.get("epoch", 0.0))) if rows else []
-    n_layers = 0
-    for row in ordered:
-        for key in row:
-            match = _LAYER_KEY.match(str(key))
-            if match:
-                n_layers = max(n_layers, int(match.group(2)) + 1)
+    n_layers = layer_count(ordered)
 
     def grid(name: str) -> np.ndarray:
         return np.array(

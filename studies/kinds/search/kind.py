@@ -1,7 +1,7 @@
 """The search kind (:class:`SearchKind`): one search under Ray Tune, then optionally the AutoNorm claims.
 
-Light on imports: its phases come from :mod:`studies.kinds.search.plans`; running, analysing and
-reporting (:mod:`studies.kinds.search.workflow`, Ray and pandas) are imported inside the methods.
+Running, analysing and reporting (:mod:`studies.kinds.search.workflow`, Ray and pandas) are imported
+inside the methods.
 """
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
-from studies.kinds.contract import Phase, StudyKind, StudyOutcome
-from studies.kinds.kit import extended_spec, with_seeds
-from studies.kinds.search import plans
+from studies.kinds.contract import StudyOutcome
+from studies.kinds.kit import FolderKind, KindParts, extended_spec, with_seeds
 
 __all__ = ["SearchKind"]
 
 
-class SearchKind(StudyKind):
-    """``kind: search``: one search under Ray Tune, then optionally the AutoNorm claims."""
+class SearchKind(FolderKind):
+    """``kind: search``: one search under Ray Tune, then optionally the AutoNorm claims. Its phases:
+    ``search``, then per confirmatory arm ``confirm-tune-<arm>``, its optional range-extension rounds
+    ``confirm-tune-<arm>-ext<k>``, and ``confirm-<arm>`` with a sequential design's optional later
+    looks (:mod:`studies.kinds.search.plans`)."""
 
     name = "search"
     script = "studies/autonorm_search.py"
@@ -37,21 +37,10 @@ class SearchKind(StudyKind):
         "confirm.lr_tuning={factor: 10.0, points: 1, seeds: [200], max_extensions: 0}",
     )
 
-    def spec_class(self) -> type[BaseModel]:
-        from studies.kinds.search.spec import StudySpec
+    def parts(self) -> KindParts:
+        from studies.kinds.search import decidability, plans, power, spec
 
-        return StudySpec
-
-    def phases(self, spec: Any) -> list[Phase]:
-        """``search``, then per confirmatory arm ``confirm-tune-<arm>``, its optional range-extension
-        rounds ``confirm-tune-<arm>-ext<k>``, and ``confirm-<arm>`` with a sequential design's optional
-        later looks (:func:`studies.kinds.search.plans.phases`)."""
-        return plans.phases(spec)
-
-    def undecidable(self, spec: Any) -> list[Any]:
-        from studies.kinds.search.decidability import undecidable
-
-        return undecidable(spec)
+        return KindParts(spec.StudySpec, decidability.undecidable, power.pilot, phases=plans.phases)
 
     def run(self, spec: Any, **runner_options: Any) -> StudyOutcome:
         from studies.kinds.search.workflow import run
@@ -72,13 +61,6 @@ class SearchKind(StudyKind):
         from studies.kinds.search.workflow import report
 
         return report(spec, out_dir)
-
-    def power(
-        self, spec: Any, study_dir: Path, *, power: float, min_effect: float | None, alpha: float
-    ) -> dict[str, Any]:
-        from studies.kinds.search.power import pilot
-
-        return pilot(spec, study_dir, power=power, min_effect=min_effect, alpha=alpha)
 
     def extended_spec(self, spec: Any, seeds: int, verdict: Mapping[str, Any]) -> Any:
         """The confirmatory seeds used so far, then ``seeds`` new ones above every seed any phase used

@@ -4,7 +4,9 @@ Phases, each in its own folder ``<study>/<phase>/`` with its own phase run under
 
 * ``search``: the Optuna (or grid) search;
 * with ``confirm:``, per arm: ``confirm-tune-<arm>`` (the η grid around the searched η on held-out
-  tuning seeds, when ``confirm.lr_tuning`` is set), then ``confirm-<arm>`` (every confirmatory seed).
+  tuning seeds, when ``confirm.lr_tuning`` is set; then its range extensions
+  ``confirm-tune-<arm>-ext<k>`` and its refinement ``confirm-tune-<arm>-refine``), then
+  ``confirm-<arm>`` (every confirmatory seed).
 
 """
 
@@ -12,11 +14,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from studies.kinds.contract import Phase
 from studies.kinds.search.spec import CONFIRM_ARMS
+from studies.tuning import refine_points
 from workers.plan import StudyPlan
 from workers.trainable import CONFIG_RESULT_KEY
 
@@ -27,6 +30,7 @@ __all__ = [
     "extension_plan",
     "look_plan_name",
     "phases",
+    "refine_plan",
     "search_plan",
     "tune_plan",
 ]
@@ -116,6 +120,20 @@ def extension_plan(
     )
 
 
+def refine_plan(
+    spec: Any, plan: StudyPlan, base: Mapping[str, Any], arm: str, lrs: Sequence[float]
+) -> StudyPlan:
+    """Phase ``confirm-tune-<arm>-refine``: the learning-rate refinement (``lrs``, around the arm's
+    interior winner, on the tuning seeds)."""
+    tune = spec.confirm.lr_tuning
+    tplan = tune_plan(spec, plan, base, arm, lrs[0])
+    return dataclasses.replace(
+        tplan,
+        name=f"confirm-tune-{arm}-refine",
+        grid=(("training.lr", tuple(lrs)), ("seed", tuple(tune.seeds))),
+    )
+
+
 def look_plan_name(arm: str, look: int) -> str:
     """The folder of an arm's confirmatory look: ``confirm-<arm>`` (the first, or the fixed design's
     only one), ``confirm-<arm>-look<j>`` after it."""
@@ -146,7 +164,8 @@ def confirm_plan(
 
 def phases(spec: Any) -> list[Phase]:
     """``search``, then per confirmatory arm ``confirm-tune-<arm>``, its optional range-extension
-    rounds ``confirm-tune-<arm>-ext<k>``, and ``confirm-<arm>`` (a sequential design's first look;
+    rounds ``confirm-tune-<arm>-ext<k>``, its refinement ``confirm-tune-<arm>-refine`` (counted by
+    ``plan`` as if the winner were interior), and ``confirm-<arm>`` (a sequential design's first look;
     its later looks are the optional ``confirm-<arm>-look<j>``). The
     best searched configuration is not known before the search: the spec's base config stands in
     for it (same model, data and budget; only sampled values differ)."""
@@ -165,6 +184,10 @@ def phases(spec: Any) -> list[Phase]:
                 Phase.of(extension_plan(spec, plan, base, arm, k, lr), optional=True)
                 for k in range(1, rounds + 1)
             ]
+            grid = tune.lr_grid(lr)
+            around = refine_points(grid, grid.point(1), tune.refine)  # for the count
+            if around:
+                out.append(Phase.of(refine_plan(spec, plan, base, arm, around), refine=True))
         out.append(Phase.of(confirm_plan(spec, plan, base, arm)))
         if spec.sequential is not None:  # the looks after the first: run until decided
             looks = range(2, len(spec.sequential.schedule()) + 1)

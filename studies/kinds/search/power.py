@@ -22,34 +22,25 @@ def pilot(
     Raises:
         ValueError: no ``confirm_trials.csv`` (the pilot had no confirmatory phase) or a column missing.
     """
-    import numpy as np
-    import pandas as pd
-
-    from studies.pilot import chance_accuracy, paired_seed_needs
+    from studies.pilot import chance_accuracy, paired_seed_needs, pilot_scores, pilot_table
     from studies.stats import paired_contrast
 
-    path = study_dir / "confirm_trials.csv"
-    if not path.is_file():
-        raise ValueError(
-            f"{path} not found: the pilot has no confirmatory phase (arms x seeds, confirm_trials.csv), "
-            "so there are no per-seed paired differences to plan the seeds with"
-        )
-    table = pd.read_csv(path)
-    for col in ("arm", "seed", "status", "test_accuracy"):
-        if col not in table.columns:
-            raise ValueError(f"{path} lacks column {col!r}; required: arm, seed, status, test_accuracy")
+    table = pilot_table(
+        study_dir,
+        "confirm_trials.csv",
+        missing="the pilot has no confirmatory phase (arms x seeds, confirm_trials.csv), so there are no "
+        "per-seed paired differences to plan the seeds with",
+        columns=("arm", "seed", "status", "test_accuracy"),
+    )
     confirm = spec.confirm
     data_kind = getattr(confirm, "data_kind", "auto")
     if data_kind == "auto":
         data_kind = data_kind_of(spec.data)
     contrasts = [c for c in _CONTRASTS if c[0] != "a" or data_kind == "vision"]
     m = len(contrasts)
-    chance = chance_accuracy(spec.data)
-    values = pd.to_numeric(table["test_accuracy"], errors="coerce").to_numpy(dtype=float)
-    ok = table["status"].astype(str).str.lower().isin({"completed", "terminated"}).to_numpy() & np.isfinite(
-        values
+    scored = pilot_scores(
+        table, "test_accuracy", failed=chance_accuracy(spec.data), ok=("completed", "terminated")
     )
-    scored = np.where(ok, values, chance)
 
     def differences(a: list[float], b: list[float], alternative: Any) -> list[float]:
         if len(a) < 2:

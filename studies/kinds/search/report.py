@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ from matplotlib.ticker import MaxNLocator
 from scipy import stats
 
 from studies.kinds.search.claims import CLAIMS, COMPLETED_STATUSES, CONFIRM_COLUMNS
+from studies.kinds.search.gates import layer_count
 from studies.reporting import (
     COLORS,
     Document,
@@ -43,6 +43,7 @@ from studies.reporting import (
     finite,
     fmt,
     fmt_ci,
+    fmt_refinement,
     render_html,
     render_markdown,
     resources_lines,
@@ -83,7 +84,6 @@ PAPER_CLAIMS = frozenset({"a", "b", "c", "c_attn", "c_mlp", "d"})
 GATED_ARMS = ("autonorm", "autonorm_s")
 
 _CLAIM_ORDER = ("a", "b", "c", "c_attn", "c_mlp", "d", "e")
-_LAYER_KEY = re.compile(r"^(gate_entropy|dyt_weight)/layer_(\d+)$")
 _SUBLAYERS = (("pre-attention norms (layer 2b)", 0, "c_attn"), ("pre-MLP norms (layer 2b + 1)", 1, "c_mlp"))
 _ARM_STYLES = {"autonorm": ("#1f5fa8", "-"), "autonorm_s": ("#d9822b", "--")}
 _DEFAULT_EPS = 0.1  # autonorm_claims' default gate-entropy threshold of claim d
@@ -246,7 +246,7 @@ def _arm_table(df: pd.DataFrame) -> list[dict[str, str]]:
 
 def _tuned_table(tuned_lr: Mapping[Any, Any] | None) -> list[dict[str, str]]:
     """Per arm: the learning rate picked on the held-out seeds, whether it sits at the grid's edge,
-    the mean score per lr and, when nothing was picked, why."""
+    its refinement, the mean score per lr and, when nothing was picked, why."""
     rows = []
     for arm, rec in (tuned_lr or {}).items():
         if isinstance(rec, Mapping):
@@ -256,6 +256,7 @@ def _tuned_table(tuned_lr: Mapping[Any, Any] | None) -> list[dict[str, str]]:
                     "arm": str(arm),
                     "lr": fmt(rec.get("lr"), 4),
                     "at range edge": fmt(rec.get("at_range_edge")),
+                    "refinement": fmt_refinement(rec.get("refine")),
                     "mean score per lr": ", ".join(f"{k}: {fmt(v, 4)}" for k, v in scores.items()) or "–",
                     "note": str(rec.get("reason") or "–"),
                 }
@@ -266,6 +267,7 @@ def _tuned_table(tuned_lr: Mapping[Any, Any] | None) -> list[dict[str, str]]:
                     "arm": str(arm),
                     "lr": fmt(rec, 4),
                     "at range edge": "–",
+                    "refinement": "–",
                     "mean score per lr": "–",
                     "note": "–",
                 }
@@ -287,12 +289,7 @@ def _gate_series(
     for key, rows in gate_logs.items():
         if not (isinstance(key, tuple) and len(key) == 2 and str(key[0]) == arm):
             continue
-        n_layers = 0
-        for row in rows:
-            for k in row:
-                m = _LAYER_KEY.match(str(k))
-                if m and m.group(1) == name:
-                    n_layers = max(n_layers, int(m.group(2)) + 1)
+        n_layers = layer_count(rows, (name,))
         if n_layers == 0:
             continue
         epochs = [float(r["epoch"]) if finite(r.get("epoch")) else float(i + 1) for i, r in enumerate(rows)]

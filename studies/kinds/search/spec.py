@@ -11,7 +11,7 @@ paper's claims on the per-seed paired differences (docs/science.md, "The AutoNor
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
@@ -79,7 +79,10 @@ class ConfirmLRSpec(BaseModel):
     """Each arm's η: a log-spaced grid around the searched η, every point on every tuning seed
     (held out from search and confirmatory seeds); the best mean validation metric wins. Without it
     only AutoNorm-S would have a tuned η. A winner on the grid's edge extends it by one point of its
-    ratio, up to ``max_extensions`` times (:mod:`studies.tuning`; a grid of fewer than 3 points never)."""
+    ratio, up to ``max_extensions`` times (:mod:`studies.tuning`; a grid of fewer than 3 points never);
+    an interior winner is refined by ``refine`` more rates between it and its neighbours (2: the
+    geometric midpoints) on the tuning seeds, then selected again (a study stored before ``refine``
+    existed reads as ``refine: 0``: :attr:`StudySpec.stored_defaults`)."""
 
     model_config = FROZEN
 
@@ -89,6 +92,8 @@ class ConfirmLRSpec(BaseModel):
     epochs: Annotated[int, Field(strict=True, ge=1)] | None = None  # None: the confirmatory budget
 
     max_extensions: Annotated[int, Field(strict=True, ge=0, le=20)] = 3  # edge extensions (studies.tuning)
+    # even: refine/2 more rates between an interior best η and each neighbour (2: the geometric midpoints; 0: none)
+    refine: Annotated[int, Field(strict=True, ge=0, le=8, multiple_of=2)] = 2
 
     def lr_grid(self, center: float) -> LRGrid:
         """The grid around ``center`` (the searched η), before any extension."""
@@ -187,6 +192,10 @@ class StudySpec(SpecModel):
     confirm: ConfirmSpec | None = None  # the AutoNorm claims after the search; None: search only
     exploratory: StrictBool = False  # run a design that cannot decide (report marked exploratory)
     sequential: SequentialSpec | None = None  # confirm.seeds in looks (studies.sequential); None: fixed
+
+    stored_defaults: ClassVar[Mapping[str, Any]] = {"confirm.lr_tuning.refine": 0}
+    """Fields added after studies were stored, with what a stored spec without them ran as
+    (:func:`studies.schema.stored_defaults_missing`): no refinement before ``refine`` existed."""
 
     @model_validator(mode="after")
     def _cross(self) -> StudySpec:

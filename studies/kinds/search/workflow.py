@@ -31,8 +31,11 @@ from studies.kinds.kit import (
     hypothesis_entry,
     original_run,
     read_phase_trials,
+    refine_runner,
+    run_outcome,
     sequential_design,
     spent,
+    stored_refinement,
     stored_rounds,
     study_runner,
 )
@@ -43,6 +46,7 @@ from studies.kinds.search.plans import (
     confirm_plan,
     extension_plan,
     look_plan_name,
+    refine_plan,
     search_plan,
     tune_plan,
 )
@@ -53,7 +57,7 @@ from studies.kinds.search.power import pilot
 from studies.kinds.search.spec import StudySpec
 from studies.reporting import write_json
 from studies.scope import scope_line, scope_tags
-from studies.tuning import RunPoints, tune
+from studies.tuning import RefinePoints, RunPoints, tune
 from workers.plan import StudyPlan, expected_trials
 from workers.records import StudyResult, TrialRecord, best_trial
 from workers.results import read_trials
@@ -118,16 +122,8 @@ def run(spec: StudySpec, **runner_options: Any) -> StudyOutcome:
                 tags={"verdict/study": str(verdict["study_verdict"]), **scope_tags(verdict["scope"])},
             )
         summary["study_verdict"] = verdict["study_verdict"]
-    return StudyOutcome(
-        kind=spec.kind,
-        name=study.name,
-        study_dir=runner.study_uri,
-        tracking_uri=runner.tracking_uri,
-        parent_run_id=runner.run_id or result.parent_run_id,
-        summary=summary,
-        verdict=verdict,
-        files=files,
-    )
+    parent = runner.run_id or result.parent_run_id
+    return run_outcome(spec, runner, parent_run_id=parent, summary=summary, verdict=verdict, files=files)
 
 
 #: The claims that make up the AutoNorm paper's main claim (where they apply to the data).
@@ -234,10 +230,11 @@ def tune_arm_lr(
     metric: str,
     mode: str,
     run_points: RunPoints | None,
+    run_refine: RefinePoints | None = None,
 ) -> dict[str, Any]:
     """An arm's η from its ``confirm-tune-<arm>`` trials (:func:`studies.tuning.tune`): the best mean
     ``metric`` over tuning seeds, the grid around the searched η extended through ``run_points``
-    when the winner sits on its edge."""
+    when the winner sits on its edge, an interior winner refined through ``run_refine``."""
     records, _ = tune(
         {arm: confirm.lr_tuning.lr_grid(searched_lr)},
         trials,
@@ -246,6 +243,8 @@ def tune_arm_lr(
         mode="max" if mode == "max" else "min",
         max_extensions=confirm.lr_tuning.max_extensions,
         run_points=run_points,
+        refine=confirm.lr_tuning.refine,
+        run_refine=run_refine,
     )
     return records[arm]
 
@@ -371,6 +370,11 @@ def _confirm_and_claims(
                 def line(round_: int, lrs: Mapping[str, float], arm: str = arm) -> str:
                     return f"{arm}: lr range extension {round_}: lr={lrs[arm]:g}"
 
+                def refine_of(
+                    lrs: Mapping[str, Sequence[float]], arm: str = arm, base: Any = base
+                ) -> StudyPlan:
+                    return refine_plan(spec, plan, base, arm, lrs[arm])
+
                 run_points = extension_runner(
                     runner, plan_of, seeds=len(confirm.lr_tuning.seeds), line=line, tag=spec.name
                 )
@@ -382,6 +386,9 @@ def _confirm_and_claims(
                     metric=plan.metric,
                     mode=plan.mode,
                     run_points=run_points,
+                    run_refine=refine_runner(
+                        runner, refine_of, seeds=len(confirm.lr_tuning.seeds), tag=spec.name
+                    ),
                 )
                 tuned[arm] = record
                 lr = searched_lr if record["no_learning_rate_trained"] else float(record["lr"])
@@ -764,6 +771,7 @@ def _claims_report(
                 metric=plan.metric,
                 mode=plan.mode,
                 run_points=stored_rounds(spec, f"confirm-tune-{arm}-ext"),
+                run_refine=stored_refinement(spec, f"confirm-tune-{arm}-refine"),
             )
     best = best_trial(trials, plan.metric, plan.mode)
     verdict = analyse(table, spec, gate_logs=gate_logs, tuned=tuned, searched=best is not None)
