@@ -15,7 +15,7 @@ with the analysis inputs the run recorded, and compares the result with the stor
   stored verdict: the tuning's outcome is an input of the analysis, not re-derived here).
 
 What is compared: every field the analysis produces (numbers to 1e-9, as
-:func:`studies.reproduce.compare_verdicts`), and of the verdict's ``scope`` the two parts the table
+:func:`studies.verdict_diff.compare_verdicts`), and of the verdict's ``scope`` the two parts the table
 decides (each arm's mean metric, the seeds used). What the report adds from the run itself (its
 ``resources``, the rest of ``scope``: data rows, model size, device) is not evidence about the
 tables and is left as recorded.
@@ -175,9 +175,9 @@ def reanalyse_tables(spec: Any, kind: Any, directory: Path, logged: Mapping[str,
 
 
 def compare_offline(logged: Mapping[str, Any], recomputed: Mapping[str, Any]) -> list[Any]:
-    """:func:`studies.reproduce.compare_verdicts` on the fields the re-analysis produces (module
+    """:func:`studies.verdict_diff.compare_verdicts` on the fields the re-analysis produces (module
     docstring): a field the stored verdict lacks is a difference, one only the report adds is not."""
-    from studies.reproduce import compare_verdicts
+    from studies.verdict_diff import compare_verdicts
 
     view: dict[str, Any] = {}
     for key in recomputed:

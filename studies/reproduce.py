@@ -31,7 +31,6 @@ run cannot be found or read, or a rerun is refused.
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 import tempfile
@@ -41,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from studies.verdict_diff import Difference, compare_verdicts, number, same
 
 __all__ = [
     "EXIT_DIFFERENT",
@@ -62,7 +63,6 @@ TAG_REPRODUCES = "autonorm.reproduces"
 """On a rerun's study run: the run id of the study it repeats."""
 EXIT_DIFFERENT = 1
 EXIT_REFUSED = 2
-TOLERANCE = 1e-9
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 _TABLE_SUFFIXES = (".csv",)
 _TIMING = ("examples_per_s", "time_total_s", "time_this_iter_s")
@@ -76,35 +76,6 @@ class ReproduceError(Exception):
 class NoStudyRun(ReproduceError):
     """No tracking store holds a study directory's run: the store does not exist (it is not
     created by looking), cannot be read, or has no run of that directory."""
-
-
-@dataclass(frozen=True)
-class Difference:
-    """One disagreement: ``what`` is a trial's run name or a hypothesis (``study`` for the rest)."""
-
-    what: str
-    field: str
-    logged: Any
-    recomputed: Any
-
-    def line(self) -> str:
-        extra = ""
-        if _number(self.logged) and _number(self.recomputed):
-            extra = f" (by {float(self.recomputed) - float(self.logged):+.3g})"
-        return (
-            f"{self.what}: {self.field}: logged {_show(self.logged)}, recomputed {_show(self.recomputed)}"
-            + extra
-        )
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _show(v: Any) -> str:
-    if isinstance(v, float):
-        return repr(v)
-    return json.dumps(v, default=str) if not isinstance(v, str) else v
 
 
 # ---- locating the run ------------------------------------------------------------------------------
@@ -309,51 +280,6 @@ def load_study_run(tracking_uri: str, run_id: str) -> StudyRun:
 # ---- comparing -------------------------------------------------------------------------------------
 
 
-def _same(a: Any, b: Any) -> bool:
-    if _number(a) and _number(b):
-        x, y = float(a), float(b)
-        if math.isnan(x) or math.isnan(y):
-            return math.isnan(x) and math.isnan(y)
-        return math.isclose(x, y, rel_tol=TOLERANCE, abs_tol=TOLERANCE)
-    return bool(a == b) and type(a) is type(b)
-
-
-def _walk(a: Any, b: Any, path: tuple[str, ...]) -> Iterable[tuple[tuple[str, ...], Any, Any]]:
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        for key in sorted(set(a) | set(b), key=str):
-            if key not in a or key not in b:
-                yield (*path, str(key)), a.get(key), b.get(key)
-            else:
-                yield from _walk(a[key], b[key], (*path, str(key)))
-    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
-            yield from _walk(x, y, (*path, str(i)))
-    elif not _same(a, b):
-        yield path, a, b
-
-
-NOT_EVIDENCE = {("resources",)}
-"""Fields of ``verdict.json`` that record what the run cost, not what it found: a re-analysis has no
-run time to report, and a rerun's differs."""
-
-
-def compare_verdicts(logged: Mapping[str, Any], recomputed: Mapping[str, Any]) -> list[Difference]:
-    """Every leaf where two ``verdict.json`` documents differ (numbers to 1e-9), named by the
-    hypothesis the path runs through (``study`` when none)."""
-    hypotheses = set(logged.get("hypotheses") or {}) | set(recomputed.get("hypotheses") or {})
-    out = []
-    for path, a, b in _walk(logged, recomputed, ()):
-        if path[:1] in NOT_EVIDENCE:
-            continue
-        if path[:1] == ("hypotheses",) and len(path) > 1:
-            what, field = path[1], ".".join(path[2:]) or "(present)"
-        else:
-            named = [p for p in path if p in hypotheses]
-            what, field = (named[0] if named else "study"), ".".join(path) or "(document)"
-        out.append(Difference(what, field, a, b))
-    return out
-
-
 def compare_tables(tables: Mapping[str, Any], tracked: Any) -> list[Difference]:
     """Each logged trial table's numbers against the trial runs' metrics in MLflow now (a value that
     is the trial's configured one, not a metric, is left alone: :func:`_configured`)."""
@@ -368,9 +294,9 @@ def compare_tables(tables: Mapping[str, Any], tracked: Any) -> list[Difference]:
                 continue
             for column, value in row.items():
                 metric = run.data.metrics.get(column)
-                if metric is None or not _number(value) or column == "epoch":
+                if metric is None or not number(value) or column == "epoch":
                     continue
-                if _same(float(value), float(metric)) or _configured(run, column, float(value)):
+                if same(float(value), float(metric)) or _configured(run, column, float(value)):
                     continue
                 out.append(Difference(run.info.run_name, column, float(value), float(metric)))
     return _unique(out)
@@ -383,7 +309,7 @@ def _configured(run: Any, column: str, value: float) -> bool:
     for key, text in run.data.params.items():
         if key == column or key.endswith(f".{column}"):
             try:
-                if _same(value, float(text)):
+                if same(value, float(text)):
                     return True
             except ValueError:
                 continue
@@ -421,7 +347,7 @@ def compare_trials(original: Any, again: Any) -> list[Difference]:
             if a.data.tags.get(status) != b.data.tags.get(status):
                 out.append(Difference(name, "status", a.data.tags.get(status), b.data.tags.get(status)))
             for key in sorted((set(a.data.metrics) & set(b.data.metrics)) - set(_TIMING)):
-                if not _same(a.data.metrics[key], b.data.metrics[key]):
+                if not same(a.data.metrics[key], b.data.metrics[key]):
                     out.append(Difference(name, key, a.data.metrics[key], b.data.metrics[key]))
     return out
 
