@@ -11,7 +11,7 @@ be needed; :func:`check_decidable` turns them into spec errors (exit 2) unless t
 exploratory (``exploratory: true`` in the spec, or ``--allow-exploratory``), in which case it runs and
 its report says "exploratory" (the analysis marks the same hypotheses ``underpowered``).
 
-Each kind says which of its hypotheses cannot be decided (:meth:`studies.kinds.contract.StudyKind.
+Each kind says which of its hypotheses cannot be decided (:meth:`studies.contract.StudyKind.
 undecidable`, in ``studies/kinds/<kind>/decidability.py``), mirroring its own analysis's gates; this
 module has the floors they share and the refusal. ``tests/studies/test_decidability.py`` checks that a
 design refused here is one the analysis calls underpowered. A sequential design (anytime-valid tests)
@@ -30,7 +30,7 @@ import numpy as np
 from studies.schema import SpecError, SpecIssue
 
 if TYPE_CHECKING:
-    from studies.kinds.contract import StudyKind
+    from studies.contract import StudyKind
 
 __all__ = [
     "MAX_SEEDS_SEARCHED",
@@ -139,7 +139,7 @@ def permutation_floor(n_batch_sizes: int, n_seeds: int, n_perm: int) -> float:
 
 def undecidable(spec: Any, kind: StudyKind) -> list[Undecidable]:
     """Every hypothesis of ``spec`` that its design can never decide (the kind's
-    :meth:`studies.kinds.contract.StudyKind.undecidable`); empty when all can."""
+    :meth:`studies.contract.StudyKind.undecidable`); empty when all can."""
     return list(kind.undecidable(spec))
 
 

@@ -2,7 +2,7 @@
 
 A finished study directory holds its confirmatory trial table and its tuning record next to
 ``verdict.json``; ``results/<study>/`` (:mod:`studies.results`) holds only those. Re-analysing them
-runs the kind's own analysis (:meth:`studies.kinds.contract.StudyKind.analyse`) on the table,
+runs the kind's own analysis (:meth:`studies.contract.StudyKind.analyse`) on the table,
 with the analysis inputs the run recorded, and compares the result with the stored verdict
 (``autonorm-study reproduce DIR`` when no tracking store holds the study's run):
 

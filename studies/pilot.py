@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from studies.planning import format_duration, plan_study
 
 if TYPE_CHECKING:
-    from studies.kinds.contract import StudyKind
+    from studies.contract import StudyKind
 
 __all__ = [
     "chance_accuracy",
@@ -181,9 +181,9 @@ def pilot_power(
 ) -> dict[str, Any]:
     """Seeds each confirmatory test needs, from a finished pilot, and the cost of the study with them.
 
-    The kind estimates the seeds (:meth:`~studies.kinds.contract.StudyKind.power`; e.g. the batch-size
+    The kind estimates the seeds (:meth:`~studies.contract.StudyKind.power`; e.g. the batch-size
     kind's per-seed interaction slopes, the search kind's per-seed paired contrasts); this function
-    prices the study with that many seeds (:meth:`~studies.kinds.contract.StudyKind.with_seeds`, then
+    prices the study with that many seeds (:meth:`~studies.contract.StudyKind.with_seeds`, then
     :func:`plan_study`) and says it in words. ``alpha`` defaults to the spec's.
 
     Returns:

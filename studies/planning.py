@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from studies.calibration import calibrate_trial, data_key, load_trial_data, timing_key
-from studies.kinds.contract import Phase, StudyKind
+from studies.contract import Phase, StudyKind
 from workers.plan import StudyPlan
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ DEFAULTS: dict[str, float] = {
 
 def phases_of(spec: Any, kind: StudyKind) -> list[Phase]:
     """The phases ``run`` runs for ``spec``, in order, each with every trial config: the kind's
-    :meth:`~studies.kinds.contract.StudyKind.phases`."""
+    :meth:`~studies.contract.StudyKind.phases`."""
     return kind.phases(spec)
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from studies.kinds.contract import StudyKind
+    from studies.contract import StudyKind
 
 __all__ = [
     "TAG_DATA_FINGERPRINT",

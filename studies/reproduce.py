@@ -7,7 +7,7 @@ run; nothing else is read from it).
 * By default the verdict is **re-analysed**: the trial table is rebuilt from the trial runs' own params,
   tags and metrics in MLflow (:class:`workers.tracking.replay.TrackedTrials`; no table artifact, the
   study directory may be gone), the kind's analysis runs on it
-  (:meth:`studies.kinds.contract.StudyKind.reanalyse`) and the result is compared with the
+  (:meth:`studies.contract.StudyKind.reanalyse`) and the result is compared with the
   ``verdict.json`` logged on the run: every verdict, reason and number (floating point to 1e-9).
   Trial tables logged on the run (``trials.csv``, ...; rows with ``mlflow_run_id``) are compared with
   the trial runs' metrics too, so a metric changed in MLflow after the study is named by its trial.

@@ -343,7 +343,7 @@ _REMEDIES = (
 
 def _seed_needs(spec: Any, kind: Any, directory: Path) -> tuple[dict[str, int | None], int, str | None]:
     """``(seeds needed per test, the spec's minimum seeds, why none)`` at :data:`POWER`, from the
-    directory's confirmatory table (:meth:`studies.kinds.contract.StudyKind.power`)."""
+    directory's confirmatory table (:meth:`studies.contract.StudyKind.power`)."""
     if kind is None:
         return {}, 2, "the spec does not load here"
     try:

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from studies.contract import StudyKind, StudyOutcome
 from studies.kinds import kind_for
-from studies.kinds.contract import StudyKind, StudyOutcome
 from studies.provenance import PROVENANCE_ARTIFACT
 from studies.schema import SpecError, SpecIssue, parse_yaml, stored_defaults_missing
 from studies.sequential import ExtendRefused

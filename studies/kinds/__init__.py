@@ -1,7 +1,7 @@
 """Study kinds: the registry, and loading a spec of any kind.
 
 Every spec names its kind in ``kind:`` (absent: :data:`DEFAULT_KIND`). A kind is an instance of a
-:class:`studies.kinds.contract.StudyKind` subclass, whose methods are the kind (spec class, phases,
+:class:`studies.contract.StudyKind` subclass, whose methods are the kind (spec class, phases,
 run, analyse, status, report, power; documented there). :data:`KINDS` maps each ``kind:`` value to
 it, from two sources:
 
@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.contract import SHARED_VERDICT_FIELDS, Phase, StudyKind, StudyOutcome
+from studies.contract import SHARED_VERDICT_FIELDS, Phase, StudyKind, StudyOutcome
 from studies.schema import SpecError, SpecIssue, load_spec, parse_yaml, read_spec_text
 
 __all__ = [
@@ -83,7 +83,7 @@ def _registry() -> tuple[dict[str, StudyKind], dict[str, str]]:
 
 
 KINDS: dict[str, StudyKind]
-"""``kind:`` value -> the kind (:class:`studies.kinds.contract.StudyKind`)."""
+"""``kind:`` value -> the kind (:class:`studies.contract.StudyKind`)."""
 KIND_SOURCES: dict[str, str]
 """``kind:`` value -> where it came from (``studies.kinds.batchsize.KIND``, ``entry point ...``)."""
 KINDS, KIND_SOURCES = _registry()

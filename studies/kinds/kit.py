@@ -1,8 +1,8 @@
-"""The helpers a kind's methods share (the contract itself is :mod:`studies.kinds.contract`).
+"""The helpers a kind's methods share (the contract itself is :mod:`studies.contract`).
 
 Building the study runner, reading each phase's trials back from the study directory, the ``status``
 fields and rows every arm design shows, the cost spent, logging a finished study's outputs and its
-:class:`~studies.kinds.contract.StudyOutcome`. Light on imports: what needs Ray or MLflow is imported
+:class:`~studies.contract.StudyOutcome`. Light on imports: what needs Ray or MLflow is imported
 inside the function that needs it.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from studies.kinds.contract import Phase, StudyKind, StudyOutcome
+from studies.contract import Phase, StudyKind, StudyOutcome
 from workers.plan import StudyPlan
 
 __all__ = [

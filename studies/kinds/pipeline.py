@@ -8,7 +8,7 @@ outputs, logs them on the study run and prints the verdict. ``report`` replays t
 the study directory: the tuning (extension rounds and refinement read back, not run), the
 confirmatory trials, the analysis and the outputs.
 
-:class:`TunedDesignKind` implements those :class:`~studies.kinds.contract.StudyKind` methods once;
+:class:`TunedDesignKind` implements those :class:`~studies.contract.StudyKind` methods once;
 the phases are the spec's (:class:`studies.schema.arms.ArmStudySpec`); what differs between kinds
 is a :class:`TunedDesign` in the kind's workflow module (its tables and analysis, its output files,
 its verdict tags and metrics, the lines it prints), which
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-from studies.kinds.contract import Phase, StudyOutcome
+from studies.contract import Phase, StudyOutcome
 from studies.kinds.kit import (
     FolderKind,
     arm_of,
@@ -60,7 +60,7 @@ TINY: tuple[str, ...] = (
     "lr_tuning={low: 0.1, high: 1.0, points: 3, seeds: [1000, 1001], max_extensions: 0, refine: 0}",
     "max_concurrent=1",  # one trial actor per phase: each actor process costs seconds of CPU to start
 )
-"""The overrides every tuned design's :attr:`~studies.kinds.contract.StudyKind.tiny` starts with: one
+"""The overrides every tuned design's :attr:`~studies.contract.StudyKind.tiny` starts with: one
 epoch, two arms, three rates, no optional phase (no range extension, no refinement)."""
 
 
@@ -153,7 +153,7 @@ class TunedDesign(ABC):
 
     @abstractmethod
     def analyse(self, table: Any, spec: Any, **inputs: Any) -> dict[str, Any]:
-        """The ``verdict.json`` dictionary (:meth:`studies.kinds.contract.StudyKind.analyse`)."""
+        """The ``verdict.json`` dictionary (:meth:`studies.contract.StudyKind.analyse`)."""
 
     def analysis_inputs(self, records: Mapping[str, Any]) -> dict[str, Any]:
         """What :meth:`analyse` reads besides the table, from the tuning records per budget."""

@@ -223,7 +223,7 @@ def validate_spec(
 
     Args:
         document: the merged spec document.
-        model: the spec class (a kind's :meth:`~studies.kinds.contract.StudyKind.spec_class`).
+        model: the spec class (a kind's :meth:`~studies.contract.StudyKind.spec_class`).
         origins: ``path -> (source, line)`` used to attach YAML lines to issues.
     """
     # Every study kind's URL-like fields go through the one validator, whatever its model declares.

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from studies.contract import STUDY_VERDICTS
 from studies.kinds import (
     KINDS,
     SHARED_VERDICT_FIELDS,
@@ -29,7 +30,6 @@ from studies.kinds import (
     load_study,
     presets_of,
 )
-from studies.kinds.contract import STUDY_VERDICTS
 from studies.planning import plan_study
 from studies.schema import SpecError
 from studies.scope import scope_line

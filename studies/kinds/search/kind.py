@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.contract import StudyOutcome
+from studies.contract import StudyOutcome
 from studies.kinds.kit import FolderKind, KindParts, extended_spec, with_seeds
 
 __all__ = ["SearchKind"]

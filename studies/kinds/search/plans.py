@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from studies.kinds.contract import Phase
+from studies.contract import Phase
 from studies.kinds.search.spec import CONFIRM_ARMS
 from studies.tuning import refine_points
 from workers.plan import StudyPlan

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.contract import StudyOutcome
+from studies.contract import StudyOutcome
 from studies.kinds.kit import (
     chance_levels,
     extension_runner,

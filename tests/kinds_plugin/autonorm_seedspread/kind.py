@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from studies.kinds.contract import Phase, StudyKind, StudyOutcome
+from studies.contract import Phase, StudyKind, StudyOutcome
 
 HERE = Path(__file__).resolve().parent
 
