@@ -60,10 +60,10 @@ def write_gate_logs(spec: Any, out: Path) -> Path | None:
     (every look), the columns the claims read only; ``None`` for a spec without ``confirm:``."""
     if getattr(spec, "confirm", None) is None:
         return None
-    from studies.kinds.search.workflow import _confirm_table
+    from studies.kinds.search.workflow import confirm_table
     from studies.reporting import json_safe
 
-    _, logs = _confirm_table(spec, {})
+    _, logs = confirm_table(spec, {})
     doc = [
         {
             "arm": str(arm),

@@ -62,7 +62,17 @@ from workers.plan import StudyPlan, expected_trials
 from workers.records import StudyResult, TrialRecord, best_trial
 from workers.results import read_trials
 
-__all__ = ["analyse", "arm_config", "describe_result", "pilot", "report", "run", "status", "total_trials"]
+__all__ = [
+    "analyse",
+    "arm_config",
+    "confirm_table",
+    "describe_result",
+    "pilot",
+    "report",
+    "run",
+    "status",
+    "total_trials",
+]
 
 SPEC = StudySpec
 
@@ -149,7 +159,7 @@ def study_verdict_of(claims: Mapping[str, Mapping[str, Any]]) -> str:
 def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
     """The ``verdict.json`` dictionary.
 
-    With ``confirm:``: ``table`` is the confirmatory table (:func:`_confirm_table`), ``inputs`` carry
+    With ``confirm:``: ``table`` is the confirmatory table (:func:`confirm_table`), ``inputs`` carry
     ``gate_logs`` (per-epoch logs per (arm, seed)), ``tuned`` (each arm's lr-tuning record) and
     ``searched`` (``False`` when no search trial completed); the claims, each gated for an η at its
     grid's edge, and the study verdict (:func:`study_verdict_of`). Without: ``study_verdict: none``
@@ -276,7 +286,7 @@ def _run_looks(
             run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
         if j == len(schedule):
             break
-        table, gate_logs = _confirm_table(spec, run_ids)
+        table, gate_logs = confirm_table(spec, run_ids)
         verdict = analyse(table, spec, gate_logs=gate_logs, tuned=tuned)
         looks = verdict.get("looks") or []
         state = {k: h["decision"] for k, h in (looks[-1]["hypotheses"] if looks else {}).items()}
@@ -400,7 +410,7 @@ def _confirm_and_claims(
                 run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
         if spec.sequential is not None:
             _run_looks(spec, plan, runner, bases, run_ids, tuned)
-    table, gate_logs = _confirm_table(spec, run_ids)
+    table, gate_logs = confirm_table(spec, run_ids)
     verdict = analyse(table, spec, gate_logs=gate_logs, tuned=tuned, searched=best is not None)
     claims = verdict["claims"]
     cpu_h, gpu_h = runner.resource_hours()
@@ -486,7 +496,7 @@ def _n_looks(spec: StudySpec) -> int:
     return len(spec.sequential.schedule()) if spec.sequential is not None else 1
 
 
-def _confirm_table(
+def confirm_table(
     spec: StudySpec, run_ids: Mapping[str, str]
 ) -> tuple[Any, dict[tuple[str, Any], list[dict[str, Any]]]]:
     """One row per confirmatory trial and the per-epoch logs per (arm, seed), read from the study
@@ -754,7 +764,7 @@ def _claims_report(
     confirm = spec.confirm
     assert confirm is not None
     run_ids, wall_time_s = original_run(spec, "confirm_trials.csv")
-    table, gate_logs = _confirm_table(spec, run_ids)
+    table, gate_logs = confirm_table(spec, run_ids)
     tuned: dict[str, Any] = {}
     if confirm.lr_tuning is not None:
         where = StudyDir.of(spec)
