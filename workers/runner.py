@@ -45,6 +45,7 @@ from workers.tune_patches import (
     _skip_idle_snapshots,
     _stop_credential_propagation,
     _tolerate_gone_checkpoints,
+    _unique_staging_dirs,
 )
 
 __all__ = ["run_study"]
@@ -140,6 +141,7 @@ def run_study(
         _stop_credential_propagation()
         _skip_idle_snapshots()
         _tolerate_gone_checkpoints()
+        _unique_staging_dirs()
         quiet_checkpoint_logs()
         SyncFailureOneLine.install()
         trials, restored = _fit(

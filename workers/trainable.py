@@ -32,6 +32,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -56,6 +57,9 @@ CHECKPOINT_FILE = "state.pt"
 #: Result key of the resolved trial config, as JSON text: one string column in Tune's logs, never a
 #: number, so the MLflow callback (numbers only) never logs it. Read it with :func:`config_from_result`.
 CONFIG_RESULT_KEY = "config_resolved"
+#: Wall-clock stamps every report carries (see :attr:`TrialSession.started_at`); they differ between
+#: two runs of the same trial, like ``autonorm_core.training.TIMING_KEYS``.
+WALL_KEYS: tuple[str, str] = ("wall_started", "wall_reported")
 
 
 def resolve_trial_config(base_config: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
@@ -168,6 +172,12 @@ class TrialSession:
         self.last_metrics: dict[str, Any] = {}
         self.reports = 0
         self._last_state: Mapping[str, Any] | None = None
+        #: Wall clock (``time.time()``) when this run of the trial began in its worker. Every report
+        #: carries it as ``wall_started`` and its own send time as ``wall_reported``: a trial's time
+        #: measured inside the worker, as the scaling benches and the concurrency test read it from
+        #: Tune's result files (Tune's own ``timestamp`` is whole seconds; its ``time_total_s``
+        #: leaves out the setup before the first report).
+        self.started_at = time.time()
 
     def rewind(self) -> None:
         """Make :attr:`resume_state` the last state reported in this process (an in-process retry
@@ -235,6 +245,8 @@ class TrialSession:
         payload = dict(metrics)
         payload["status"] = status
         payload["node_id"] = self.node_id
+        payload[WALL_KEYS[0]] = self.started_at
+        payload[WALL_KEYS[1]] = time.time()
         _with_search_metric(payload, self.metric)
         if self._config_json is not None:
             payload[CONFIG_RESULT_KEY] = self._config_json

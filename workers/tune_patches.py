@@ -1,11 +1,13 @@
 """Process-wide changes to Ray Tune's own machinery, made once per driver (private Ray API, pinned by tests):
-no credentials in the trial actors' runtime_env, no experiment snapshot when nothing changed, and no
-error for an old checkpoint that is already gone."""
+no credentials in the trial actors' runtime_env, no experiment snapshot when nothing changed, no
+error for an old checkpoint that is already gone, and no staging folder shared by two studies."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
+import uuid
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -114,3 +116,34 @@ def _tolerate_gone_checkpoints() -> None:
     if getattr(original, "_autonorm_unless_gone", False):
         return
     setattr(checkpoint_manager, "_delete_fs_path", _delete_unless_gone(original))  # noqa: B010
+
+
+def _unique_staging(original: Any) -> Any:
+    """``StorageContext.__init__`` whose session timestamp also names this driver process."""
+
+    @functools.wraps(original)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self._timestamp = f"{self._timestamp}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+
+    init._autonorm_unique_staging = True  # type: ignore[attr-defined]
+    return init
+
+
+def _unique_staging_dirs() -> None:
+    """Tune stages every trial's files on the node under ``<ray session>/artifacts/<timestamp>/
+    <experiment name>/`` before it copies them to the study's storage, the timestamp in whole seconds
+    (``StorageContext._timestamp``, "to avoid conflicts when multiple training jobs run with the same
+    name in the same cluster"). Two studies on one cluster whose phases have the same name
+    (``confirm-epochs`` of two batch-size studies) and start within the same second share that
+    folder: each study's storage then receives the other's trial folders too (found by the
+    four-study concurrency test, issue #40). The timestamp is made unique per driver and per
+    experiment; it is set once on the driver and travels with the pickled context to the trials and
+    into Tune's experiment state (a resumed study keeps its own). Wraps
+    ``ray.train._internal.storage.StorageContext.__init__`` once per process (private Ray API,
+    pinned by a test)."""
+    from ray.train._internal.storage import StorageContext
+
+    if getattr(StorageContext.__init__, "_autonorm_unique_staging", False):
+        return
+    StorageContext.__init__ = _unique_staging(StorageContext.__init__)  # type: ignore[method-assign]

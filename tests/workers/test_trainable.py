@@ -160,8 +160,9 @@ AUTONORM_CONFIG: dict[str, Any] = {
 
 def _without_timing(metrics: dict[str, Any]) -> dict[str, Any]:
     from autonorm_core.training import TIMING_KEYS
+    from workers.trainable import WALL_KEYS
 
-    return {k: v for k, v in metrics.items() if k not in TIMING_KEYS}
+    return {k: v for k, v in metrics.items() if k not in TIMING_KEYS + WALL_KEYS}
 
 
 def test_autonorm_trial_reports_every_epoch_and_resumes_exactly(tmp_path: Path) -> None:
@@ -253,7 +254,8 @@ def test_every_report_carries_the_search_metric_nan_when_missing() -> None:
     # Without a metric nothing is added (the trial function's keys only).
     bare: list[dict[str, Any]] = []
     TrialSession(report_fn=lambda m, checkpoint=None: bare.append(m)).report({"epoch": 1})
-    assert set(bare[0]) == {"epoch", "status", "node_id"}
+    assert set(bare[0]) == {"epoch", "status", "node_id", "wall_started", "wall_reported"}
+    assert bare[0]["wall_started"] <= bare[0]["wall_reported"]
 
 
 def test_resolved_config_travels_in_every_report_and_is_read_back() -> None:

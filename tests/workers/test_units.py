@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -394,3 +396,26 @@ def test_a_checkpoint_deletion_that_fails_is_still_reported(caplog: pytest.LogCa
         _delete_unless_gone(ray_delete)(Refusing(), "/x/checkpoint_000001")
     assert calls == ["/x/checkpoint_000001"]
     assert [r.levelno for r in caplog.records] == [logging.ERROR]
+
+
+def test_two_studies_starting_in_the_same_second_stage_their_trials_apart(tmp_path: Path) -> None:
+    # Tune's staging folder is <session>/artifacts/<timestamp>/<experiment>/: with whole-second
+    # timestamps, two studies' phases of one name that start together shared it (issue #40).
+    from ray.train._internal.storage import StorageContext
+
+    from workers.tune_patches import _unique_staging_dirs
+
+    if not getattr(StorageContext.__init__, "_autonorm_unique_staging", False):
+        # Ray's own timestamp: whole seconds, nothing else (pinned: the reason for the patch)
+        stamp = StorageContext(str(tmp_path / "a"), "confirm-epochs")._timestamp
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", stamp), stamp
+    _unique_staging_dirs()
+    _unique_staging_dirs()  # once per process
+    patched = [StorageContext(str(tmp_path / name), "confirm-epochs") for name in ("a", "b")]
+    assert patched[0]._timestamp != patched[1]._timestamp
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_[0-9a-f]{6}", p._timestamp) for p in patched)
+    assert str(os.getpid()) in patched[0]._timestamp
+    # It travels with the context (pickled to trials and into Tune's experiment state).
+    import pickle
+
+    assert pickle.loads(pickle.dumps(patched[1]))._timestamp == patched[1]._timestamp
