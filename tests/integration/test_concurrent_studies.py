@@ -17,8 +17,8 @@ What must hold:
   two studies run side by side for at least a quarter of the span, and the span from the first
   trial's start to the last trial's end, over Σ trial time / slots (a trial's time measured inside
   its worker: ``wall_started`` → last ``wall_reported`` in Tune's result rows, as
-  ``bench/study_scaling.py`` measures it), is recorded and kept under 1.8. The issue's 1.25 is not
-  asserted at this size: see the comment at ``SPAN_LIMIT`` and docs/reliability.md.
+  ``bench/study_scaling.py`` measures it), is recorded. The issue's 1.25 is not asserted at this
+  size: see the comment at the end of ``test_the_slots_are_shared_fairly`` and docs/reliability.md.
 
 Each study runs with ``max_concurrent: 1``, its share of the two slots: Tune keeps a study's trial
 actors for the study's next trials until the phase ends, so a study allowed every slot holds them all
@@ -43,6 +43,7 @@ import pytest
 
 from tests.conftest import short_tmp_dir
 from tests.integration.faults import alarming_lines, record_figures
+from tests.integration.test_jobs import _assert_readable
 from tests.services import (
     MlflowServer,
     PostgresServer,
@@ -60,9 +61,6 @@ BIN = ROOT / ".venv" / "bin"
 SLOTS = 2  # the head's CPUs; every trial asks for one
 OUTAGE_S = 5.0
 SHARED_FRACTION = 0.25
-# Measured 1.61 with trials of ~1 s at load 9 on 2 cores; the same studies queued one after
-# another (submitted a plan's time apart, each holding both slots) measured 1.95-2.08.
-SPAN_LIMIT = 1.8
 FIRST_TRIAL_S = 60.0
 
 # Batch-size studies: 2 arms x 2 batch sizes x 2 seeds (8 confirmatory trials) after a 3-point rate grid
@@ -126,6 +124,9 @@ class Lab:
     studies: dict[str, Submitted] = field(default_factory=dict)
     job_start: dict[str, float] = field(default_factory=dict)  # seconds since the epoch
     outage_at: float = 0.0
+    secrets: tuple[str, str] = field(
+        default_factory=lambda: (f"sekrit-{uuid.uuid4().hex}", f"sekrit-{uuid.uuid4().hex}")
+    )
 
 
 def _args(label: str, name: str) -> list[str]:
@@ -201,6 +202,9 @@ def lab(postgres_server: PostgresServer, s3_server: S3Server, ray_head: RayNode)
     server: MlflowServer | None = start()
     result = Lab(storage=work / "runs", uri=f"http://127.0.0.1:{port}", ray=ray_head)
     env = _job_env(ray_head, result.uri)
+    # Credentials in the submitting shell must not reach the job table (readable via the job API).
+    env["AWS_SECRET_ACCESS_KEY"] = result.secrets[0]
+    env["MLFLOW_TRACKING_PASSWORD"] = result.secrets[1]
     mark = uuid.uuid4().hex[:6]
     try:
         # Planned first (a plan takes seconds): the four submissions then go out together.
@@ -373,8 +377,42 @@ def test_the_slots_are_shared_fairly(lab: Lab) -> None:
     # The studies ran side by side, not one after another: two studies' trials shared the cluster
     # for a good part of the span (one after another gives 0).
     assert shared >= SHARED_FRACTION * span, figures
-    # span / ideal is recorded, not asserted at the issue's 1.25 here: with trials of ~1 s, each
+    # span / ideal is recorded (AUTONORM_FAULT_FIGURES), not asserted: with trials of ~1 s, each
     # phase's new trial actors (a worker process, Ray Tune and torch imported) leave slots idle for
-    # 5-11 s under load, a fixed cost per phase that these small studies cannot amortise
-    # (docs/reliability.md); the bound asserted is the one that separates sharing from queueing.
-    assert span <= SPAN_LIMIT * ideal, figures
+    # 5-11 s under load, a fixed cost per phase that these small studies cannot amortise; measured
+    # 1.61-1.74 at load 9 on 2 cores, against 1.95-2.08 for the same studies queued one after
+    # another (docs/reliability.md). What separates sharing from queueing is asserted above.
+
+
+def test_a_submitted_study_carries_no_credentials_and_tags_its_verdict_and_commit(lab: Lab) -> None:
+    # (Moved here from test_jobs.py, which submitted one batch-size study alone.)
+    from mlflow import MlflowClient
+    from ray.job_submission import JobSubmissionClient
+
+    s = lab.studies["batchsize_a"]
+    info = JobSubmissionClient(lab.ray.dashboard_url, headers=lab.ray.auth_headers()).get_job_info(s.job_id)
+    env_vars = (info.runtime_env or {}).get("env_vars", {})
+    assert env_vars["MLFLOW_TRACKING_URI"] == lab.uri
+    assert "AWS_SECRET_ACCESS_KEY" not in env_vars and "MLFLOW_TRACKING_PASSWORD" not in env_vars
+    assert "RAY_AUTH_TOKEN" not in env_vars
+    for secret in (*lab.secrets, lab.ray.env["RAY_AUTH_TOKEN"]):
+        assert secret not in json.dumps(info.runtime_env) and secret not in s.output
+    verdict = json.loads((lab.storage / s.name / "verdict.json").read_text())
+    arms = {"linear", "corrected"}
+    assert set(verdict["verdict"]) | set(verdict["controls"]) == arms  # fix arms + controls
+    assert set(verdict["verdict"].values()) <= {"supported", "refuted", "inconclusive"}
+    assert set(verdict["controls"].values()) <= {"stable", "declines", "unclear"}
+    client = MlflowClient(tracking_uri=lab.uri)
+    experiment = client.get_experiment_by_name(s.name)
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    tagged = [r for r in runs if any(k.startswith("verdict/") for k in r.data.tags)]
+    assert len(tagged) == 1
+    assert f"results: {lab.storage / s.name}" in s.output
+    assert f"/#/experiments/{experiment.experiment_id}/runs/{tagged[0].info.run_id}" in s.output
+    _assert_readable([r for r in runs if r.data.tags.get("autonorm.role") == "trial"])
+    commits = {r.data.tags.get("mlflow.source.git.commit") for r in runs}
+    assert len(commits) == 1 and None not in commits  # carried into the job by `submit`
+    assert {
+        k.removeprefix("verdict/"): v for k, v in tagged[0].data.tags.items() if k.startswith("verdict/")
+    } == {**{k: str(v) for k, v in verdict["verdict"].items()}, "study": verdict["study_verdict"]}
