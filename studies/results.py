@@ -251,6 +251,19 @@ def _estimate(h: Mapping[str, Any]) -> str:
     return f"{_num(est)}{interval}"
 
 
+def _equivalence_reason(verdict: Mapping[str, Any], entry: Mapping[str, Any], label: str) -> list[str]:
+    """Why a hypothesis whose contrast is ``equivalent`` is neither supported nor refuted: the
+    difference was decided to be inside the margin, so more seeds do not decide the direction."""
+    if label != "inconclusive" or entry.get("verdict") != "equivalent":
+        return []
+    margin = verdict.get("margin")
+    within = f"±{_num(margin)}" if isinstance(margin, (int, float)) else "the margin"
+    return [
+        f"equivalent: the interval lies inside {within}, so the predicted difference is absent at this "
+        "margin (decided); only a smaller margin, with more seeds, could tell a direction"
+    ]
+
+
 def _section_entry(verdict: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     """The kind's own entry of hypothesis ``name`` (a claim, a contrast or an arm)."""
     for section in ("claims", "contrasts", "arms"):
@@ -372,6 +385,8 @@ def to_decide(
     then the remedy of each other reason."""
     if verdict_label != "inconclusive":
         return NONE
+    if any(str(r).startswith("equivalent:") for r in reasons):
+        seeds = None  # decided inside the margin: seeds for a direction would mislead
     parts = []
     if seeds is not None:
         price = ""
@@ -464,7 +479,8 @@ def result_rows(directory: Path) -> list[Row]:
     for hyp, h in sorted((verdict.get("hypotheses") or {}).items()):
         entry = _section_entry(verdict, hyp)
         n = entry.get("n_seeds") if isinstance(entry.get("n_seeds"), int) else used
-        rows.append(row(str(hyp), _claim(verdict, str(hyp)), h, h.get("reasons"), n, str(hyp)))
+        reasons = h.get("reasons") or _equivalence_reason(verdict, entry, str(h.get("verdict")))
+        rows.append(row(str(hyp), _claim(verdict, str(hyp)), h, reasons, n, str(hyp)))
     return rows
 
 

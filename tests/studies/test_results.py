@@ -188,6 +188,22 @@ def test_a_decided_row_has_nothing_to_decide_and_a_scope_is_shown(tmp_path: Path
     assert scope_short(None) == "—"
 
 
+def test_an_equivalent_contrast_says_it_is_decided_inside_the_margin(tmp_path: Path, clean_env: None) -> None:
+    # A predicted-better contrast whose interval lies inside ±margin: its hypothesis is neither
+    # supported nor refuted by the rule, and more seeds would not tell a direction.
+    study = _stored(tmp_path / "results")
+
+    def equivalent(verdict: dict[str, Any]) -> None:
+        verdict["hypotheses"]["corrected_vs_plain"].update(verdict="inconclusive", reasons=[])
+        verdict["contrasts"]["corrected_vs_plain"]["verdict"] = "equivalent"
+        verdict["margin"] = 0.005
+
+    _edit_verdict(study, equivalent)
+    text = _by_hypothesis(result_rows(study))["corrected_vs_plain"].to_decide
+    assert text.startswith("equivalent: the interval lies inside ±0.005"), text
+    assert "seeds for 80% power" not in text and "no reason recorded" not in text
+
+
 def test_the_page_is_the_same_bytes_for_the_same_directories(
     tmp_path: Path, clean_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
