@@ -52,10 +52,19 @@ def _model_description(model_type: str, preset: str, config: Any) -> str:
     return f"{name} {preset}"
 
 
+def _seed_first(config: Mapping[str, Any]) -> tuple[int, int, str]:
+    """Sort key: integral seeds first, smallest first; then the config's JSON (a total order)."""
+    seed = config.get("seed")
+    whole = isinstance(seed, int) and not isinstance(seed, bool)
+    return (0 if whole else 1, int(seed) if whole else 0, json.dumps(config, sort_keys=True, default=str))
+
+
 def _data_and_models(configs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The data set's rows and fingerprint, and the models' type, preset, description and parameter
     counts (each distinct ``model`` section built once on the CPU)."""
-    first = configs[0]
+    # The data (and, for text, the vocabulary and so the embedding's size) depends on the seed's
+    # split: the configs' smallest seed decides, whatever order the trials were read in.
+    first = min(configs, key=_seed_first)
     data = dict(first.get("data") or {})
     model = dict(first.get("model") or {})
     data_doc: dict[str, Any] = {"name": str(data.get("type")), "rows": None, "fingerprint": None}

@@ -116,3 +116,13 @@ def test_the_report_opens_with_the_verdict_then_the_scope() -> None:
     html = render_html(doc)
     assert html.index('id="study-verdict"') < html.index('id="scope"') < html.index("<h1>")
     assert render_markdown(Document(headline="h", title="t")).splitlines()[0] == "**h**"
+
+
+def test_the_scope_does_not_depend_on_the_order_the_trials_were_read_in() -> None:
+    # The text encoder's vocabulary (so its parameter count) follows the seed's split: the scope takes
+    # the smallest seed's data, however the configs arrive (a stored text study recomputed +128).
+    from studies.scope import _seed_first
+
+    configs = [{"seed": s, "model": {"type": "mlp"}} for s in (101, 100, 99, "x")]
+    assert min(configs, key=_seed_first)["seed"] == 99
+    assert min(reversed(configs), key=_seed_first)["seed"] == 99
