@@ -386,16 +386,29 @@ def to_decide(
     if verdict_label != "inconclusive":
         return NONE
     if any(str(r).startswith("equivalent:") for r in reasons):
-        seeds = None  # decided inside the margin: seeds for a direction would mislead
+        seeds, why_no_seeds = None, None  # decided inside the margin: seeds for a direction would mislead
     parts = []
-    if seeds is not None:
-        price = ""
-        if cost is not None and seeds_used:
-            cpu, gpu = (c * seeds / seeds_used for c in cost)
-            price = f" (≈{_num(cpu, 2)} CPU-h, {_num(gpu, 2)} GPU-h: a rerun at this study's cost per seed)"
-        parts.append(f"≥{seeds} seeds for {POWER:.0%} power{price}")
+
+    def price(n: int) -> str:
+        if cost is None or not seeds_used:
+            return ""
+        cpu, gpu = (c * n / seeds_used for c in cost)
+        return f" (≈{_num(cpu, 2)} CPU-h, {_num(gpu, 2)} GPU-h: a rerun at this study's cost per seed)"
+
+    if seeds is not None and seeds_used and seeds <= seeds_used:
+        # The planning t-test is satisfied already: the sequential (anytime-valid) test the study
+        # decided with pays for looking at every step with a wider interval, so it needs more.
+        parts.append(
+            f"more than the {seeds_used} seeds used: a fixed-design test would need {seeds} for "
+            f"{POWER:.0%} power, the sequential test this study decides with needs more; "
+            f"{2 * seeds_used} seeds{price(2 * seeds_used)}"
+        )
+    elif seeds is not None:
+        parts.append(f"≥{seeds} seeds for {POWER:.0%} power{price(seeds)}")
     elif any(str(r) == "underpowered" for r in reasons):
         parts.append("more seeds" + (f" ({why_no_seeds})" if why_no_seeds else ""))
+    elif why_no_seeds and not any("not applicable" in str(r) for r in reasons):
+        parts.append(why_no_seeds)
     for reason in reasons:
         text = str(reason)
         if text == "underpowered":

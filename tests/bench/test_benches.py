@@ -159,3 +159,55 @@ def test_gpu_smoke_cpu_variant_runs_every_step(tmp_path: Path) -> None:
     )
     for key in ("gpu_util_percent_packed", "gpu_util_percent_whole", "autonorm_over_branches_compiled"):
         assert key in data  # null on CPU (no nvidia-smi; the quick norms run is eager only)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_study_scale_small_runs_both_kinds_through_the_cli(tmp_path: Path) -> None:
+    # 20 requested trials: the search study runs 20; the batch-size one its smallest design (18 lr
+    # tuning + 2 seeds x 9 cells = 36). The first and last windows are then 10 and 18 trials.
+    out = tmp_path / "study_scale.json"
+    _run(
+        [
+            sys.executable,
+            str(BENCH / "study_scale.py"),
+            "--trials",
+            "20",
+            "--output",
+            str(out),
+            "--keep",
+            str(tmp_path / "studies"),
+        ]
+    )
+    data = _load(out)
+    assert sorted(data) == ["batchsize", "search", "setup"]
+    assert data["setup"]["trials"] == 20 and data["setup"]["slots"] == 2
+    planned = {kind: data["setup"]["kinds"][kind]["planned_trials"] for kind in ("search", "batchsize")}
+    assert planned == {"search": 20, "batchsize": 36}
+    for kind in ("search", "batchsize"):
+        result = data[kind]
+        assert result["trials"] == result["trials_finished"] == planned[kind], (kind, result)
+        _assert_ratios(
+            result,
+            [
+                "driver_cpu_per_trial_first100",
+                "driver_cpu_per_trial_last100",
+                "driver_rss_peak_mb",
+                "state_bytes",
+                "state_save_s",
+                "mlflow_calls_per_trial",
+                "wall_over_ideal",
+                "span_over_ideal",
+                "ideal_s",
+                "wall_s",
+                "status_s",
+                "report_s",
+                "reproduce_s",
+                "plan_history_s",
+            ],
+        )
+        # The run's wall time holds every trial's span; with 2 slots the span is at least Σ trial / 2.
+        assert result["wall_over_ideal"] > result["span_over_ideal"] >= 0.99, (kind, result)
+        assert result["mlflow_calls_per_trial"] >= 1, (kind, result)  # each trial is a run at least
+        assert Path(result["study_dir"]).is_dir() and Path(result["study_dir"], "verdict.json").exists()
+        assert result["state_bytes"] > 1000 * result["trials"], (kind, result)  # Tune's state per trial

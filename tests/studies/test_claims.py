@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -350,3 +351,16 @@ def test_the_depth_slope_p_value_does_not_depend_on_the_seeds_order() -> None:
     assert forward["method"] == "monte-carlo"
     assert forward["p_value"] == backward["p_value"]
     assert list(forward["slopes"]) == sorted(weights, key=str)
+
+
+def test_the_search_pilot_plans_the_depth_slope_claims_from_the_verdict(tmp_path: Path) -> None:
+    from studies.kinds.search.power import _depth_slopes
+
+    slopes = {str(100 + i): 0.01 + 0.002 * (-1) ** i for i in range(6)}
+    (tmp_path / "verdict.json").write_text(
+        json.dumps({"claims": {"c_attn": {"slopes": slopes}, "c_mlp": {"slopes": {"1": 0.1}}}})
+    )
+    found = _depth_slopes(tmp_path)
+    assert list(found) == ["c_attn"]  # one seed is no spread: c_mlp cannot be planned from it
+    assert found["c_attn"] == [slopes[k] for k in sorted(slopes)]
+    assert _depth_slopes(tmp_path / "missing") == {}

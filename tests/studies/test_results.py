@@ -235,3 +235,22 @@ def test_results_refuses_what_is_no_study(tmp_path: Path, capsys: pytest.Capture
     (tmp_path / "empty").mkdir()
     assert main(["results", str(tmp_path / "empty"), "--output", str(tmp_path / "p.md")]) == 0
     assert "No study is stored yet." in (tmp_path / "p.md").read_text(encoding="utf-8")
+
+
+def test_to_decide_past_the_planning_count_and_without_one() -> None:
+    from studies.results import to_decide
+
+    # The planning t-test needs 18, the study used 24 and its sequential test did not decide.
+    past = to_decide("inconclusive", ["CI includes 0"], 18, seeds_used=24, cost=(1.0, 0.0))
+    assert past.startswith("more than the 24 seeds used: a fixed-design test would need 18"), past
+    assert "48 seeds (≈2 CPU-h, 0 GPU-h" in past and past.endswith("; CI includes 0")
+    below = to_decide("inconclusive", [], 30, seeds_used=24, cost=(1.0, 0.0))
+    assert below.startswith("≥30 seeds for 80% power (≈1.2 CPU-h"), below
+    # No count reaches the power (an effect of ~0): said, not left out.
+    none = to_decide(
+        "inconclusive", ["CI includes 0"], None, "no practical seed count", seeds_used=24, cost=None
+    )
+    assert none == "no practical seed count; CI includes 0"
+    assert to_decide("inconclusive", ["not applicable to text"], None, "x", seeds_used=0, cost=None) == (
+        "not applicable to text"
+    )

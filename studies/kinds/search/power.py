@@ -17,12 +17,14 @@ def pilot(
     """Per contrast a (random_selector - autonorm, greater; image data only), b (autonorm_s -
     autonorm, greater), e (autonorm_s - frozen_ln, two-sided): the per-seed paired differences of the
     test accuracy in ``<study_dir>/confirm_trials.csv`` (failed trials scored at chance) and the seeds
-    :func:`studies.stats.seeds_needed` asks for over the family.
+    :func:`studies.stats.seeds_needed` asks for over the family; on text data also claims c_attn and
+    c_mlp (each at ``alpha`` alone, as the claims test them), from the per-seed DyT depth slopes the
+    study's ``verdict.json`` holds.
 
     Raises:
         ValueError: no ``confirm_trials.csv`` (the pilot had no confirmatory phase) or a column missing.
     """
-    from studies.pilot import chance_accuracy, paired_seed_needs, pilot_scores, pilot_table
+    from studies.pilot import chance_accuracy, paired_seed_needs, pilot_scores, pilot_table, seed_needs
     from studies.stats import paired_contrast
 
     table = pilot_table(
@@ -51,6 +53,18 @@ def pilot(
     out = paired_seed_needs(
         table, scored, contrasts, alpha=alpha, power=power, min_effect=min_effect, differences=differences
     )
+    for name, slopes in _depth_slopes(study_dir).items():
+        # Claims c_attn / c_mlp: each tested alone at alpha, on the per-seed DyT depth slopes.
+        one = seed_needs(
+            {name: slopes}, alternatives={name: "greater"}, alpha=alpha, power=power, min_effect=min_effect
+        )
+        for key in ("seeds_needed", "per_seed", "effect", "sd", "problems"):
+            if name in one[key]:
+                out.setdefault(key, {})[name] = one[key][name]
+    sub = [out.get("seeds_needed", {}).get(c, 0) for c in ("c_attn", "c_mlp")]
+    if "c_attn" in out.get("seeds_needed", {}) and "c_mlp" in out["seeds_needed"]:
+        # Claim c holds when both sub-layer types do (intersection-union): the larger count.
+        out["seeds_needed"]["c"] = None if None in sub else max(int(k or 0) for k in sub)
     out.update(
         quantity="per-seed paired difference of test_accuracy",
         metric="test_accuracy",
@@ -59,4 +73,23 @@ def pilot(
         data_kind=data_kind,
         min_seeds=getattr(confirm, "min_seeds", None),
     )
+    return out
+
+
+def _depth_slopes(study_dir: Path) -> dict[str, list[float]]:
+    """Per-seed DyT depth slopes of claims c_attn / c_mlp from ``<study_dir>/verdict.json`` (none when
+    the study has no verdict yet or is not a text study)."""
+    import json
+
+    try:
+        claims = (
+            json.loads((Path(study_dir) / "verdict.json").read_text(encoding="utf-8")).get("claims") or {}
+        )
+    except (OSError, ValueError, AttributeError):
+        return {}
+    out = {}
+    for name in ("c_attn", "c_mlp"):
+        slopes = (claims.get(name) or {}).get("slopes") if isinstance(claims.get(name), dict) else None
+        if isinstance(slopes, dict) and len(slopes) >= 2:
+            out[name] = [float(slopes[k]) for k in sorted(slopes, key=str)]
     return out
