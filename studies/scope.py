@@ -55,8 +55,10 @@ def _model_description(model_type: str, preset: str, config: Any) -> str:
 def _seed_first(config: Mapping[str, Any]) -> tuple[int, int, str]:
     """Sort key: integral seeds first, smallest first; then the config's JSON (a total order)."""
     seed = config.get("seed")
-    whole = isinstance(seed, int) and not isinstance(seed, bool)
-    return (0 if whole else 1, int(seed) if whole else 0, json.dumps(config, sort_keys=True, default=str))
+    text = json.dumps(config, sort_keys=True, default=str)
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return (0, seed, text)
+    return (1, 0, text)
 
 
 def _data_and_models(configs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
