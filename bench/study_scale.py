@@ -446,16 +446,15 @@ def run_driver(
 
 
 def cpu_per_trial(samples: list[tuple[float, float, int]], start: int, end: int) -> float:
-    """Driver CPU seconds per trial between the first samples with ``start`` and ``end`` finished."""
-
-    def first(n: int) -> tuple[float, int]:
-        for _, cpu, done in samples:
-            if done >= n:
-                return cpu, done
-        raise RuntimeError(f"never {n} finished trials (at most {samples[-1][2]})")
-
-    cpu0, done0 = first(start)
-    cpu1, done1 = first(end)
+    """Driver CPU seconds per trial from just before the ``start``-th trial finished (the last sample
+    with fewer finished) to the first sample with ``end`` finished. Several trials can finish between
+    two samples: the window then widens to the samples around it rather than coming out empty."""
+    before = [(cpu, done) for _, cpu, done in samples if done < start]
+    after = [(cpu, done) for _, cpu, done in samples if done >= end]
+    if not after:
+        raise RuntimeError(f"never {end} finished trials (at most {samples[-1][2] if samples else 0})")
+    cpu0, done0 = before[-1] if before else (samples[0][1], samples[0][2])
+    cpu1, done1 = after[0]
     if done1 <= done0:
         raise RuntimeError(f"no trial finished between {start} and {end}")
     return (cpu1 - cpu0) / (done1 - done0)
