@@ -400,8 +400,8 @@ def to_decide(
         # decided with pays for looking at every step with a wider interval, so it needs more.
         parts.append(
             f"more than the {seeds_used} seeds used: a fixed-design test would need {seeds} for "
-            f"{POWER:.0%} power, the sequential test this study decides with needs more; "
-            f"{2 * seeds_used} seeds{price(2 * seeds_used)}"
+            f"{POWER:.0%} power, the sequential test this study decides with needs more, by how much "
+            f"is not planned here; e.g. {2 * seeds_used} seeds{price(2 * seeds_used)}"
         )
     elif seeds is not None:
         parts.append(f"≥{seeds} seeds for {POWER:.0%} power{price(seeds)}")

@@ -340,8 +340,6 @@ def test_sequential_design_decides_each_claim_at_every_look() -> None:
 def test_the_depth_slope_p_value_does_not_depend_on_the_seeds_order() -> None:
     # 24 seeds: 2^24 sign patterns, so the p-value is Monte Carlo; rereading the gate logs in another
     # order gave 0.00136 and 0.00116 for one stored study before the seeds were sorted.
-    import numpy as np
-
     from studies.kinds.search.gates import dyt_depth_slope
 
     rng = np.random.default_rng(3)

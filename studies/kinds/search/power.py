@@ -61,10 +61,11 @@ def pilot(
         for key in ("seeds_needed", "per_seed", "effect", "sd", "problems"):
             if name in one[key]:
                 out.setdefault(key, {})[name] = one[key][name]
-    sub = [out.get("seeds_needed", {}).get(c, 0) for c in ("c_attn", "c_mlp")]
-    if "c_attn" in out.get("seeds_needed", {}) and "c_mlp" in out["seeds_needed"]:
+    needed = out.get("seeds_needed", {})
+    if "c_attn" in needed and "c_mlp" in needed:
         # Claim c holds when both sub-layer types do (intersection-union): the larger count.
-        out["seeds_needed"]["c"] = None if None in sub else max(int(k or 0) for k in sub)
+        sub = (needed["c_attn"], needed["c_mlp"])
+        needed["c"] = None if None in sub else max(sub)
     out.update(
         quantity="per-seed paired difference of test_accuracy",
         metric="test_accuracy",
