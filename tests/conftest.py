@@ -45,6 +45,11 @@ from typing import Any
 
 import pytest
 
+# Every study this suite runs (in-process, subprocess drivers, jobs) writes its finished trials to
+# files of two (workers.tune_state; 25 by default): the restores, the fault paths and the readers
+# all go through the merge of those files with Tune's snapshot.
+os.environ.setdefault("AUTONORM_TUNE_TRIALS_PER_FILE", "2")
+
 
 def _install_test_kind() -> None:
     """Install ``tests/kinds_plugin`` (a fourth study kind in a package of its own, found through the

@@ -79,6 +79,9 @@ def read_trials(plan: StudyPlan, *, history: bool = True) -> list[TrialRecord]:
         return replay
     from ray.tune import ExperimentAnalysis
 
+    from workers import tune_state
+
+    tune_state.install()  # finished trials live in their own files (workers.tune_state)
     storage = resolve_storage(plan.storage)
     path = storage.experiment_path(plan.name)
     # Trials that never reported have no result file yet; Tune warns about each.

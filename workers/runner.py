@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from workers import interrupts
+from workers import interrupts, tune_state
 from workers.errors import TrackingIncomplete
 from workers.optuna_export import _save_optuna_study, _searcher_of
 from workers.plan import StudyPlan, expected_trials
@@ -142,6 +142,7 @@ def run_study(
         _skip_idle_snapshots()
         _tolerate_gone_checkpoints()
         _unique_staging_dirs()
+        tune_state.install()
         quiet_checkpoint_logs()
         SyncFailureOneLine.install()
         trials, restored = _fit(

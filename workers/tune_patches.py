@@ -10,6 +10,8 @@ import os
 import uuid
 from typing import Any
 
+from workers.tune_state import book
+
 logger = logging.getLogger(__name__)
 
 # Ray Tune copies these from the driver's environment into every trainable actor's runtime_env,
@@ -65,14 +67,13 @@ def _skip_idle_snapshots() -> None:
     def checkpoint(self: Any, force: bool = False, wait: bool = False) -> None:
         manager = self._checkpoint_manager
         state = _trials_state(self)
-        if not (force or wait or manager._should_force_sync_up) and state == getattr(
-            self, "_autonorm_saved_state", None
-        ):
+        notes = book(self)  # not on the controller: Tune writes its __dict__ into every snapshot
+        if not (force or wait or manager._should_force_sync_up) and state == notes.saved_state:
             return
         saved_at = manager._last_save_time
         original(self, force=force, wait=wait)
         if manager._last_save_time != saved_at:
-            self._autonorm_saved_state = state
+            notes.saved_state = state
 
     checkpoint._autonorm_skips_idle = True  # type: ignore[attr-defined]
     TuneController.checkpoint = checkpoint  # type: ignore[method-assign]
