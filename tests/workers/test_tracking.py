@@ -486,7 +486,8 @@ def test_outage_backs_off_queues_and_then_catches_up_every_trial(
 ) -> None:
     clock = FakeClock()
     _use_clock(monkeypatch, clock)
-    cb = _callback(tmp_path, retry=RetryPolicy(reconnect_s=1.0, reconnect_max_s=3.0))
+    # Every result tries MLflow here (no coalescing window): what is tested is the back-off.
+    cb = _callback(tmp_path, retry=RetryPolicy(reconnect_s=1.0, reconnect_max_s=3.0, result_flush_s=0.0))
     cb.prepare(fresh=True)
     cb.setup()
     outage = Outage(cb, monkeypatch)
@@ -525,6 +526,44 @@ def test_outage_backs_off_queues_and_then_catches_up_every_trial(
         k: sorted(m.step for m in client.get_metric_history(r.info.run_id, "epoch")) for k, r in runs.items()
     }
     assert steps == {"a": list(range(1, 9)), "b": [1, 2, 3]}
+
+
+def test_a_running_trials_epochs_go_out_at_its_first_result_then_at_most_every_flush_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock()
+    _use_clock(monkeypatch, clock)
+    cb = _callback(tmp_path, retry=RetryPolicy(result_flush_s=2.0))
+    cb.prepare(fresh=True)
+    cb.setup()
+    batches: list[list[int]] = []
+    real = cb.client.log_batch
+
+    def counted(run_id: str, metrics: Any = (), **kwargs: Any) -> Any:
+        steps = sorted({m.step for m in metrics or ()})
+        if steps:
+            batches.append(steps)
+        return real(run_id, metrics=metrics, **kwargs)
+
+    monkeypatch.setattr(cb.client, "log_batch", counted)
+    trial = FakeTrial("a", {})
+    _feed(cb, trial, range(1, 2))  # the run appears with its first epoch
+    clock.now += 0.5
+    _feed(cb, trial, range(2, 4))  # inside the window: queued
+    assert batches == [[1]]
+    client = MlflowClient(cb.tracking_uri)
+    (run,) = _runs(client, "trial")
+    assert run.info.status == "RUNNING" and run.data.metrics["epoch"] == 1.0
+    clock.now += 2.0
+    _feed(cb, trial, range(4, 5))  # the window has passed: 2-4 in one call
+    _feed(cb, trial, range(5, 7), final=6)
+    assert batches == [[1], [2, 3, 4]]
+    trial.status = "TERMINATED"
+    cb.on_trial_complete(iteration=6, trials=[trial], trial=trial)  # its end sends the rest
+    assert batches == [[1], [2, 3, 4], [5, 6]] and cb.undelivered_trials() == []
+    (run,) = _runs(client, "trial")
+    assert run.info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch")) == [1, 2, 3, 4, 5, 6]
 
 
 def test_final_flush_is_bounded_and_lists_undelivered_trials(

@@ -117,6 +117,7 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         "_recovered",
         "_final_deadline",
         "_history",
+        "_flushed_at",
     )
 
     def _reset_runtime(self) -> None:
@@ -133,6 +134,7 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         self._finals: dict[str, tuple[str, str]] = {}
         # Every trial's results as Tune keeps them in the study directory (:meth:`requeue`).
         self._history: dict[str, list[Mapping[str, Any]]] = {}
+        self._flushed_at: dict[str, float] = {}  # when each running trial's epochs last went out
         self._reset_backoff()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -185,9 +187,25 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
     ) -> None:
         with self._loop():
             self._queue(trial.trial_id, result)
-            self._sync(trial, reopen=True)
+            if self._flush_due(trial.trial_id):
+                self._sync(trial, reopen=True)
             if self._recovered:
                 self._catch_up()
+
+    def _flush_due(self, trial_id: str) -> bool:
+        """Whether a running trial's queued epochs go to MLflow now: at its first result (its run
+        appears at once), then at most every ``RetryPolicy.result_flush_s``; its end flushes the rest.
+        Each MLflow call waits inside Tune's loop (no trial starts meanwhile), and tiny trials report
+        several epochs a second: one call per epoch was most of a 1,000-trial study's MLflow traffic.
+        Queued epochs are also in Tune's result files, so a killed driver's rerun delivers them."""
+        now = time.monotonic()
+        if (
+            trial_id in self._children
+            and now - self._flushed_at.get(trial_id, -math.inf) < self.retry.result_flush_s
+        ):
+            return False
+        self._flushed_at[trial_id] = now
+        return True
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         from workers.interrupts import received

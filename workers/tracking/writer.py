@@ -34,6 +34,8 @@ class RetryPolicy:
         reconnect_s / reconnect_max_s: after a failed call inside the loop, nothing is sent for
             ``reconnect_s``, doubling per failed reconnect up to ``reconnect_max_s``; results queue.
         final_flush_s: time bound of the last flush (queued metrics, trial runs, the parent run).
+        result_flush_s: a running trial's epochs are sent at most this often (its first result and
+            its end at once); the epochs in between wait in its queue.
     """
 
     attempts: int = 3
@@ -46,6 +48,7 @@ class RetryPolicy:
     reconnect_s: float = 1.0
     reconnect_max_s: float = 60.0
     final_flush_s: float = 120.0
+    result_flush_s: float = 2.0
 
 
 def numeric(value: Any) -> float | None:
