@@ -38,13 +38,14 @@ Keys per kind (``search``, ``batchsize``) of ``bench/results/study_scale.json``:
   18 trials). ``driver_cpu_per_trial_curve``: ``[finished trials, CPU s per trial]`` over ten equal
   windows of finished trials: where the cost per trial grows, if it does.
 * ``driver_rss_peak_mb``: the driver's peak resident memory (``VmHWM``, else the largest sample).
-* ``state_bytes``: bytes of Tune's experiment state at the end, over every phase directory (the
-  ``experiment_state-*.json``, ``*_state-*.json``, ``*-state-*.json`` and ``*-state-*.pkl`` files
-  Tune writes there at each save); ``state_save_s``: seconds to save all of it once, measured here
-  as a json load + dump + write of each JSON file (a read + write of the bytes of each pickle:
-  ``searcher-state-*.pkl`` and ``search_gen_state-*.json``, a pickle despite its name), not inside Tune
-  (Tune re-serialises only changed trials, then dumps and writes the whole file: the dump and the
-  write are what grows with the trial count). During a run only the current phase's state is saved.
+* ``state_bytes``: bytes of Tune's experiment state at the end, over every phase directory: the
+  snapshot files Tune rewrites at each save (``experiment_state-*.json``, ``*_state-*.json``,
+  ``*-state-*.json``, ``*-state-*.pkl``) plus the ``finished-trials-*.jsonl`` files each finished
+  trial is written to once (``workers/tune_state.py``; ``state_finished_bytes`` is their share);
+  ``state_save_s``: seconds to save the snapshot files once, measured here as a json load + dump +
+  write of each JSON file (a read + write of the bytes of each pickle: ``searcher-state-*.pkl`` and
+  ``search_gen_state-*.json``, a pickle despite its name), not inside Tune. During a run only the
+  current phase's state is saved.
 * ``mlflow_calls_per_trial``: HTTP requests that reached the MLflow server during ``run`` (driver
   and trials, artifacts included) / ``trials``; ``mlflow_calls`` the total and
   ``mlflow_calls_by_endpoint`` the top ten.
@@ -92,6 +93,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil
+
+from workers.tune_state import CHUNK_PREFIX as FINISHED_PREFIX
+from workers.tune_state import CHUNK_SUFFIX as FINISHED_SUFFIX
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results" / "study_scale.json"
@@ -497,15 +501,23 @@ def _state_file(name: str) -> bool:
     )
 
 
-def tune_state(study_dir: Path) -> tuple[int, float, dict[str, int]]:
-    """Bytes of Tune's state files over every phase directory, and seconds to save them all once."""
-    total, save_s, by_phase = 0, 0.0, {}
+def _finished_file(name: str) -> bool:
+    return name.startswith(FINISHED_PREFIX) and name.endswith(FINISHED_SUFFIX)
+
+
+def tune_state(study_dir: Path) -> tuple[int, float, dict[str, int], int]:
+    """Bytes of Tune's state over every phase directory (snapshot files and finished-trials files),
+    seconds to save the snapshot files once (what each save rewrites), and the finished-trials
+    files' bytes (each written once)."""
+    total, save_s, by_phase, finished = 0, 0.0, {}, 0
     with tempfile.TemporaryDirectory(prefix="study_scale_state_") as tmp:
         for phase in sorted(p for p in study_dir.iterdir() if p.is_dir()):
+            once = sum(f.stat().st_size for f in phase.iterdir() if f.is_file() and _finished_file(f.name))
             files = [f for f in phase.iterdir() if f.is_file() and _state_file(f.name)]
             if not files:
                 continue
-            by_phase[phase.name] = sum(f.stat().st_size for f in files)
+            finished += once
+            by_phase[phase.name] = sum(f.stat().st_size for f in files) + once
             total += by_phase[phase.name]
             for f in files:
                 out = Path(tmp) / f.name
@@ -516,7 +528,7 @@ def tune_state(study_dir: Path) -> tuple[int, float, dict[str, int]]:
                 else:
                     out.write_text(json.dumps(json.loads(data)))
                 save_s += time.perf_counter() - t0
-    return total, save_s, by_phase
+    return total, save_s, by_phase, finished
 
 
 def timed_command(name: str, args: list[str], env: dict[str, str]) -> float | None:
@@ -550,7 +562,7 @@ def run_kind(
     window = min(WINDOW, max(1, n // 2))
     samples = driven["samples"]
     ideal = sum(end - start for start, end in spans) / SLOTS
-    state_bytes, state_save_s, state_phases = tune_state(study_dir)
+    state_bytes, state_save_s, state_phases, state_finished = tune_state(study_dir)
     total_calls = sum(calls.values())
     result: dict[str, Any] = {
         "driver_cpu_per_trial_first100": cpu_per_trial(samples, 1, 1 + window),
@@ -561,6 +573,7 @@ def run_kind(
         "state_bytes": state_bytes,
         "state_save_s": state_save_s,
         "state_bytes_by_phase": state_phases,
+        "state_finished_bytes": state_finished,
         "mlflow_calls_per_trial": total_calls / n,
         "mlflow_calls": total_calls,
         "mlflow_calls_by_endpoint": dict(calls.most_common(10)),

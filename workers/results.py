@@ -4,7 +4,9 @@ needed), or, inside :func:`workers.tracking.replay.replaying`, from the phase's 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -71,25 +73,35 @@ def read_trials(plan: StudyPlan, *, history: bool = True) -> list[TrialRecord]:
     Same records as :func:`workers.runner.run_study` returns (``mlflow_run_id`` excepted), so status and reports
     use one vocabulary. Empty when the study has not written its state yet. Inside
     :func:`workers.tracking.replay.replaying`: the phase's trial runs in MLflow instead.
+
+    Without ``history`` only Tune's state is read (not each trial's result file). A process that
+    reads the same phase again (a report reads a phase three times) gets the records it read before
+    while the phase's state files are unchanged (names, sizes and modification times).
     """
     from workers.tracking.replay import replayed
 
     replay = replayed(plan.name, history=history)
     if replay is not None:
         return replay
-    from ray.tune import ExperimentAnalysis
-
     from workers import tune_state
 
     tune_state.install()  # finished trials live in their own files (workers.tune_state)
     storage = resolve_storage(plan.storage)
     path = storage.experiment_path(plan.name)
+    signature = _state_signature(storage.filesystem, path)
+    for wanted in ((path, history), (path, True)):
+        hit = _READ.get(wanted)
+        if hit is not None and hit[0] == signature and hit[1] == plan.base_config:
+            records = list(hit[2])
+            return (
+                records if history or not wanted[1] else [dataclasses.replace(r, history=()) for r in records]
+            )
     # Trials that never reported have no result file yet; Tune warns about each.
     quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        analysis = ExperimentAnalysis(path, storage_filesystem=storage.filesystem)
+        analysis = _analysis_class(history)(path, storage_filesystem=storage.filesystem)
     except (ValueError, FileNotFoundError):
         return []
     finally:
@@ -102,4 +114,46 @@ def read_trials(plan: StudyPlan, *, history: bool = True) -> list[TrialRecord]:
         if df is not None and not df.empty:
             record = dataclasses.replace(record, history=tuple(df.to_dict(orient="records")))
         records.append(record)
+    if signature is not None:
+        _READ[(path, history)] = (signature, copy.deepcopy(dict(plan.base_config)), tuple(records))
+        while len(_READ) > _READ_KEPT:
+            _READ.pop(next(iter(_READ)))
     return records
+
+
+# (experiment path, history) -> (state signature, base config, records): the phases this process read.
+_READ: dict[tuple[str, bool], tuple[tuple[Any, ...], dict[str, Any], tuple[TrialRecord, ...]]] = {}
+_READ_KEPT = 16
+
+
+def _state_signature(fs: Any, path: str) -> tuple[Any, ...] | None:
+    """Name, size and modification time of every file at the top of the experiment directory (Tune's
+    snapshot, its searcher's state, the finished-trials files): any write of Tune's changes it.
+    ``None`` when the directory cannot be listed."""
+    import pyarrow.fs
+
+    if fs is None:  # a local storage path
+        fs = pyarrow.fs.LocalFileSystem()
+    try:
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    except (OSError, ValueError):
+        return None
+    return tuple(
+        sorted((i.base_name, i.size, i.mtime_ns) for i in infos if i.type == pyarrow.fs.FileType.File)
+    )
+
+
+@functools.cache
+def _analysis_class(history: bool) -> Any:
+    """Tune's ``ExperimentAnalysis``; without ``history``, one that does not load every trial's
+    result file into a DataFrame when it is built (``_fetch_trial_dataframes``, private)."""
+    from ray.tune import ExperimentAnalysis
+
+    if history:
+        return ExperimentAnalysis
+
+    class StateOnlyAnalysis(ExperimentAnalysis):  # type: ignore[misc]
+        def _fetch_trial_dataframes(self) -> dict[str, Any]:
+            return {}
+
+    return StateOnlyAnalysis

@@ -3,6 +3,7 @@ files, and a real study that writes, reads and restores through them."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import inspect
 import json
@@ -122,6 +123,23 @@ def test_a_study_writes_its_finished_trials_once_and_reads_and_restores_them_all
     # Every reader sees all eight: Tune's own analysis, the study's records, and a restore.
     assert {t.trial_id for t in tune.ExperimentAnalysis(str(experiment)).trials} == ids
     assert {r.trial_id for r in read_trials(plan)} == ids
+
+    # A second read of an unchanged phase is the first one's records; a changed state is read again.
+    from workers import results
+
+    built: list[bool] = []
+    real_class = results._analysis_class
+    monkeypatch.setattr(
+        results, "_analysis_class", lambda history: built.append(history) or real_class(history)
+    )
+    first = read_trials(plan)
+    assert read_trials(plan) == first and read_trials(plan, history=False) == [
+        dataclasses.replace(r, history=()) for r in first
+    ]
+    assert built == [] and all(r.history for r in first)  # all three from the read above
+    state.touch()
+    assert read_trials(plan, history=False) == [dataclasses.replace(r, history=()) for r in first]
+    assert built == [False]
     starts = sum(json.loads(line)["event"] == "start" for line in log.read_text().splitlines())
     again = run_study(plan, trainable=quadratic_trial, progress=False)
     assert again.restored and {t.trial_id for t in again.trials} == ids
