@@ -8,6 +8,7 @@ import glob
 import inspect
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs
 import pytest
@@ -129,9 +130,12 @@ def test_a_study_writes_its_finished_trials_once_and_reads_and_restores_them_all
 
     built: list[bool] = []
     real_class = results._analysis_class
-    monkeypatch.setattr(
-        results, "_analysis_class", lambda history: built.append(history) or real_class(history)
-    )
+
+    def counted(history: bool) -> Any:
+        built.append(history)
+        return real_class(history)
+
+    monkeypatch.setattr(results, "_analysis_class", counted)
     first = read_trials(plan)
     assert read_trials(plan) == first and read_trials(plan, history=False) == [
         dataclasses.replace(r, history=()) for r in first
@@ -154,10 +158,19 @@ class _Trial:
         self.trial_id, self.status = tid, status
 
 
+class _Syncer:
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def wait(self) -> None:
+        self.waits += 1
+
+
 class _Storage:
     def __init__(self, root: Path) -> None:
         self.storage_filesystem = pyarrow.fs.LocalFileSystem()
         self.experiment_fs_path = str(root)
+        self.syncer = _Syncer()
 
 
 class _Searcher:
@@ -234,3 +247,25 @@ def test_the_searcher_is_saved_when_a_trial_comes_or_changes_status_not_for_a_re
     save(c)
     assert c._search_alg.saves == 3
     assert "save_to_dir" not in vars(c._search_alg)  # the method is back after a skipped save
+
+
+class _TrialStorage:
+    def __init__(self, staging: Path, remote: Path) -> None:
+        self.trial_driver_staging_path = str(staging)
+        self.trial_fs_path = str(remote)
+
+
+def test_a_written_trials_staging_folder_is_uploaded_once_more_then_removed(tmp_path: Path) -> None:
+    staging, remote = tmp_path / "staging", tmp_path / "storage"
+    done = _Trial("a", "TERMINATED")
+    done.storage = _TrialStorage(staging / "a", remote / "a")  # type: ignore[attr-defined]
+    (staging / "a").mkdir(parents=True)
+    (staging / "a" / "result.json").write_text('{"epoch": 3}\n')
+    empty = _Trial("b", "TERMINATED")
+    empty.storage = _TrialStorage(staging / "b", remote / "b")  # type: ignore[attr-defined]
+    (staging / "b").mkdir()
+    storage = _Storage(tmp_path)
+    tune_state.retire_staging(storage, [done, empty, _Trial("c", "TERMINATED")])  # c: no storage at all
+    assert (remote / "a" / "result.json").read_text() == '{"epoch": 3}\n'
+    assert not (staging / "a").exists() and not (staging / "b").exists() and not (remote / "b").exists()
+    assert storage.syncer.waits == 1  # a sync still copying is waited for first
