@@ -178,22 +178,20 @@ class TrackedTrials:
                 for key in run.data.metrics:
                     by_key.setdefault(key, []).append(run.info.run_id)
         fetched: dict[str, dict[int, dict[str, Any]]] = {}
-        counts: dict[tuple[str, str], int] = {}
-        full: set[str] = set()  # runs with a metric at the bulk answer's cap: maybe sampled
+        full: set[str] = set()  # runs an answer may have cut short: read on their own
         for key in sorted(by_key):
             ids = by_key[key]
             for i in range(0, len(ids), _BULK_RUNS):
                 chunk = ids[i : i + _BULK_RUNS]
-                metrics = bulk_metric_history(self.client, chunk, key)
-                if metrics is None:
+                answer = bulk_metric_history(self.client, chunk, key)
+                if answer is None:
                     return  # no bulk read here: each run is read on its own
-                for run_id, step, _timestamp, value in metrics:
+                points, cut = answer
+                full |= cut
+                for run_id, step, _timestamp, value in points:
                     rows = fetched.setdefault(run_id, {})
                     row = rows.setdefault(step, {"epoch": step})
                     row[key] = value  # ordered by step then time: a step logged twice keeps its latest
-                    n = counts[(run_id, key)] = counts.get((run_id, key), 0) + 1
-                    if n >= _BULK_MAX_PER_RUN:
-                        full.add(run_id)
         for run_id, rows in fetched.items():
             if run_id not in full:
                 self._histories[run_id] = rows
@@ -232,39 +230,67 @@ class TrackedTrials:
 
 
 _BULK_RUNS = 100  # MLflow's limit of run ids per bulk history request
-_BULK_MAX_PER_RUN = 2500  # and of points per run in one answer (more: sampled, so read per run)
+_BULK_MAX_POINTS = 25000  # ... and of points in one answer of the plain bulk read
+_BULK_MAX_PER_RUN = 2500  # ... and of points per run in one answer of the interval read (then sampled)
+
+Points = list[tuple[str, int, int, float]]
 
 
-def bulk_metric_history(
-    client: Any, run_ids: list[str], key: str
-) -> list[tuple[str, int, int, float]] | None:
+def bulk_metric_history(client: Any, run_ids: list[str], key: str) -> tuple[Points, set[str]] | None:
     """``(run id, step, timestamp, value)`` of metric ``key`` of up to 100 runs in one read, ordered
-    by run, step and time; ``None`` when the store has no bulk read. A REST store asks the server's
-    ``metrics/get-history-bulk-interval`` (all points when a run has at most 2,500 of them); a
-    database store (a ``sqlite:`` URI) answers the same query in process."""
+    by run, step and time, and the runs whose history the answer may have cut short (read those on
+    their own); ``None`` when the store has no bulk read.
+
+    A REST store asks the server's ``metrics/get-history-bulk`` (one SQL query for all the runs:
+    the route MLflow's UI draws its charts from; ~0.02 s for 100 runs here), else its public
+    ``metrics/get-history-bulk-interval`` (one query per run, ~10x slower); a database store (a
+    ``sqlite:`` URI) answers the plain bulk query in process."""
     store = getattr(getattr(client, "_tracking_client", None), "store", None)
     if store is None:
         return None
     if hasattr(store, "get_host_creds"):  # RestStore
-        from mlflow.utils.rest_utils import http_request, verify_rest_response
+        from mlflow.utils.rest_utils import http_request
 
-        endpoint = "/api/2.0/mlflow/metrics/get-history-bulk-interval"
-        response = http_request(
-            store.get_host_creds(),
-            endpoint,
+        creds = store.get_host_creds()
+        plain = http_request(
+            creds,
+            "/ajax-api/2.0/mlflow/metrics/get-history-bulk",
+            "GET",
+            params={"run_id": run_ids, "metric_key": key, "max_results": _BULK_MAX_POINTS},
+            raise_on_status=False,
+        )
+        if plain.status_code == 200:
+            points = _points(plain.json())
+            return _ordered(points), (set(run_ids) if len(points) >= _BULK_MAX_POINTS else set())
+        interval = http_request(
+            creds,
+            "/api/2.0/mlflow/metrics/get-history-bulk-interval",
             "GET",
             params={"run_ids": run_ids, "metric_key": key, "max_results": _BULK_MAX_PER_RUN},
+            raise_on_status=False,
         )
-        response = verify_rest_response(response, endpoint)
-        points = [
-            (str(m["run_id"]), int(m.get("step", 0)), int(m.get("timestamp", 0)), float(m["value"]))
-            for m in response.json().get("metrics", [])
-        ]
-    elif hasattr(store, "get_metric_history_bulk_interval"):
-        found = store.get_metric_history_bulk_interval(run_ids, key, _BULK_MAX_PER_RUN, None, None)
+        if interval.status_code != 200:
+            return None
+        points = _points(interval.json())
+        counts: dict[str, int] = {}
+        for run_id, *_ in points:
+            counts[run_id] = counts.get(run_id, 0) + 1
+        return _ordered(points), {r for r, n in counts.items() if n >= _BULK_MAX_PER_RUN}
+    if hasattr(store, "get_metric_history_bulk"):
+        found = store.get_metric_history_bulk(run_ids, key, _BULK_MAX_POINTS)
         points = [(str(m.run_id), int(m.step), int(m.timestamp), float(m.value)) for m in found]
-    else:
-        return None
+        return _ordered(points), (set(run_ids) if len(points) >= _BULK_MAX_POINTS else set())
+    return None
+
+
+def _points(answer: Mapping[str, Any]) -> Points:
+    return [
+        (str(m["run_id"]), int(m.get("step", 0)), int(m.get("timestamp", 0)), float(m["value"]))
+        for m in answer.get("metrics", [])
+    ]
+
+
+def _ordered(points: Points) -> Points:
     return sorted(points, key=lambda p: (p[0], p[1], p[2]))
 
 
