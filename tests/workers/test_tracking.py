@@ -416,6 +416,8 @@ class Outage:
         client = cb.client
         for name in self.METHODS:
             monkeypatch.setattr(client, name, self._wrap(getattr(client, name)))
+        store = client._tracking_client.store  # a trial run's end goes to the store directly
+        monkeypatch.setattr(store, "update_run_info", self._wrap(store.update_run_info))
 
     def _wrap(self, real: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -564,6 +566,42 @@ def test_a_running_trials_epochs_go_out_at_its_first_result_then_at_most_every_f
     (run,) = _runs(client, "trial")
     assert run.info.status == "FINISHED"
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch")) == [1, 2, 3, 4, 5, 6]
+
+
+def _counting(real: Any, name: str, calls: list[str]) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(name)
+        return real(*args, **kwargs)
+
+    return counted
+
+
+def test_a_tiny_trials_run_costs_four_requests_create_two_batches_and_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cb = _callback(tmp_path)
+    cb.prepare(fresh=True)
+    cb.setup()
+    calls: list[str] = []
+    client = cb.client
+    store = client._tracking_client.store
+    for owner, name in [
+        (client, n) for n in ("create_run", "log_batch", "get_run", "update_run", "set_terminated")
+    ] + [
+        (store, "update_run_info"),
+        (store, "get_run"),
+    ]:
+        monkeypatch.setattr(owner, name, _counting(getattr(owner, name), name, calls))
+    trial = FakeTrial("a", {"x": 0.5})
+    _feed(cb, trial, range(1, 5), final=4)  # four epochs inside one flush window
+    trial.status = "TERMINATED"
+    cb.on_trial_complete(iteration=4, trials=[trial], trial=trial)
+    assert calls == ["create_run", "log_batch", "log_batch", "update_run_info"]
+    (run,) = _runs(MlflowClient(cb.tracking_uri), "trial")
+    assert (
+        run.info.status == "FINISHED" and run.info.end_time and run.data.tags[TAG_TRIAL_STATUS] == "completed"
+    )
+    assert run.data.params["x"] == "0.5" and run.data.metrics["epoch"] == 4.0
 
 
 def test_final_flush_is_bounded_and_lists_undelivered_trials(

@@ -211,7 +211,7 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         from workers.interrupts import received
 
         with self._loop():
-            self._sync(trial)
+            self._sync(trial, flush=False)  # its last epochs go with its status tags
             outcome = _trial_outcome(trial, errored=False)
             if outcome == "pruned" and received() is not None:
                 # Tune stops the running trials of a study stopped by a signal as if a scheduler
@@ -261,7 +261,13 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         pending.append((epoch, metrics, int((stamp if stamp is not None else time.time()) * 1000)))
 
     def _sync(
-        self, trial: Trial, *, attempts: int | None = None, create: bool = False, reopen: bool = False
+        self,
+        trial: Trial,
+        *,
+        attempts: int | None = None,
+        create: bool = False,
+        reopen: bool = False,
+        flush: bool = True,
     ) -> None:
         """Create the trial's run if needed and log its queued epochs. Never raises.
 
@@ -281,28 +287,45 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
             if reopen and child.status != "RUNNING" and trial.trial_id not in self._finals:
                 self._call(self.client.update_run, child.run_id, status="RUNNING", attempts=attempts)
                 child.status = "RUNNING"
-            self._flush(trial.trial_id, child, attempts=attempts)
+            if flush:
+                self._flush(trial.trial_id, child, attempts=attempts)
         except Exception as exc:
             if not isinstance(exc, MlflowUnavailable):
                 logger.warning("MLflow logging for trial %s deferred: %s", trial.trial_id, exc)
 
-    def _flush(self, trial_id: str, child: _ChildRun, *, attempts: int | None) -> None:
+    def _flush(
+        self, trial_id: str, child: _ChildRun, *, attempts: int | None, tags: Sequence[Any] = ()
+    ) -> None:
+        """Send the trial's queued epochs, with its params if not sent yet and ``tags``, in as few
+        ``log_batch`` calls as MLflow's limits allow (1,000 values, of them at most 100 params and
+        100 tags): a tiny trial's run is one create, one batch at its first result, one at its end
+        (its last epochs and its status tags) and its end status."""
         from mlflow.entities import Metric
 
         pending = [p for p in self._pending.get(trial_id, []) if p[0] > child.last_epoch]
-        if not pending:
-            self._pending.pop(trial_id, None)
-            return
         pending.sort(key=lambda p: p[0])
         metrics = [
             Metric(key, value, timestamp, int(step))
             for step, values, timestamp in pending
             for key, value in values.items()
         ]
-        for i in range(0, len(metrics), 1000):
-            chunk = metrics[i : i + 1000]
-            self._call(self.client.log_batch, child.run_id, metrics=chunk, attempts=attempts)
-        child.last_epoch = max(child.last_epoch, pending[-1][0])
+        params, tags = list(child.unsent_params), list(tags)
+        while metrics or params or tags:
+            batch_params, params = params[:100], params[100:]
+            batch_tags, tags = tags[:100], tags[100:]
+            room = 1000 - len(batch_params) - len(batch_tags)
+            batch_metrics, metrics = metrics[:room], metrics[room:]
+            self._call(
+                self.client.log_batch,
+                child.run_id,
+                metrics=batch_metrics,
+                params=batch_params,
+                tags=batch_tags,
+                attempts=attempts,
+            )
+            child.unsent_params = child.unsent_params[len(batch_params) :]
+        if pending:
+            child.last_epoch = max(child.last_epoch, pending[-1][0])
         self._pending.pop(trial_id, None)
 
     def _close_trial(self, trial: Trial, status: str, outcome: str, *, attempts: int | None = None) -> None:
@@ -332,8 +355,8 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
             node_id = (trial.last_result or {}).get("node_id")
             if node_id:
                 tags.append(RunTag("autonorm.node_id", str(node_id)))
-            self._call(self.client.log_batch, child.run_id, tags=tags, attempts=attempts)
-            self._call(self.client.set_terminated, child.run_id, status, attempts=attempts)
+            self._flush(trial.trial_id, child, attempts=attempts, tags=tags)  # and any queued epochs
+            self._call(self._end_run, child.run_id, status, attempts=attempts)
             child.status = status
             self._finals.pop(trial.trial_id, None)
         except Exception as exc:

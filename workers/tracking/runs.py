@@ -8,7 +8,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workers.tracking.names import (
@@ -39,6 +39,8 @@ class _ChildRun:
     run_id: str
     last_epoch: float = -math.inf
     status: str = "RUNNING"
+    # Params not sent yet: they go with the run's first metrics (one call, not two).
+    unsent_params: list[Any] = field(default_factory=list)
 
 
 class TrialRuns(OutageBackoff):
@@ -203,13 +205,10 @@ class TrialRuns(OutageBackoff):
         run = self._call(
             self.client.create_run, self._experiment_id, tags=tags, run_name=self._run_name(trial), attempts=1
         )
-        child = _ChildRun(run_id=run.info.run_id)
+        params = [Param(k, v) for k, v in flatten_params(config).items()]
+        child = _ChildRun(run_id=run.info.run_id, unsent_params=params)
         self._children[trial.trial_id] = child
         self._uncreated.discard(trial.trial_id)
-        params = [Param(k, v) for k, v in flatten_params(config).items()]
-        for i in range(0, len(params), 100):
-            chunk = params[i : i + 100]
-            self._call(self.client.log_batch, child.run_id, params=chunk)
         return child
 
     def _run_name(self, trial: Trial) -> str:

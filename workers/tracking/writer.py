@@ -127,6 +127,15 @@ class MlflowWriter:
                     return result
         raise AssertionError("unreachable")
 
+    def _end_run(self, run_id: str, status: str) -> None:
+        """End a run with ``status`` now: ``MlflowClient.set_terminated`` without the ``get_run`` it
+        makes first (only to print the run's URL): one request per trial run instead of two."""
+        from mlflow.entities import RunStatus
+
+        self.client._tracking_client.store.update_run_info(
+            run_id, run_status=RunStatus.from_string(status), end_time=int(time.time() * 1000), run_name=None
+        )
+
     def _search(self, filter_string: str) -> list[Any]:
         experiment_id = self._ensure_experiment()
         runs: list[Any] = []
