@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from autonorm_core.optim import adamw, param_groups
-from autonorm_core.stacking.layers import NotStackableError, StackedMixture
-from autonorm_core.stacking.models import StackedModel, stack_models, stackable
+from autonorm_core.stacking.layers import BackwardSGD, NotStackableError, StackedLinear, StackedMixture
+from autonorm_core.stacking.models import StackedModel, stack_models, training_reason
 from autonorm_core.stacking.optim import StackedOptimizer
 from autonorm_core.training import (
     STATE_FORMAT,
@@ -116,6 +116,8 @@ def _check_members(cfgs: Sequence[TrainConfig], splits: Sequence[Any]) -> None:
         values = [getattr(c, name) for c in cfgs]
         if any(v != values[0] for v in values):
             raise ValueError(f"stacked members must share TrainConfig.{name}; got {values}")
+    if all(s is splits[0] for s in splits):
+        return  # one Splits shared by every member
     tasks = {getattr(s, "task", "classification") for s in splits}
     if len(tasks) != 1:
         raise ValueError(f"stacked members must share one task, got {sorted(tasks)}")
@@ -125,13 +127,15 @@ def _check_members(cfgs: Sequence[TrainConfig], splits: Sequence[Any]) -> None:
             raise ValueError(f"stacked members' {part} splits differ in shape: {sorted(map(tuple, sizes))}")
 
 
-def _member_loss(out: Tensor, y: Tensor, task: str, smoothing: Sequence[float]) -> tuple[Tensor, Tensor]:
-    """Per-member mean training loss ``(K,)`` and the examples/tokens each covers ``(K,)``."""
+def _member_loss(
+    out: Tensor, y: Tensor, task: str, smoothing: Sequence[float]
+) -> tuple[Tensor, Tensor | int]:
+    """Per-member mean training loss ``(K,)`` and the examples/tokens each covers (``(K,)``, or one int
+    that every member covers: classification, regression)."""
     K = out.shape[0]
     if task == "regression":
         per = F.mse_loss(out.reshape(y.shape).float(), y.float(), reduction="none").reshape(K, -1)
-        count = torch.full((K,), per.shape[1], device=out.device)
-        return per.sum(1) / count.clamp_min(1), count
+        return per.sum(1) / max(per.shape[1], 1), per.shape[1]
     if task == "tagging":
         flat = y.reshape(K, -1)
         per = F.cross_entropy(
@@ -140,9 +144,10 @@ def _member_loss(out: Tensor, y: Tensor, task: str, smoothing: Sequence[float]) 
         count = (flat != -100).sum(1)
         return per.sum(1) / count.clamp_min(1), count
     C = out.shape[-1]
-    if all(s == smoothing[0] for s in smoothing):
+    s0 = smoothing[0]
+    if list(smoothing).count(s0) == len(smoothing):
         per = F.cross_entropy(
-            out.reshape(-1, C).float(), y.reshape(-1), label_smoothing=smoothing[0], reduction="none"
+            out.reshape(-1, C).float(), y.reshape(-1), label_smoothing=s0, reduction="none"
         ).reshape(K, -1)
     else:
         per = torch.stack(
@@ -151,8 +156,7 @@ def _member_loss(out: Tensor, y: Tensor, task: str, smoothing: Sequence[float]) 
                 for k, s in enumerate(smoothing)
             ]
         )
-    count = torch.full((K,), per.shape[1], device=out.device)
-    return per.sum(1) / count, count
+    return per.sum(1) / per.shape[1], per.shape[1]
 
 
 @torch.no_grad()
@@ -288,13 +292,16 @@ def fit_stacked(
         _as_list(list(resume_states), K, "resume_states") if resume_states is not None else [None] * K
     )
     _check_members(cfg_list, split_list)
-    ok, reason = stackable(models[0], cfg_list[0])
+    # stackable()'s verdict without stacking twice: its training check, then the members themselves
+    reason = training_reason(cfg_list[0])
     stacked: StackedModel | None = None
-    if ok:
+    if not reason:
         try:
             stacked = stack_models(list(models))
         except NotStackableError as err:
-            ok, reason = False, str(err)
+            reason = str(err)
+        except ValueError as err:
+            reason = f"invalid model config: {err}"
     if stacked is None:
         return _fit_separately(
             models, split_list, cfg_list, seed_list, cb_list, device, resume_list, checkpoint_fn, reason
@@ -376,6 +383,11 @@ class _StackedRun:
         self.dyt_index = [g.candidates.index("dyt") if "dyt" in g.candidates else None for g in self.gates]
         self.named_params = list(self.stacked.named_parameters())
         self.opt = StackedOptimizer(self.named_params, kind=cfgs[0].optimizer, num_members=self.K)
+        # plain-SGD steps of the linears fed by data happen in their backward (BackwardSGD)
+        self.backward_sgd = BackwardSGD()
+        for m in self.stacked.modules():
+            if isinstance(m, StackedLinear):
+                m.backward_sgd = self.backward_sgd
         num_train = parts["train"][0][0].shape[0]
         c0 = cfgs[0]
         self.num_train = num_train
@@ -466,10 +478,24 @@ class _StackedRun:
 
     # --------------------------------------------------------------------------- member state (fit's)
 
-    def _sync_member(self, k: int) -> nn.Module:
-        """Member k's own model, holding its current weights and freeze flags."""
+    def _write_member(self, k: int, state: Mapping[str, Tensor], index: int | None = None) -> None:
+        """Copies a member state (``index`` given: slice ``index`` of stacked tensors) into model k.
+
+        What ``load_state_dict`` does for these models (same keys, checked by ``stack_models``), without
+        its per-module traversal: a tenth of the cost, which K members pay at every sync.
+        """
+        own = self.models[k].state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, t in own.items():
+                t.copy_(state[name] if index is None else state[name][index])
+
+    def _sync_member(self, k: int, state: Mapping[str, Tensor] | None = None) -> nn.Module:
+        """Member k's own model, holding its current weights (or ``state``) and freeze flags."""
         model = self.models[k]
-        model.load_state_dict(self.stacked.member_state_dict(k))
+        if state is None:
+            self._write_member(k, self.stacked.state_dict(), index=k)
+        else:
+            self._write_member(k, state)
         if self.frozen[k]:
             for m in model.modules():
                 if _is_gate(m) and not getattr(m, "frozen", False):
@@ -551,16 +577,23 @@ class _StackedRun:
         self.message[k] = message
         self.final_states[k] = self.stacked.member_state_dict(k)
 
-    def _batch(self, perms: list[Tensor], b: int) -> tuple[Tensor, Tensor]:
+    def _epoch_order(self, perms: list[Tensor], steps: int) -> Tensor:
+        """``(steps, K*B)``: row b holds member 0's batch-b indices, then member 1's, ... (one copy/epoch)."""
         B = self.cfgs[0].batch_size
-        idx = [p[b * B : (b + 1) * B] for p in perms]
+        order = torch.stack(perms)[:, : steps * B].reshape(self.K, steps, B)
+        return order.transpose(0, 1).reshape(steps, self.K * B)
+
+    def _batch(self, order: Tensor, b: int) -> tuple[Tensor, Tensor]:
+        """Member k's batch b (``fit``'s ``perm[b*B:(b+1)*B]`` of its own permutation), stacked ``(K, B, ...)``."""
+        K, B = self.K, self.cfgs[0].batch_size
+        flat = order[b]
         if self.shared:
             x_all, y_all = self.parts["train"][0]
-            flat = torch.cat(idx)
             x, y = x_all.index_select(0, flat), y_all.index_select(0, flat)  # index_select: 4x faster
-            return x.reshape(self.K, B, *x.shape[1:]), y.reshape(self.K, B, *y.shape[1:])
-        xs = [self.parts["train"][k][0][idx[k]] for k in range(self.K)]
-        ys = [self.parts["train"][k][1][idx[k]] for k in range(self.K)]
+            return x.reshape(K, B, *x.shape[1:]), y.reshape(K, B, *y.shape[1:])
+        idx = flat.reshape(K, B)
+        xs = [self.parts["train"][k][0].index_select(0, idx[k]) for k in range(K)]
+        ys = [self.parts["train"][k][1].index_select(0, idx[k]) for k in range(K)]
         return torch.stack(xs), torch.stack(ys)
 
     def run(self, resume: Sequence[Mapping[str, Any] | None]) -> StackedFitResult:
@@ -582,62 +615,82 @@ class _StackedRun:
             if "running" not in self.status:
                 break
             self.stacked.train()
-            perms = []
+            perms: list[Tensor] = []
             for k in range(K):
                 if self.status[k] == "running":
                     perms.append(torch.randperm(self.num_train, generator=self.shuffle[k]).to(dev))
                 else:  # a finished member's slot still computes; its results are ignored
                     perms.append(torch.arange(self.num_train, device=dev))
             epoch_steps = min(self.steps_per_epoch, self.total - max(self.step))
+            order = self._epoch_order(perms, epoch_steps)
             loss_sum = [0.0] * K
             count_sum = [0] * K
             lrs = list(self.peak)
+            # Per-step work stays O(1) in Python where the members allow: the hyperparameter lists are
+            # built once per epoch, the schedule is evaluated once per distinct member schedule.
+            clips = [c.grad_clip for c in self.cfgs]
+            wds = [c.weight_decay for c in self.cfgs]
+            moms = [c.momentum for c in self.cfgs]
+            sched = [(self.warmup[k], self.peak[k], self.cfgs[k].schedule) for k in range(K)]
+            one_schedule = sched.count(sched[0]) == K
+            annealed = [k for k in range(K) if self.cfgs[k].tau_final is not None]
+            live = [k for k in range(K) if self.status[k] == "running"]
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             t0 = time.perf_counter()
             for b in range(epoch_steps):
-                x, y = self._batch(perms, b)
-                for k in range(K):
-                    c = self.cfgs[k]
-                    lrs[k] = lr_at_step(
-                        self.step[k],
-                        total=self.total,
-                        warmup=self.warmup[k],
-                        peak=self.peak[k],
-                        schedule=c.schedule,
-                    )
-                    if c.tau_final is not None and self.status[k] == "running":
+                x, y = self._batch(order, b)
+                if one_schedule and self.step.count(self.step[0]) == K:
+                    warmup, peak, schedule = sched[0]
+                    lrs = [
+                        lr_at_step(
+                            self.step[0], total=self.total, warmup=warmup, peak=peak, schedule=schedule
+                        )
+                    ] * K
+                else:
+                    for k in range(K):
+                        warmup, peak, schedule = sched[k]
+                        lrs[k] = lr_at_step(
+                            self.step[k], total=self.total, warmup=warmup, peak=peak, schedule=schedule
+                        )
+                sgd = self.backward_sgd
+                sgd.lr = self.opt.plain_sgd_lr(lr=lrs, weight_decay=wds, momentum=moms, max_norms=clips)
+                for k in annealed:
+                    if self.status[k] == "running":
+                        c = self.cfgs[k]
                         frac = self.step[k] / max(1, self.total - 1)
                         for g, t0_g in zip(self.gates, self.tau0[k]):
-                            g.taus[k] = t0_g + (c.tau_final - t0_g) * frac
+                            g.taus[k] = t0_g + (c.tau_final - t0_g) * frac  # type: ignore[operator]
                 out = self.stacked(x)
                 losses, counts = _member_loss(out, y, self.task, self.smoothing)
                 values = losses.tolist()
-                count_list = counts.tolist()
-                for k in range(K):
-                    if self.status[k] == "running" and not math.isfinite(values[k]):
-                        self._diverge(
-                            k, f"non-finite training loss {values[k]} at epoch {epoch}, update {self.step[k]}"
-                        )
-                live = [k for k in range(K) if self.status[k] == "running"]
-                if not live:
-                    break
+                count_list = [counts] * K if isinstance(counts, int) else counts.tolist()
+                if not all(map(math.isfinite, values)):
+                    for k in live:
+                        if not math.isfinite(values[k]):
+                            self._diverge(
+                                k,
+                                f"non-finite training loss {values[k]} at epoch {epoch}, update {self.step[k]}",
+                            )
+                    live = [k for k in range(K) if self.status[k] == "running"]
+                    if not live:
+                        break
                 self.opt.zero_grad()
+                masks = self._masks()
+                if sgd.lr is not None and not self.opt.every_member(masks):
+                    sgd.lr = None  # a member stopped or froze: masked updates, from gradients
                 live_loss = losses.sum() if len(live) == K else losses[torch.tensor(live, device=dev)].sum()
                 live_loss.backward()
-                masks = self._masks()
-                self.opt.clip_([self.cfgs[k].grad_clip for k in range(K)], masks)
-                self.opt.step(
-                    lr=lrs,
-                    weight_decay=[c.weight_decay for c in self.cfgs],
-                    momentum=[c.momentum for c in self.cfgs],
-                    masks=masks,
-                )
+                self.opt.clip_(clips, masks)
+                self.opt.step(lr=lrs, weight_decay=wds, momentum=moms, masks=masks, updated=sgd.updated)
+                sgd.updated.clear()
+                sgd.lr = None
                 for k in live:
                     self.last_lr[k] = lrs[k]
                     self.step[k] += 1
                     loss_sum[k] += values[k] * count_list[k]
                     count_sum[k] += int(count_list[k])
+            self.backward_sgd.lr = None
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             train_time = time.perf_counter() - t0
@@ -730,13 +783,17 @@ class _StackedRun:
 
     def _result(self) -> StackedFitResult:
         results, states = [], []
+        current = self.stacked.state_dict()
         for k in range(self.K):
             status: Status = "completed" if self.status[k] == "running" else self.status[k]  # type: ignore[assignment]
-            state = self.final_states[k] or self.stacked.member_state_dict(k)
-            if self.final_states[k] is None:
-                self._sync_member(k)
+            state = self.final_states[k]
+            if state is None:
+                state = {
+                    n: t[k].detach().clone(memory_format=torch.contiguous_format) for n, t in current.items()
+                }
+                self._sync_member(k, state)
             else:
-                self.models[k].load_state_dict(state)
+                self._write_member(k, state)
             states.append(state)
             results.append(
                 FitResult(

@@ -38,7 +38,7 @@ from autonorm_core.stacking.layers import (
     stack_token_layer,
 )
 
-__all__ = ["StackedModel", "create_members", "stack_models", "stackable"]
+__all__ = ["StackedModel", "create_members", "stack_models", "stackable", "training_reason"]
 
 
 class StackedModel(nn.Module):
@@ -48,8 +48,11 @@ class StackedModel(nn.Module):
     member_rng: MemberGenerators
 
     def member_state_dict(self, k: int) -> dict[str, Tensor]:
-        """Member ``k``'s ``state_dict`` (copies), loadable into a member model of the architecture."""
-        return {name: t[k].detach().clone() for name, t in self.state_dict().items()}
+        """Member ``k``'s ``state_dict`` (contiguous copies), loadable into a member model of the architecture."""
+        return {
+            name: t[k].detach().clone(memory_format=torch.contiguous_format)
+            for name, t in self.state_dict().items()
+        }
 
     def load_member_state_dict(self, k: int, state: Mapping[str, Tensor]) -> None:
         """Writes a member model's ``state_dict`` into slot ``k`` (same keys, one member's shapes)."""
@@ -82,6 +85,8 @@ def _check_same_config(members: Sequence[nn.Module]) -> None:
         raise NotStackableError(f"{type(members[0]).__name__} has no model config")
     base = {f.name: normal(getattr(configs[0], f.name)) for f in dataclasses.fields(configs[0])}
     for c in configs[1:]:
+        if c == configs[0]:
+            continue  # the common case (same architecture, same per-member values): nothing to normalise
         other = {f.name: normal(getattr(c, f.name)) for f in dataclasses.fields(c)}  # type: ignore[arg-type]
         if other != base:
             diff = sorted(k for k in base if base[k] != other.get(k))
@@ -403,6 +408,14 @@ def _probe_splits(model_type: str) -> Splits:
     return Splits("probe", images, images, images, "classification", 3, (1, 28, 28))
 
 
+def training_reason(training: Any) -> str:
+    """Why a training configuration (TrainConfig or mapping) has no stacked form; empty if it has one."""
+    precision = training.get("precision") if isinstance(training, Mapping) else training.precision
+    if precision not in (None, "fp32"):
+        return f"precision={precision!r}: the stacked path runs float32 only"
+    return ""
+
+
 def stackable(config: nn.Module | Mapping[str, Any], training: Any = None) -> tuple[bool, str]:
     """Whether members of this model (and training configuration) train stacked; else why not.
 
@@ -419,9 +432,9 @@ def stackable(config: nn.Module | Mapping[str, Any], training: Any = None) -> tu
         training = config.get("training") if training is None else training
         config = config["model"]
     if training is not None:
-        precision = training.get("precision") if isinstance(training, Mapping) else training.precision
-        if precision not in (None, "fp32"):
-            return False, f"precision={precision!r}: the stacked path runs float32 only"
+        reason = training_reason(training)
+        if reason:
+            return False, reason
     try:
         if isinstance(config, nn.Module):
             stack_models([config])

@@ -10,8 +10,14 @@ outside the separate optimizer. Bias corrections are computed in float64 from th
 fused kernel does.
 
 State per parameter: ``step`` ``(K,)`` (float64), ``exp_avg`` / ``exp_avg_sq`` (AdamW) or
-``momentum_buffer`` (SGD with momentum), all ``(K, ...)``: :meth:`member_state` / :meth:`load_member_state`
+``momentum_buffer`` (SGD with momentum; allocated with the first update that uses momentum), all
+``(K, ...)``: :meth:`member_state` / :meth:`load_member_state`
 convert member k's slice to and from ``torch.optim`` state entries.
+
+Plain SGD at one learning rate (no decay, momentum or clipping; :meth:`StackedOptimizer.plain_sgd_lr`)
+runs as ``torch.optim.SGD``'s own ``p.add_(grad, alpha=-lr)``, for all parameters in one foreach call;
+``fit_stacked`` then lets the first linear apply its update inside its backward
+(:class:`~autonorm_core.stacking.layers.BackwardSGD`) and :meth:`StackedOptimizer.step` only counts it.
 """
 
 from __future__ import annotations
@@ -36,17 +42,26 @@ class StackedOptimizer:
         self.kind = kind
         self.k = num_members
         self.params = list(named_params)
+        self._by_name = dict(self.params)
         self.state: dict[str, dict[str, Tensor]] = {}
         self._vectors: dict[str, tuple[tuple[float, ...], Tensor]] = {}
         self._uniform_lr: float | None = None
+        # the last masks mapping seen (held: its identity is the cache key) -> per parameter (any, every)
+        self._mask_plan: tuple[Mapping[str, Tensor], dict[str, tuple[bool, bool]]] | None = None
         for name, p in self.params:
             st = {"step": torch.zeros(num_members, dtype=torch.float64, device=p.device)}
             if kind == "adamw":
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            else:
-                st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             self.state[name] = st
+
+    def _momentum_buffer(self, name: str) -> Tensor:
+        """SGD's ``momentum_buffer`` of ``name``, allocated (zeros) on first use: plain SGD never needs one."""
+        st = self.state[name]
+        if "momentum_buffer" not in st:
+            p = self._by_name[name]
+            st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return st["momentum_buffer"]
 
     def _vector(self, key: str, values: Sequence[float]) -> Tensor:
         """Per-member float64 values on the device, rebuilt only when they change (one host copy)."""
@@ -59,11 +74,12 @@ class StackedOptimizer:
         return cached[1]
 
     def zero_grad(self) -> None:
-        # Zeroed in place rather than dropped: a stacked gradient is K times a member's, past glibc's
-        # mmap threshold for the wide layers, and a fresh one every step costs page faults.
+        # Dropped, as fit's ``zero_grad(set_to_none=True)``: the backward's fresh gradient then becomes
+        # ``p.grad`` as is (its layout is the parameter's, also for the transposed linear weights), where a
+        # zeroed gradient costs a fill and an accumulating add, two more passes over every stacked
+        # gradient per step. A parameter that gets no gradient in a step is skipped, as torch.optim does.
         for _, p in self.params:
-            if p.grad is not None:
-                p.grad.zero_()
+            p.grad = None
 
     @staticmethod
     def decays(p: Tensor) -> bool:
@@ -83,7 +99,8 @@ class StackedOptimizer:
             if p.grad is None:
                 continue
             g = p.grad
-            part = torch.where(masks[name], g.reshape(self.k, -1).double().pow(2).sum(dim=1), 0.0)
+            # over the member's dimensions, whatever the layout (a stacked linear's weight is transposed)
+            part = torch.where(masks[name], g.double().pow(2).sum(dim=tuple(range(1, g.ndim))), 0.0)
             sq = part if sq is None else sq + part
         if sq is None:
             return
@@ -97,6 +114,40 @@ class StackedOptimizer:
             if p.grad is not None:
                 p.grad.mul_(self._view(coef, p.grad))
 
+    def plain_sgd_lr(
+        self,
+        *,
+        lr: Sequence[float],
+        weight_decay: Sequence[float],
+        momentum: Sequence[float],
+        max_norms: Sequence[float | None],
+    ) -> float | None:
+        """The learning rate when this step is ``p -= lr * grad`` for every member (SGD, one lr, no
+        weight decay, momentum or clipping), else ``None``: the step a :class:`BackwardSGD` may apply."""
+        if self.kind != "sgd" or lr.count(lr[0]) != len(lr) or max_norms.count(None) != len(max_norms):
+            return None
+        if weight_decay.count(0.0) != len(weight_decay) or momentum.count(0.0) != len(momentum):
+            return None
+        return float(lr[0])
+
+    def every_member(self, masks: Mapping[str, Tensor]) -> bool:
+        """Whether every member updates every parameter under ``masks``."""
+        return all(every for _, every in self._flags(masks).values())
+
+    def _flags(self, masks: Mapping[str, Tensor]) -> dict[str, tuple[bool, bool]]:
+        """Per parameter ``(mask.any(), mask.all())``, read once per masks mapping: callers pass the same
+        mapping (of never-mutated masks) until a member stops or freezes (``fit_stacked`` caches it)."""
+        if self._mask_plan is None or self._mask_plan[0] is not masks:
+            read: dict[int, tuple[bool, bool]] = {}
+            flags = {}
+            for name, _ in self.params:
+                mask = masks[name]
+                if id(mask) not in read:
+                    read[id(mask)] = (bool(mask.any()), bool(mask.all()))
+                flags[name] = read[id(mask)]
+            self._mask_plan = (masks, flags)
+        return self._mask_plan[1]
+
     @torch.no_grad()
     def step(
         self,
@@ -105,20 +156,42 @@ class StackedOptimizer:
         weight_decay: Sequence[float],
         momentum: Sequence[float],
         masks: Mapping[str, Tensor],
+        updated: Sequence[Tensor] = (),
     ) -> None:
-        """One update; ``masks[name]`` ``(K,)`` bool: which members update that parameter."""
+        """One update; ``masks[name]`` ``(K,)`` bool: which members update that parameter.
+
+        ``updated``: parameters a :class:`~autonorm_core.stacking.layers.BackwardSGD` already stepped in
+        the backward (their plain-SGD update of this step; they have no gradient): only counted.
+        """
+        if updated:
+            ids = {id(t) for t in updated}
+            steps = [self.state[name]["step"] for name, p in self.params if id(p) in ids]
+            torch._foreach_add_(steps, 1.0)
+        lr0 = lr[0]
+        self._uniform_lr = float(lr0) if lr.count(lr0) == len(lr) else None
+        need_wd = weight_decay.count(0.0) != len(weight_decay)
+        need_mom = momentum.count(0.0) != len(momentum)
+        flags = self._flags(masks)
+        if self.kind == "sgd" and self._uniform_lr is not None and not need_wd and not need_mom:
+            # Plain SGD at one lr (a sweep over seeds): torch.optim.SGD's own per-parameter update
+            # ``p.add_(grad, alpha=-lr)``, for all parameters in one foreach call (the same kernel and
+            # arithmetic), when every member updates every parameter that has a gradient.
+            todo = [(name, p) for name, p in self.params if p.grad is not None and flags[name][0]]
+            if all(flags[name][1] for name, _ in todo):
+                if todo:
+                    params = [p for _, p in todo]
+                    grads = [p.grad for p in params]
+                    torch._foreach_add_(params, grads, alpha=-self._uniform_lr)  # type: ignore[arg-type]
+                    torch._foreach_add_([self.state[name]["step"] for name, _ in todo], 1.0)
+                return
         lr64 = self._vector("lr", lr)
-        self._uniform_lr = float(lr[0]) if all(v == lr[0] for v in lr) else None
         wd64 = self._vector("wd", weight_decay)
         mom = self._vector("mom", momentum)
-        need_wd = any(w != 0.0 for w in weight_decay)
-        need_mom = any(m != 0.0 for m in momentum)
-        flags: dict[int, tuple[bool, bool]] = {}
+        if self.kind == "sgd" and need_mom:
+            for name, _ in self.params:
+                self._momentum_buffer(name)
         for name, p in self.params:
-            mask = masks[name]
-            if id(mask) not in flags:
-                flags[id(mask)] = (bool(mask.any()), bool(mask.all()))
-            some, every = flags[id(mask)]
+            some, every = flags[name]
             if p.grad is None or not some:
                 continue
             st = self.state[name]
@@ -134,6 +207,7 @@ class StackedOptimizer:
                     self._sgd_(p, g, st, step, lr64, wd, mom if need_mom else None)
                 continue
             # Some members keep this parameter (diverged, stopped, frozen): update copies, then select.
+            mask = masks[name]
             mb = self._view(mask, p)
             new_p = p.detach().clone()
             new_st = {key: v.clone() for key, v in st.items() if key != "step"}
@@ -197,15 +271,18 @@ class StackedOptimizer:
         steps = float(st["step"][k])
         if steps == 0.0:
             return None
+        # Contiguous copies, like the member's parameters (a stacked linear's weight is stored transposed;
+        # fused AdamW expects state laid out like its contiguous parameter).
+        fmt = torch.contiguous_format
         if self.kind == "adamw":
             return {
                 "step": torch.tensor(steps, dtype=torch.float32),
-                "exp_avg": st["exp_avg"][k].clone(),
-                "exp_avg_sq": st["exp_avg_sq"][k].clone(),
+                "exp_avg": st["exp_avg"][k].clone(memory_format=fmt),
+                "exp_avg_sq": st["exp_avg_sq"][k].clone(memory_format=fmt),
             }
         if momentum == 0.0:
             return None
-        return {"momentum_buffer": st["momentum_buffer"][k].clone()}
+        return {"momentum_buffer": self._momentum_buffer(name)[k].clone(memory_format=fmt)}
 
     def load_member_state(self, name: str, k: int, entry: Mapping[str, Tensor] | None) -> None:
         st = self.state[name]
@@ -223,5 +300,5 @@ class StackedOptimizer:
             else:
                 buf = entry.get("momentum_buffer")
                 if buf is not None:
-                    st["momentum_buffer"][k].copy_(buf)
+                    self._momentum_buffer(name)[k].copy_(buf)
                     st["step"][k] = max(float(st["step"][k]), 1.0)

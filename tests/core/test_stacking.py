@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from autonorm_core.data import Splits
 from autonorm_core.stacking import create_members, fit_stacked, stack_models, stackable
 from autonorm_core.stacking.fit import _StackedRun
+from autonorm_core.stacking.layers import StackedLinear
 from autonorm_core.training import GateFreeze, TrainConfig, _derive_seed, fit
 from tests.core.blobs import make_splits
 
@@ -191,6 +192,25 @@ def test_mlp_arms_match_separate_runs(layer: str) -> None:
     _compare("mlp", make_splits(n_train=80), {"preset": "tiny", "layer": layer}, [_sgd(0.05), _sgd(0.3)])
 
 
+@pytest.mark.parametrize("layer", MLP_ARMS)
+def test_mlp_plain_sgd_at_one_lr_steps_the_first_layer_in_its_backward(
+    layer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One plain-SGD lr for every member: the first linear (fed by data) applies W -= lr xᵀ∂z in its
+    # backward instead of writing a gradient (BackwardSGD); the same weights as the separate runs.
+    applied: list[float] = []
+    update = StackedLinear._update_weight
+
+    def spy(self: StackedLinear, x3: Tensor, grad: Tensor) -> None:
+        assert self.backward_sgd is not None
+        applied.append(-1.0 if self.backward_sgd.lr is None else self.backward_sgd.lr)
+        update(self, x3, grad)
+
+    monkeypatch.setattr(StackedLinear, "_update_weight", spy)
+    _compare("mlp", make_splits(n_train=80), {"preset": "tiny", "layer": layer}, [_sgd(0.1), _sgd(0.1)])
+    assert applied == [0.1] * 10  # every update, the first layer only
+
+
 def test_mlp_per_member_hyperparameters_and_adamw() -> None:
     # Different beta per member (a searched hyperparameter), AdamW with decay, clipping, smoothing, warm-up.
     splits = make_splits(n_train=80)
@@ -298,6 +318,24 @@ def test_a_diverging_member_stops_and_the_others_still_match() -> None:
     # the diverged member's recorded weights are those it had when it stopped
     assert out.states[0].keys() == seps[0].state_dict().keys()
     assert all(torch.isfinite(t).all() for t in out.states[0].values())
+
+
+def test_a_member_diverging_under_one_shared_sgd_lr_leaves_the_others_matching() -> None:
+    # One lr for both (the backward-applied SGD step is armed), but member 0's data overflow its first
+    # forward: from that update on, the first layer computes its gradient and the masked step applies.
+    ok = make_splits(n_train=80, seed=SEEDS[1])
+    x, y = ok.train
+    bad = Splits("blobs", (x * 1e38, y), ok.val, ok.test, "classification", 3, (8,))
+    splits = [bad, ok]
+    members = [create_members("mlp", s, [seed], preset="tiny")[0] for s, seed in zip(splits, SEEDS)]
+    seps = [create_members("mlp", s, [seed], preset="tiny")[0] for s, seed in zip(splits, SEEDS)]
+    out = fit_stacked(members, splits, _sgd(0.1), seeds=SEEDS)
+    refs = [fit(m, s, _sgd(0.1), seed=seed) for m, s, seed in zip(seps, splits, SEEDS)]
+    assert refs[0].status == out.results[0].status == "diverged"
+    assert out.results[0].message == refs[0].message and out.results[0].updates == refs[0].updates == 0
+    assert out.results[1].status == "completed" and out.results[1].updates == 10
+    assert _max_rel(out.states[0], seps[0].state_dict()) == 0.0  # as it was when it diverged: its init
+    assert _max_rel(out.states[1], seps[1].state_dict()) < TOL
 
 
 # ---------------------------------------------------------------------------------- checkpoint, resume
