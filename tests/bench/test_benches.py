@@ -212,5 +212,7 @@ def test_study_scale_small_runs_through_the_cli(tmp_path: Path) -> None:
         # The run's wall time holds every trial's span; with 2 slots the span is at least Σ trial / 2.
         assert result["wall_over_ideal"] > result["span_over_ideal"] >= 0.99, (kind, result)
         assert result["mlflow_calls_per_trial"] >= 1, (kind, result)  # each trial is a run at least
+        # The suite writes finished trials in files of two (tests/conftest.py): they are in the state.
+        assert 0 < result["state_finished_bytes"] < result["state_bytes"], (kind, result)
         assert Path(result["study_dir"]).is_dir() and Path(result["study_dir"], "verdict.json").exists()
         assert result["state_bytes"] > 1000 * result["trials"], (kind, result)  # Tune's state per trial
