@@ -41,7 +41,6 @@ import os
 import time
 import uuid
 import weakref
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -79,7 +78,7 @@ class SnapshotBook:
     saved_state: tuple[Any, ...] | None = None  # the trials as of the last snapshot (tune_patches)
     chunked: set[str] = field(default_factory=set)  # trial ids already in a finished-trials file
     terminated_at_last_save: set[str] = field(default_factory=set)
-    structure: tuple[Any, ...] | None = None  # trial count and count by status at the last snapshot
+    structure: tuple[Any, ...] | None = None  # trials added and ended at the last snapshot
 
 
 _BOOKS: weakref.WeakKeyDictionary[Any, SnapshotBook] = weakref.WeakKeyDictionary()
@@ -190,15 +189,19 @@ def merge_trial_data(
 def compact_finished_trials(controller: Any) -> bool:
     """Move the trials that have been ``TERMINATED`` since the previous snapshot out of the next
     one into a finished-trials file, once there are :data:`CHUNK_TRIALS` of them; a trial already
-    in such a file is left out of the snapshot. True when a trial was added or changed status since
-    the previous snapshot (else only results came in)."""
+    in such a file is left out of the snapshot. True when the searcher's state may have changed
+    since the previous snapshot: a trial was added (a searcher suggests every trial), or, for a
+    searcher that learns from results (not Tune's grid), a trial ended."""
+    from ray.tune.search import BasicVariantGenerator
+
     notes = book(controller)
     metadata: dict[str, Any] = controller._get_trial_checkpoints()  # brings changed trials' JSON up to date
-    statuses = Counter(t.status for t in controller._trials)
-    structure = (len(controller._trials), tuple(sorted(statuses.items())))
+    stopped = controller._stopped_trials  # Tune's set of TERMINATED trials (and _failed_trials: ERROR)
+    learns = not isinstance(controller._search_alg, BasicVariantGenerator)
+    structure = (len(controller._trials), len(stopped) + len(controller._failed_trials) if learns else 0)
     changed = structure != notes.structure
     notes.structure = structure
-    terminated = {t.trial_id for t in controller._trials if t.status == _TERMINATED}
+    terminated = {t.trial_id for t in stopped}
     for tid in notes.chunked & terminated:
         metadata.pop(tid, None)
     # A trial waits one snapshot after it ended: anything Tune still records about it is in.
@@ -267,11 +270,13 @@ def _searcher_not_saved(search_alg: Any) -> Iterator[None]:
 
 def _compacting_save(original: Any) -> Any:
     """``TuneController.save_to_dir`` that writes finished trials once (:func:`compact_finished_trials`)
-    and saves the searcher only when a trial was added or changed status. An Optuna searcher keeps
-    its whole study in memory and Tune pickles it at every snapshot (~1.3 KB a trial: 1.3 MB at
-    1,000 trials, at every trial result); what a result alone changes in it is the trial's
-    intermediate values, which a restore does not need: the trial reports its epochs after its last
-    checkpoint again, and the samplers read final values."""
+    and saves the searcher only when a trial was added or (Optuna) ended. Tune pickles the searcher
+    at every snapshot, and it grows with the study: an Optuna searcher keeps its whole study in memory
+    (~1.3 KB a trial), Tune's grid every variant of the grid (570 KB for a 1,000-trial grid, ~30 ms a
+    pickle: 43% of a batch-size driver's time at 300 trials, sampled with py-spy). What a result or a
+    trial's start alone changes in it is at most the trial's intermediate values, which a restore
+    does not need: the trial reports its epochs after its last checkpoint again, and the samplers
+    read final values."""
 
     @functools.wraps(original)
     def save_to_dir(self: Any) -> None:

@@ -68,6 +68,10 @@ def test_the_private_tune_api_it_wraps_is_there() -> None:
     from ray.tune.execution.tune_controller import TuneController
 
     assert list(inspect.signature(TuneController._restore_trials).parameters) == ["self", "experiment_state"]
+    # Tune's sets of trials by status, which the snapshot skip and the compaction count.
+    status_sets = inspect.getsource(TuneController._set_trial_status)
+    for name in ("_pending_trials", "_running_trials", "_paused_trials", "_stopped_trials", "_failed_trials"):
+        assert f"self.{name}" in status_sets, name
     assert '"trial_data": list(self._get_trial_checkpoints().values())' in inspect.getsource(
         TuneController.save_to_dir
     )
@@ -191,6 +195,14 @@ class _Controller:
         self._search_alg = _Searcher()
         self._seen: dict[str, str] = {}
 
+    @property
+    def _stopped_trials(self) -> set[_Trial]:  # Tune keeps a set per status
+        return {t for t in self._trials if t.status == "TERMINATED"}
+
+    @property
+    def _failed_trials(self) -> set[_Trial]:
+        return {t for t in self._trials if t.status == "ERROR"}
+
     def _get_trial_checkpoints(self) -> dict[str, list[str]]:
         # Tune re-serialises the trials that changed since the last call (new ones, new statuses).
         for t in self._trials:
@@ -231,22 +243,45 @@ def test_finished_trials_leave_the_snapshot_after_one_save_and_in_files_of_n(
     assert len(list(tmp_path.glob(f"{CHUNK_PREFIX}*"))) == 2
 
 
-def test_the_searcher_is_saved_when_a_trial_comes_or_changes_status_not_for_a_result_alone(
-    tmp_path: Path,
-) -> None:
+def test_the_searcher_is_saved_when_a_trial_comes_or_ends_not_for_a_result_or_a_start(tmp_path: Path) -> None:
     c = _Controller(tmp_path)
     save = tune_state._compacting_save(_Controller.save_to_dir)
     c._trials = [_Trial("a", "PENDING")]
     save(c)
     save(c)  # a result: the same trials, the same statuses
-    assert c._search_alg.saves == 1
     c._trials[0].status = "RUNNING"
-    save(c)
+    save(c)  # a start: the searcher suggested the trial when it was added
+    assert c._search_alg.saves == 1
+    c._trials[0].status = "TERMINATED"
+    save(c)  # an Optuna searcher learns the trial's value
     c._trials.append(_Trial("b", "PENDING"))
     save(c)
     save(c)
     assert c._search_alg.saves == 3
     assert "save_to_dir" not in vars(c._search_alg)  # the method is back after a skipped save
+
+
+def test_tunes_grid_is_saved_only_when_a_trial_comes(tmp_path: Path) -> None:
+    from ray.tune.search import BasicVariantGenerator
+
+    class Grid(BasicVariantGenerator):  # type: ignore[misc]
+        saves = 0
+
+        def save_to_dir(self, dirpath: Any, session_str: Any) -> Any:  # type: ignore[override]
+            Grid.saves += 1
+
+    c = _Controller(tmp_path)
+    c._search_alg = Grid()  # type: ignore[assignment]
+    save = tune_state._compacting_save(_Controller.save_to_dir)
+    c._trials = [_Trial("a", "PENDING"), _Trial("b", "PENDING")]
+    save(c)
+    for status in ("RUNNING", "TERMINATED"):
+        c._trials[0].status = status
+        save(c)
+    assert Grid.saves == 1  # the grid learns nothing from a trial's end
+    c._trials.append(_Trial("c", "PENDING"))
+    save(c)
+    assert Grid.saves == 2
 
 
 class _TrialStorage:
