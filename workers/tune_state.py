@@ -190,15 +190,14 @@ def compact_finished_trials(controller: Any) -> bool:
     """Move the trials that have been ``TERMINATED`` since the previous snapshot out of the next
     one into a finished-trials file, once there are :data:`CHUNK_TRIALS` of them; a trial already
     in such a file is left out of the snapshot. True when the searcher's state may have changed
-    since the previous snapshot: a trial was added (a searcher suggests every trial), or, for a
-    searcher that learns from results (not Tune's grid), a trial ended."""
-    from ray.tune.search import BasicVariantGenerator
-
+    since the previous snapshot: a trial was added (a searcher suggests every trial) or ended (an
+    Optuna searcher learns its value; every searcher, Tune's grid included, counts its live trials
+    against ``max_concurrent_trials``: a state saved before a trial ended would, restored, wait
+    for that trial forever)."""
     notes = book(controller)
     metadata: dict[str, Any] = controller._get_trial_checkpoints()  # brings changed trials' JSON up to date
     stopped = controller._stopped_trials  # Tune's set of TERMINATED trials (and _failed_trials: ERROR)
-    learns = not isinstance(controller._search_alg, BasicVariantGenerator)
-    structure = (len(controller._trials), len(stopped) + len(controller._failed_trials) if learns else 0)
+    structure = (len(controller._trials), len(stopped) + len(controller._failed_trials))
     changed = structure != notes.structure
     notes.structure = structure
     terminated = {t.trial_id for t in stopped}
@@ -270,10 +269,10 @@ def _searcher_not_saved(search_alg: Any) -> Iterator[None]:
 
 def _compacting_save(original: Any) -> Any:
     """``TuneController.save_to_dir`` that writes finished trials once (:func:`compact_finished_trials`)
-    and saves the searcher only when a trial was added or (Optuna) ended. Tune pickles the searcher
-    at every snapshot, and it grows with the study: an Optuna searcher keeps its whole study in memory
-    (~1.3 KB a trial), Tune's grid every variant of the grid (570 KB for a 1,000-trial grid, ~30 ms a
-    pickle: 43% of a batch-size driver's time at 300 trials, sampled with py-spy). What a result or a
+    and saves the searcher only when a trial was added or ended. Tune pickles the searcher at every
+    snapshot, and it grows with the study: an Optuna searcher keeps its whole study in memory (~1.3 KB
+    a trial), Tune's grid every variant of the grid (570 KB for a 1,000-trial grid, ~30 ms a pickle:
+    43% of a batch-size driver's time at 300 trials, sampled with py-spy). What a result or a
     trial's start alone changes in it is at most the trial's intermediate values, which a restore
     does not need: the trial reports its epochs after its last checkpoint again, and the samplers
     read final values."""
