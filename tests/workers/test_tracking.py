@@ -859,3 +859,14 @@ def test_the_final_flush_delivers_what_mlflow_lacks_from_tunes_result_files(tmp_
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "epoch")] == [1, 2, 3]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")] == [1, 3]
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("", 2.0), ("0", 0.0), ("0.5", 0.5), ("-3", 0.0), ("soon", 2.0)]
+)
+def test_the_result_flush_window_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, raw: str, expected: float
+) -> None:
+    monkeypatch.setenv("AUTONORM_RESULT_FLUSH_S", raw)
+    assert RetryPolicy().result_flush_s == expected
+    assert RetryPolicy(result_flush_s=7.0).result_flush_s == 7.0  # an explicit value wins
