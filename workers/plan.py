@@ -128,6 +128,10 @@ class StudyPlan:
             trial's 1-based number in the plan; a format spec may follow a colon. Examples:
             ``"{model.layer.type}-B{training.batch_size}-s{seed}"``, ``"search-{index:03d}"``,
             ``"autonorm_s-s{seed}"``. Empty: ``<name>-{index:03d}``.
+        stack: for a ``grid`` plan, at most this many trials of one cell (the grid points that differ
+            only in ``seed`` and ``training.lr``) train in one Tune trial as one stacked model
+            (:mod:`workers.members`); each is still a trial of its own everywhere else. 1: one Tune
+            trial per trial.
     """
 
     name: str
@@ -160,6 +164,7 @@ class StudyPlan:
         "lr",
     )
     run_name: str = ""
+    stack: int = 1
 
 
 def expected_trials(plan: StudyPlan) -> int:

@@ -147,6 +147,7 @@ class ProgressCallback(Callback):  # type: ignore[misc]
 
     Args:
         name: study name shown in brackets.
+        unit: what Tune's trials are: ``trials``, or ``groups`` of stacked trials (:mod:`workers.members`).
         total: planned trials; Tune's ``total_num_samples`` from :meth:`setup` wins when known.
         interval_s: minimum seconds between two lines.
         stream: where lines go (stdout by default; resolved at print time so pickling is safe).
@@ -158,12 +159,14 @@ class ProgressCallback(Callback):  # type: ignore[misc]
         *,
         name: str,
         total: int | None = None,
+        unit: str = "trials",
         interval_s: float = 10.0,
         stream: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self.total = total
+        self.unit = unit
         self.interval_s = interval_s
         self._stream = stream
         self._clock = clock
@@ -208,7 +211,7 @@ class ProgressCallback(Callback):  # type: ignore[misc]
             eta = per_trial * (total - done)
         errors = f" ({counts['ERROR']} error)" if counts["ERROR"] else ""
         return (
-            f"[{self.name}] trials {done}/{total} done{errors}, {running} running, {pending} pending, "
+            f"[{self.name}] {getattr(self, 'unit', 'trials')} {done}/{total} done{errors}, {running} running, {pending} pending, "
             f"ETA {format_eta(eta if done < total else 0.0)}"
         )
 

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from workers.members import member_history, views
 from workers.plan import StudyPlan
 from workers.records import TrialRecord, trial_status
 from workers.storage import resolve_storage
@@ -52,7 +53,12 @@ def _tune_results(trials: Sequence[Any]) -> dict[str, list[dict[str, Any]]]:
         for line in text.splitlines():
             with contextlib.suppress(ValueError):
                 rows.append(json.loads(line))
-        out[trial.trial_id] = rows
+        members = views(trial)
+        if len(members) == 1 and members[0] is trial:
+            out[trial.trial_id] = rows
+        else:
+            for member in members:
+                out[member.trial_id] = member_history(rows, member.k)
     return out
 
 
@@ -60,7 +66,7 @@ def _summary(trials: list[Any] | None, total: int) -> dict[str, float] | None:
     if trials is None:
         return None
     counts = {"completed": 0, "diverged": 0, "pruned": 0, "error": 0}
-    for trial in trials:
+    for trial in (v for t in trials for v in views(t)):
         counts[trial_status(trial.status, trial.last_result)] += 1
     summary = {f"trials_{k}": float(v) for k, v in counts.items()}
     summary["trials_expected"] = float(total)
@@ -109,11 +115,14 @@ def read_trials(plan: StudyPlan, *, history: bool = True) -> list[TrialRecord]:
     frames = analysis.trial_dataframes if history else {}
     records = []
     for trial in analysis.trials:
-        record = _record(trial, {}, plan.base_config)
         df = frames.get(trial.trial_id)
-        if df is not None and not df.empty:
-            record = dataclasses.replace(record, history=tuple(df.to_dict(orient="records")))
-        records.append(record)
+        rows = df.to_dict(orient="records") if df is not None and not df.empty else []
+        for view in views(trial):
+            record = _record(view, {}, plan.base_config)
+            own = rows if view is trial else member_history(rows, view.k)
+            if own:
+                record = dataclasses.replace(record, history=tuple(own))
+            records.append(record)
     if signature is not None:
         _READ[(path, history)] = (signature, copy.deepcopy(dict(plan.base_config)), tuple(records))
         while len(_READ) > _READ_KEPT:

@@ -14,6 +14,7 @@ from typing import Any
 
 from workers import interrupts, tune_state
 from workers.errors import TrackingIncomplete
+from workers.members import MEMBERS_KEY, views
 from workers.optuna_export import _save_optuna_study, _searcher_of
 from workers.plan import StudyPlan, expected_trials
 from workers.preflight import (
@@ -129,7 +130,8 @@ def run_study(
     # Build the search pieces before starting anything: a bad plan fails fast, with nothing to clean up.
     if plan.sampler.type == "grid":
         searcher = None
-        param_space = grid_param_space(plan)
+        stack = _stack_for(plan, trainable, storage, experiment_path)
+        param_space = grid_param_space(plan, stack=stack)
     else:
         searcher = create_searcher(plan, study_key=key)
         param_space = {}
@@ -155,7 +157,7 @@ def run_study(
             param_space,
             searcher,
             scheduler,
-            ProgressCallback(name=plan.name, total=total) if progress else None,
+            ProgressCallback(name=plan.name, total=total, unit=_unit(param_space)) if progress else None,
             namer,
         )
     # Stopped by a signal: Tune saved its state and the runs are closed as KILLED; the study stops
@@ -175,10 +177,43 @@ def run_study(
         experiment_path=experiment_uri,
         tracking_uri=tracking_uri,
         parent_run_id=tracker.parent_run_id,
-        trials=[_record(t, run_ids, plan.base_config) for t in trials or []],
+        trials=[_record(v, run_ids, plan.base_config) for t in trials or [] for v in views(t)],
         restored=restored,
         undelivered_trials=list(tracker.undelivered_trials()),
     )
+
+
+STACK_FILE = "stacking.json"
+
+
+def _stack_for(plan: StudyPlan, trainable: Any, storage: ResolvedStorage, experiment_path: str) -> int:
+    """Members per Tune trial of a grid plan: what the experiment recorded when it started (a study
+    stored before stacking existed has no record: it resumes unstacked, as it ran), else the plan's
+    ``stack`` (1 with an injected trial function, which trains one config at a time). Recorded here
+    for a new experiment, before its first trial."""
+    import json
+
+    import pyarrow.fs
+    from ray import tune
+
+    fs = storage.filesystem or pyarrow.fs.LocalFileSystem()
+    record = f"{experiment_path}/{STACK_FILE}"
+    try:
+        with fs.open_input_stream(record) as f:
+            return max(1, int(json.loads(f.read().decode())["stack"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if tune.Tuner.can_restore(experiment_path, storage_filesystem=storage.filesystem):
+        return 1
+    stack = max(1, int(plan.stack)) if trainable is None else 1
+    fs.create_dir(experiment_path, recursive=True)
+    with fs.open_output_stream(record) as out:
+        out.write(json.dumps({"stack": stack}).encode())
+    return stack
+
+
+def _unit(param_space: Mapping[str, Any]) -> str:
+    return "groups" if MEMBERS_KEY in param_space else "trials"
 
 
 def _resume_line(name: str, experiment_path: str, storage: ResolvedStorage, total: int) -> str:
@@ -195,7 +230,7 @@ def _resume_line(name: str, experiment_path: str, storage: ResolvedStorage, tota
         return f"[{name}] resuming from its saved state"
     finally:
         quiet.setLevel(level)
-    done = sum(t.status in ("TERMINATED", "ERROR") for t in trials)
+    done = sum(len(views(t)) for t in trials if t.status in ("TERMINATED", "ERROR"))
     parts = []
     for t in trials:
         if t.status in ("TERMINATED", "ERROR"):

@@ -29,6 +29,7 @@ from studies.schema.errors import (
     SpecError,
     SpecIssue,
 )
+from studies.schema.execution import ExecutionSpec
 from studies.schema.loading import (
     layer_document,
     load_spec,
@@ -133,6 +134,7 @@ __all__ = [
     "DataSpec",
     "DyTSpec",
     "EndpointURL",
+    "ExecutionSpec",
     "FIFOSpec",
     "FiLMSpec",
     "FloatParam",

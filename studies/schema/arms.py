@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, StrictBool, model_validator
 
 from studies.schema import sections
 from studies.schema.errors import SpecError, SpecIssue
+from studies.schema.execution import ExecutionSpec
 from studies.schema.plan import build_plan, plan_settings, spec_hash
 from studies.schema.reading import dump_yaml
 from studies.schema.sampling import CategoricalParam, FIFOSpec, GridSpec, SearchSpec
@@ -255,6 +256,7 @@ class ArmStudySpec(BaseModel):
     lr_tuning: GridLRTuningSpec = GridLRTuningSpec()
     analysis: Any = None
     resources: ResourcesSpec = ResourcesSpec()
+    execution: ExecutionSpec = ExecutionSpec()  # stacked trials (seeds, lr points of a cell in one process)
     max_concurrent: PosInt = 2  # trials at once (Tune's max_concurrent_trials)
     retries: NonNegInt = 2  # FailureConfig(max_failures) per trial
     tracking: TrackingSpec = TrackingSpec()
@@ -269,10 +271,10 @@ class ArmStudySpec(BaseModel):
     grid: ClassVar[Mapping[str, str]] = {}
     """The kind's trial grid: spec field -> the trial-config path it sets (``{"arms":
     "model.layer.type"}``); every trial of it is checked (:meth:`trial_issues`), none when empty."""
-    stored_defaults: ClassVar[Mapping[str, Any]] = {"lr_tuning.refine": 0}
+    stored_defaults: ClassVar[Mapping[str, Any]] = {"lr_tuning.refine": 0, "execution": {"stack": "off"}}
     """Fields added after studies were stored, with what a stored spec without them ran as
     (:func:`studies.schema.stored_defaults_missing`): a study from before ``lr_tuning.refine`` existed
-    was not refined."""
+    was not refined; one from before ``execution`` existed ran every trial in its own process."""
 
     study_tags: ClassVar[tuple[tuple[str, str], ...]] = ()
     """Tags of every phase run and trial run of the kind's studies (``autonorm.study``, ...)."""

@@ -13,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from studies.schema.execution import ExecutionSpec
 from studies.schema.reading import dump_yaml
 from studies.schema.sampling import CategoricalParam, SearchSpec
 from studies.schema.sections import ResourcesSpec, StorageSpec, TrackingSpec
@@ -101,7 +102,16 @@ def plan_settings(spec: Any) -> dict[str, Any]:
     """The :func:`build_plan` arguments every study spec carries under the same names (``resources``,
     ``retries``, ``storage_path``, ``storage``, ``tracking``, ``description``, ``hypothesis``) and
     its resolved ``document``."""
-    keys = ("resources", "retries", "storage_path", "storage", "tracking", "description", "hypothesis")
+    keys = (
+        "resources",
+        "retries",
+        "storage_path",
+        "storage",
+        "tracking",
+        "description",
+        "hypothesis",
+        "execution",
+    )
     return {**{k: getattr(spec, k) for k in keys}, "document": spec.to_document()}
 
 
@@ -113,6 +123,7 @@ def build_plan(
     document: Mapping[str, Any],
     seeds: Sequence[int] = (0,),
     resources: ResourcesSpec | None = None,
+    execution: ExecutionSpec | None = None,
     retries: int = 2,
     storage_path: str = "runs",
     storage: StorageSpec | None = None,
@@ -183,6 +194,7 @@ def build_plan(
         num_samples=search.num_samples,
         max_concurrent=search.max_concurrent,
         resources=resources.as_plan(),
+        stack=(execution or ExecutionSpec()).members() if sampler.type == "grid" else 1,
         retries=retries,
         storage=StorageConfig(
             path=resolve_storage_path(storage_path),

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune import Callback
 
+from workers.members import unpack, views
 from workers.tracking.names import (
     ROLE_STUDY,
     TAG_TRIAL_ID,
@@ -186,9 +187,10 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
     ) -> None:
         with self._loop():
-            self._queue(trial.trial_id, result)
-            if self._flush_due(trial.trial_id):
-                self._sync(trial, reopen=True)
+            for view in views(trial):  # a group of stacked trials: each member has its own run
+                self._queue(view.trial_id, result if view is trial else unpack(result, view.k))
+                if self._flush_due(view.trial_id):
+                    self._sync(view, reopen=True)
             if self._recovered:
                 self._catch_up()
 
@@ -211,21 +213,23 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         from workers.interrupts import received
 
         with self._loop():
-            self._sync(trial, flush=False)  # its last epochs go with its status tags
-            outcome = _trial_outcome(trial, errored=False)
-            if outcome == "pruned" and received() is not None:
-                # Tune stops the running trials of a study stopped by a signal as if a scheduler
-                # had: they did not finish, and must not look finished if the driver dies now.
-                self._close_trial(trial, "KILLED", "interrupted")
-            else:
-                self._close_trial(trial, "FINISHED", outcome)
+            for view in views(trial):
+                self._sync(view, flush=False)  # its last epochs go with its status tags
+                outcome = _trial_outcome(view, errored=False)
+                if outcome == "pruned" and received() is not None:
+                    # Tune stops the running trials of a study stopped by a signal as if a scheduler
+                    # had: they did not finish, and must not look finished if the driver dies now.
+                    self._close_trial(view, "KILLED", "interrupted")
+                else:
+                    self._close_trial(view, "FINISHED", outcome)
             if self._recovered:
                 self._catch_up()
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         with self._loop():
-            self._sync(trial)
-            self._close_trial(trial, "FAILED", "error")
+            for view in views(trial):
+                self._sync(view)
+                self._close_trial(view, "FAILED", "error")
             if self._recovered:
                 self._catch_up()
 
@@ -371,7 +375,7 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         snapshot before a crash) are closed and deleted so the study has one run per trial.
         """
         attempts = self.retry.final_attempts
-        trials = list(trials)
+        trials = [view for trial in trials for view in views(trial)]  # stacked members: one run each
         self._begin_final_flush()
         for trial_id, rows in self._history.items():
             for row in rows:

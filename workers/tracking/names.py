@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from workers.dotted import get_path
+from workers.members import member_params
 from workers.trainable import config_from_result
 
 TAG_ROLE = "autonorm.role"
@@ -118,16 +119,21 @@ class TrialNamer:
         self.base_config = dict(base_config)
 
     def config(self, trial: Any) -> dict[str, Any]:
+        members = member_params(getattr(trial, "config", None))
         try:
+            if members:  # a group of stacked trials: named after its first member
+                return config_from_result(None, self.base_config, members[0])
             return config_from_result(trial.last_result, self.base_config, dict(trial.config or {}))
         except Exception:  # a config the trial itself will reject: name it from what we have
             return dict(self.base_config)
 
     def __call__(self, trial: Any) -> str:
         index = trial_index(trial)
-        return render_run_name(
+        name = render_run_name(
             self.template, self.config(trial), index if index is not None else trial.trial_id
         )
+        members = member_params(getattr(trial, "config", None))
+        return f"{name}+{len(members) - 1}" if members and len(members) > 1 else name
 
 
 _UNSAFE_DIRNAME = re.compile(r"[^A-Za-z0-9._=+-]+")

@@ -69,7 +69,15 @@ def search_plan(spec: Any) -> StudyPlan:
 
 
 def _grid_plan(
-    plan: StudyPlan, *, name: str, base: Mapping[str, Any], grid: Any, arm: str, run_name: str, slots: int
+    plan: StudyPlan,
+    *,
+    name: str,
+    base: Mapping[str, Any],
+    grid: Any,
+    arm: str,
+    run_name: str,
+    slots: int,
+    stack: int = 1,
 ) -> StudyPlan:
     from workers.plan import SamplerConfig, SchedulerConfig
 
@@ -85,6 +93,7 @@ def _grid_plan(
         scheduler=SchedulerConfig(type="fifo"),
         num_samples=1,
         max_concurrent=slots,
+        stack=stack,
     )
 
 
@@ -103,6 +112,7 @@ def tune_plan(spec: Any, plan: StudyPlan, base: Mapping[str, Any], arm: str, sea
         arm=arm,
         run_name=f"{arm}-lr{{training.lr:.3g}}-s{{seed}}",
         slots=confirm.max_concurrent or plan.max_concurrent,
+        stack=spec.execution.members(),
     )
 
 
@@ -159,6 +169,7 @@ def confirm_plan(
         arm=arm,
         run_name=f"{arm}-s{{seed}}",
         slots=confirm.max_concurrent or plan.max_concurrent,
+        stack=spec.execution.members(),
     )
 
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from studies.schema.errors import SpecError, SpecIssue
+from studies.schema.execution import ExecutionSpec
 from studies.schema.plan import build_plan, plan_settings, spec_hash
 from studies.schema.reading import dump_yaml
 from studies.schema.sampling import (
@@ -184,6 +185,7 @@ class StudySpec(SpecModel):
     # Without a search section: the learning rate, log-uniform (a space of one's own replaces it).
     search: SearchSpec = SearchSpec(space=(FloatParam(name="training.lr", low=1e-4, high=1e-2, log=True),))
     resources: ResourcesSpec = ResourcesSpec()
+    execution: ExecutionSpec = ExecutionSpec()  # the confirmation's seeds stacked; the search itself never
     retries: NonNegInt = 2  # FailureConfig(max_failures)
     seeds: Annotated[tuple[Seed, ...], Field(min_length=1)] = (0,)
     tracking: TrackingSpec = TrackingSpec()
@@ -193,7 +195,10 @@ class StudySpec(SpecModel):
     exploratory: StrictBool = False  # run a design that cannot decide (report marked exploratory)
     sequential: SequentialSpec | None = None  # confirm.seeds in looks (studies.sequential); None: fixed
 
-    stored_defaults: ClassVar[Mapping[str, Any]] = {"confirm.lr_tuning.refine": 0}
+    stored_defaults: ClassVar[Mapping[str, Any]] = {
+        "confirm.lr_tuning.refine": 0,
+        "execution": {"stack": "off"},
+    }
     """Fields added after studies were stored, with what a stored spec without them ran as
     (:func:`studies.schema.stored_defaults_missing`): no refinement before ``refine`` existed."""
 

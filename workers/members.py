@@ -1,0 +1,199 @@
+"""Stacked trials (issue #38): one Tune trial trains a *group* of members, each still a trial of its own.
+
+The members of one cell of a grid plan (its seeds, its learning-rate points) share the architecture,
+the batch size and the number of steps, so one process can train them as one stacked model
+(:func:`autonorm_core.stacking.fit_stacked`). Tune then sees one trial per group; everything after
+Tune (the MLflow trial runs, trials.csv, status, reports, verdicts) sees one trial per member, as if
+each had run alone. This module is that translation, in both directions:
+
+* :func:`group_points` cuts a plan's grid into groups: points whose resolved configs differ only in
+  :data:`MEMBER_PATHS` (``seed``, ``training.lr``) form a cell, a cell is cut into groups of at most
+  ``stack`` members of near-equal size. The group is Tune's trial config ``{MEMBERS_KEY: [params of
+  member 0, ...]}``.
+* A group's report (:func:`pack`) carries its shared keys once and every member's latest metrics as
+  ``<key>@m<k>``; :func:`unpack` gives member ``k``'s result back, shaped like an ordinary trial's.
+* :func:`views` turns a Tune ``Trial`` into the trials the rest of the service reads: the trial itself,
+  or one :class:`MemberTrial` per member (id ``<trial id>-m<k>``, its own params, status and result).
+
+Plain Python: no Ray, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from workers.dotted import with_values
+
+__all__ = [
+    "MEMBERS_KEY",
+    "MEMBER_PATHS",
+    "MemberTrial",
+    "grid_points",
+    "group_points",
+    "is_group",
+    "member_history",
+    "member_id",
+    "member_params",
+    "pack",
+    "unpack",
+    "views",
+]
+
+#: Key of a group trial's config: the members' own parameters (dotted paths, as an ordinary trial's).
+MEMBERS_KEY = "__members__"
+#: Trial-config paths members of one group may differ in (everything else is their cell).
+MEMBER_PATHS: tuple[tuple[str, ...], ...] = (("seed",), ("training", "lr"))
+_SUFFIX = re.compile(r"^(?P<key>.+)@m(?P<k>\d+)$")
+
+
+def member_id(trial_id: str, k: int) -> str:
+    """Member ``k``'s trial id: its MLflow run's ``ray.trial_id`` tag and its row's id."""
+    return f"{trial_id}-m{k}"
+
+
+def member_params(config: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
+    """A group trial's members' params (``None`` for an ordinary trial's config)."""
+    members = (config or {}).get(MEMBERS_KEY)
+    if not isinstance(members, list | tuple):
+        return None
+    return [dict(m) for m in members]
+
+
+def is_group(trial: Any) -> bool:
+    return member_params(getattr(trial, "config", None)) is not None
+
+
+def grid_points(grid: Sequence[tuple[str, Sequence[Any]]]) -> list[dict[str, Any]]:
+    """Every point of a plan's grid (its axes' product), the first axis varying slowest."""
+    points: list[dict[str, Any]] = [{}]
+    for name, values in grid:
+        points = [{**p, name: v} for p in points for v in values]
+    return points
+
+
+def _cell_key(base_config: Mapping[str, Any], params: Mapping[str, Any]) -> str:
+    config = with_values(base_config, params)
+    for path in MEMBER_PATHS:
+        node: Any = config
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def group_points(
+    base_config: Mapping[str, Any], points: Sequence[Mapping[str, Any]], stack: int
+) -> list[list[dict[str, Any]]]:
+    """``points`` cut into groups of at most ``stack`` members of one cell each, in the order of each
+    cell's first point; a cell of ``n`` points becomes ``ceil(n / stack)`` groups of near-equal size
+    (10 seeds at a cap of 8: 5 + 5, not 8 + 2: the groups end together)."""
+    if stack < 1:
+        raise ValueError(f"stack must be at least 1, got {stack}")
+    cells: dict[str, list[dict[str, Any]]] = {}
+    for p in points:
+        cells.setdefault(_cell_key(base_config, p), []).append(dict(p))
+    groups: list[list[dict[str, Any]]] = []
+    for members in cells.values():
+        count = math.ceil(len(members) / stack)
+        size, extra = divmod(len(members), count)
+        start = 0
+        for i in range(count):
+            end = start + size + (1 if i < extra else 0)
+            groups.append(members[start:end])
+            start = end
+    return groups
+
+
+def pack(shared: Mapping[str, Any], members: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """A group's report: ``shared`` keys once, member ``k``'s as ``<key>@m<k>``."""
+    out = dict(shared)
+    for k, metrics in members.items():
+        for key, value in metrics.items():
+            out[f"{key}@m{k}"] = value
+    return out
+
+
+def unpack(result: Mapping[str, Any] | None, k: int) -> dict[str, Any]:
+    """Member ``k``'s result from a group's report: the shared keys, overridden by its own; other
+    members' keys left out. Its ``time_total_s`` is its share of the group's (the group's divided by
+    its ``members``): the CPU-hours a study reports add up to what the group used."""
+    shared: dict[str, Any] = {}
+    own: dict[str, Any] = {}
+    for key, value in (result or {}).items():
+        match = _SUFFIX.match(key)
+        if match is None:
+            shared[key] = value
+        elif int(match.group("k")) == k:
+            own[match.group("key")] = value
+    shared.update(own)
+    size, total = shared.get("members"), shared.get("time_total_s")
+    if isinstance(size, int | float) and size >= 1 and isinstance(total, int | float):
+        shared["time_total_s"] = total / size
+    return shared
+
+
+def member_history(rows: Sequence[Mapping[str, Any]], k: int) -> list[dict[str, Any]]:
+    """Member ``k``'s own results from a group's result rows: one per epoch of its own (a group row
+    repeats a finished member's last metrics; those repeats are left out)."""
+    out: list[dict[str, Any]] = []
+    marker = f"epoch@m{k}"
+    for row in rows:
+        mine = unpack(row, k)
+        if _missing(row.get(marker)):  # (a DataFrame row holds NaN where this group row had nothing)
+            if mine.get("status") == "error":  # the group failed: so did every member
+                out.append(mine)
+            continue
+        if out and mine.get("epoch") == out[-1].get("epoch"):
+            if mine.get("status") != out[-1].get("status"):
+                out[-1] = mine  # its final status, on the epoch it ended
+            continue
+        out.append(mine)
+    return out
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+class MemberTrial:
+    """Member ``k`` of a group trial, as the rest of the service reads a trial: its own ``trial_id``,
+    ``config`` (its params), ``last_result`` and the group's Tune ``status``; everything else (paths,
+    storage, checkpoints) is the group's."""
+
+    def __init__(self, group: Any, k: int, params: Mapping[str, Any]) -> None:
+        self.group = group
+        self.k = k
+        self.trial_id = member_id(group.trial_id, k)
+        self.config = dict(params)
+
+    @property
+    def last_result(self) -> dict[str, Any]:
+        return unpack(getattr(self.group, "last_result", None), self.k)
+
+    @property
+    def status(self) -> str:
+        return str(self.group.status)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "group":  # not set yet (unpickling): never recurse
+            raise AttributeError(name)
+        return getattr(self.group, name)
+
+    def __str__(self) -> str:
+        return f"{self.group}-m{self.k}"
+
+    def __repr__(self) -> str:
+        return f"MemberTrial({self.trial_id})"
+
+
+def views(trial: Any) -> list[Any]:
+    """The trials the service reads for one Tune trial: itself, or its members."""
+    members = member_params(getattr(trial, "config", None))
+    if members is None:
+        return [trial]
+    return [MemberTrial(trial, k, p) for k, p in enumerate(members)]
