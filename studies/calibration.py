@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["calibrate_trial", "data_key", "load_trial_data", "timing_key"]
+__all__ = ["calibrate_stacked", "calibrate_trial", "data_key", "load_trial_data", "timing_key"]
 
 # --------------------------------------------------------------------------------------------------
 # Keys
@@ -242,3 +242,80 @@ def calibrate_trial(
         "steps": len(timed),
         "data": sizes,
     }
+
+
+def calibrate_stacked(
+    config: Mapping[str, Any],
+    members: int,
+    *,
+    steps: int = 10,
+    eval_rows: int = 256,
+    threads: int = 1,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Time ``members`` trials of ``config`` trained as one stacked model (``execution.stack``).
+
+    A stacked update cannot be hooked from outside :func:`autonorm_core.stacking.fit_stacked`, so it
+    is timed by difference: three one-epoch stacked fits of the members (seeds ``0 .. members-1``, as
+    a group trial builds them), A with ``steps`` updates and ``eval_rows`` evaluation rows, B with
+    ``2 * steps`` updates, C with ``2 * eval_rows`` rows; ``step_s = (B - A) / steps`` and the
+    evaluation's time per row ``(C - A) / eval_rows``, scaled to the real split sizes. Set-up,
+    warm-up and the per-epoch checkpoint are in all three fits and cancel (the checkpoint is left out:
+    for these models it is small next to an epoch).
+
+    Returns:
+        ``{"step_s", "eval_s", "members", "stacked"}``: one stacked update of every member, one epoch
+        end of the whole group, the member count and whether the members stacked (``False``: the
+        model has no stacked form and the members train one after the other; the times are then
+        those of that fallback).
+    """
+    import torch
+
+    from autonorm_core.models import create_model
+    from autonorm_core.stacking import fit_stacked
+    from autonorm_core.training import TrainConfig
+
+    if members < 1 or steps < 1 or eval_rows < 1:
+        raise ValueError(f"need members, steps and eval_rows >= 1; got {members}, {steps}, {eval_rows}")
+    with _torch_threads(threads):
+        splits, _ = load_trial_data(config, device)
+        sizes = dict(splits.sizes)
+        cfg = TrainConfig.from_dict(config.get("training", {}))
+        model_cfg = dict(config["model"])
+        model_name = model_cfg.pop("type")
+
+        def run(updates: int, rows: int) -> tuple[float, bool]:
+            e_val, e_test = min(rows, sizes["val"]), min(rows, sizes["test"])
+            small = dataclasses.replace(
+                splits,
+                val=(splits.val[0][:e_val], splits.val[1][:e_val]),
+                test=(splits.test[0][:e_test], splits.test[1][:e_test]),
+            )
+            models = []
+            for seed in range(members):
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(seed)
+                    models.append(create_model(model_name, small, **model_cfg))
+            timing = dataclasses.replace(cfg, budget="updates", max_updates=updates)
+            states: list[Any] = []
+            t0 = time.perf_counter()
+            out = fit_stacked(
+                models,
+                small,
+                timing,
+                seeds=list(range(members)),
+                device=device,
+                checkpoint_fn=lambda epoch, st: states.append(st),
+            )
+            return time.perf_counter() - t0, out.stacked
+
+        per_epoch = max(1, cfg.steps_per_epoch(sizes["train"]))
+        n = max(1, min(steps, per_epoch // 2))  # A and B stay within one epoch
+        a, stacked = run(n, eval_rows)
+        b, _ = run(2 * n, eval_rows)
+        c, _ = run(n, 2 * eval_rows)
+    step_s = max(0.0, (b - a) / n)
+    rows = min(eval_rows, sizes["val"]) + min(eval_rows, sizes["test"])
+    per_row = max(0.0, (c - a) / max(1, rows))
+    eval_s = per_row * (sizes["val"] + sizes["test"])
+    return {"step_s": float(step_s), "eval_s": float(eval_s), "members": members, "stacked": bool(stacked)}

@@ -137,6 +137,38 @@ class CalibrationCache:
             return None
         return {**values, "data": data} if fresh else None
 
+    def get_stacked(
+        self, config: Mapping[str, Any], members: int, *, threads: int, device: str
+    ) -> dict[str, Any] | None:
+        """``{"step_s", "eval_s", "members", "stacked"}`` measured for ``members`` stacked trials of
+        this config (:func:`studies.calibration.calibrate_stacked`), or ``None``."""
+        entry = self._load().get(self.key(config, threads=threads, device=device) + f"|K={int(members)}")
+        if entry is None:
+            return None
+        now = time.time() if self._now is None else self._now
+        try:
+            if now - float(entry["measured_at"]) > MAX_AGE_S:
+                return None
+            return {
+                "step_s": float(entry["step_s"]),
+                "eval_s": float(entry["eval_s"]),
+                "members": int(entry["members"]),
+                "stacked": bool(entry["stacked"]),
+            }
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def put_stacked(
+        self, config: Mapping[str, Any], measured: Mapping[str, Any], *, threads: int, device: str
+    ) -> None:
+        """Keep one stacked measurement (what :func:`studies.calibration.calibrate_stacked` returned)."""
+        now = time.time() if self._now is None else self._now
+        key = self.key(config, threads=threads, device=device) + f"|K={int(measured['members'])}"
+        self._load()[key] = {
+            **{k: measured[k] for k in ("step_s", "eval_s", "members", "stacked")},
+            "measured_at": now,
+        }
+
     def put(
         self, config: Mapping[str, Any], measured: Mapping[str, Any], *, threads: int, device: str
     ) -> None:

@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from studies.calibration import calibrate_trial, data_key, load_trial_data, timing_key
+from studies.calibration import calibrate_stacked, calibrate_trial, data_key, load_trial_data, timing_key
 from studies.contract import Phase, StudyKind
 from workers.plan import StudyPlan
 
@@ -197,8 +197,10 @@ def plan_study(
         cpus / gpus: the cluster (default: this machine's CPUs, no GPU).
         calibration: measured values to use instead of measuring here (schema: the ``calibration``
             this function returns): ``step_s`` / ``eval_s`` / ``setup_s`` as ``{key: s}`` (``"*"``
-            for every key) or one number, ``data`` as ``{data_key: {"train", "val", "test"}}``, and
-            any of :data:`DEFAULTS`.
+            for every key) or one number, ``data`` as ``{data_key: {"train", "val", "test"}}``,
+            ``stacked`` as ``{"<timing key>|K=<members>" (or "*"): {"step_s", "eval_s", "members"}}``
+            (a stacked phase's group: :func:`studies.calibration.calibrate_stacked`; neither given nor
+            measured: a group costs its members' separate times), and any of :data:`DEFAULTS`.
         calibrate: measure the keys the calibration lacks (``False``: a missing ``step_s`` is an error).
         steps / warmup / eval_rows: size of each measurement (:func:`calibrate_trial`).
         cache: a :class:`studies.calibration_cache.CalibrationCache` (what ``run``'s estimate passes):
@@ -296,6 +298,35 @@ def plan_study(
             "or give step_s for those keys (or '*')"
         )
     cal.update(step_s=step_s, eval_s=eval_s, setup_s=setup_s)
+    stacked_cal: dict[str, dict[str, Any]] = {
+        k: dict(v) for k, v in (cal.get("stacked") or {}).items() if isinstance(v, Mapping)
+    }
+    stacked_started = time.perf_counter()
+    stacked_measured: list[str] = []
+    stacked_cached: list[str] = []
+    for key, (config, members) in _stacked_keys(phases).items():
+        if key in stacked_cal or "*" in stacked_cal:
+            continue
+        hit = (
+            cache.get_stacked(config, members, threads=threads, device=device) if cache is not None else None
+        )
+        if hit is not None:
+            stacked_cal[key] = hit
+            stacked_cached.append(key)
+            continue
+        if not calibrate:
+            continue  # neither given nor measured: the group costs its members' separate times
+        stacked_cal[key] = calibrate_stacked(
+            config, members, steps=steps, eval_rows=eval_rows, threads=threads, device=device
+        )
+        stacked_measured.append(key)
+        if cache is not None:
+            cache.put_stacked(config, stacked_cal[key], threads=threads, device=device)
+    if stacked_measured:  # `run` measures these again too
+        calibration_s += time.perf_counter() - stacked_started
+        if cache is not None:
+            cache.save()
+    cal.update(stacked=stacked_cal, stacked_measured=stacked_measured, stacked_cached=stacked_cached)
 
     def sizes_of(config: Mapping[str, Any]) -> dict[str, int]:
         dk = data_key(config)
@@ -336,8 +367,17 @@ def plan_study(
                 + epochs * per_epoch
             )
         slots = _slots(ph.plan, cpus, gpus)
-        phase_wall = consts["phase_start_s"] + _pack(durations, slots, consts["worker_start_s"])
         seconds = sum(durations)
+        groups = _stacked_groups(ph)
+        if groups is not None:  # one Tune trial per group of stacked members (execution.stack)
+            durations = [
+                _group_seconds(
+                    [durations[i] for i in g], [ph.configs[i] for i in g], cal, consts, stacked_cal, sizes_of
+                )
+                for g in groups
+            ]
+            seconds = sum(durations)
+        phase_wall = consts["phase_start_s"] + _pack(durations, slots, consts["worker_start_s"])
         cpu_h = seconds * float(res.get("cpu", 0.0)) / 3600.0
         gpu_h = seconds * float(res.get("gpu", 0.0)) / 3600.0
         max_cpu_h += cpu_h
@@ -372,7 +412,8 @@ def plan_study(
             epochs_by_batch_size=_by_batch(epochs_b),
             updates_by_batch_size=_by_batch(updates_b),
             slots=slots,
-            trial_s=seconds / len(durations) if durations else 0.0,
+            trial_s=seconds / len(ph.configs) if ph.configs else 0.0,
+            groups=len(groups) if groups is not None else None,
             trial_s_min=min(durations, default=0.0),
             trial_s_max=max(durations, default=0.0),
             cpu_hours=cpu_h,
@@ -411,6 +452,57 @@ def plan_study(
     if seq is not None:
         out.update(_expected_cost(spec, seq, out, look_cost))
     return out
+
+
+def _stacked_groups(phase: Phase) -> list[list[int]] | None:
+    """The indices of ``phase.configs`` per stacked group (:func:`workers.members.group_points`, as the
+    runner cuts the grid), ``None`` when the phase runs one trial per process."""
+    plan = phase.plan
+    if plan.sampler.type != "grid" or plan.stack <= 1 or not phase.configs:
+        return None
+    from workers.members import group_indices
+
+    return group_indices({}, phase.configs, plan.stack)
+
+
+def _stacked_keys(phases: Sequence[Phase]) -> dict[str, tuple[dict[str, Any], int]]:
+    """``<timing key>|K=<members>`` of the largest group of each timing key: what is measured."""
+    largest: dict[str, tuple[dict[str, Any], int]] = {}
+    for ph in phases:
+        for g in _stacked_groups(ph) or []:
+            config = ph.configs[g[0]]
+            key = timing_key(config)
+            if len(g) > largest.get(key, ({}, 0))[1]:
+                largest[key] = (dict(config), len(g))
+    return {f"{key}|K={k}": (config, k) for key, (config, k) in largest.items()}
+
+
+def _group_seconds(
+    separate: Sequence[float],
+    configs: Sequence[Mapping[str, Any]],
+    cal: Mapping[str, Any],
+    consts: Mapping[str, float],
+    stacked_cal: Mapping[str, Mapping[str, Any]],
+    sizes_of: Any,
+) -> float:
+    """One group's seconds: its members' set-up one after the other, then its updates and epoch ends
+    as one stack. A stacked update of K members is interpolated between the two measured points, the
+    single trial's update and the largest group's (``max(step_s, step_K_max * K / K_max)``), and so is
+    an epoch end."""
+    from autonorm_core.config import TrainConfig
+
+    key = timing_key(configs[0])
+    measured = next((v for k, v in stacked_cal.items() if k.split("|K=")[0] == key), stacked_cal.get("*"))
+    if measured is None or len(configs) == 1:  # one process still starts once
+        return float(sum(separate)) - consts["trial_start_s"] * (len(configs) - 1)
+    k, k_max = len(configs), int(measured["members"])
+    cfg = TrainConfig.from_dict(configs[0].get("training", {}))
+    n_train = sizes_of(configs[0])["train"]
+    updates, epochs = cfg.total_updates(n_train), cfg.num_epochs(n_train)
+    step = max(_lookup(cal, "step_s", key) or 0.0, float(measured["step_s"]) * k / k_max)
+    epoch_end = max(_lookup(cal, "eval_s", key) or 0.0, float(measured["eval_s"]) * k / k_max)
+    setup = (_lookup(cal, "setup_s", key) or 0.0) * k
+    return consts["trial_start_s"] + setup + updates * step + epochs * (epoch_end + consts["report_s"])
 
 
 def _counted(phase: Phase) -> bool:
@@ -508,8 +600,13 @@ def format_plan(result: Mapping[str, Any]) -> str:
         needed = (
             " (interior winners)" if ph.get("refine") else " (only if needed)" if ph.get("optional") else ""
         )
+        groups = ph.get("groups")
+        if groups:  # stacked: one Tune trial (and one time) per group of members
+            per = f"{groups} groups, group ~{format_duration(ph['trial_s'] * ph['trials'] / groups)}"
+        else:
+            per = f"trial ~{format_duration(ph['trial_s'])}"
         lines.append(
-            f"  {ph['name']:<22} {ph['trials']:>5} trials x {size:<12} trial ~{format_duration(ph['trial_s'])} "
+            f"  {ph['name']:<22} {ph['trials']:>5} trials x {size:<12} {per} "
             f"({format_duration(ph['trial_s_min'])}-{format_duration(ph['trial_s_max'])}), {ph['slots']} at once, "
             f"wall ~{format_duration(ph['wall_s'])}"
             + (" (upper bound: early stopping)" if ph["upper_bound"] else "")

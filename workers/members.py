@@ -33,6 +33,7 @@ __all__ = [
     "MEMBER_PATHS",
     "MemberTrial",
     "grid_points",
+    "group_indices",
     "group_points",
     "is_group",
     "member_history",
@@ -86,18 +87,18 @@ def _cell_key(base_config: Mapping[str, Any], params: Mapping[str, Any]) -> str:
     return json.dumps(config, sort_keys=True, default=str)
 
 
-def group_points(
+def group_indices(
     base_config: Mapping[str, Any], points: Sequence[Mapping[str, Any]], stack: int
-) -> list[list[dict[str, Any]]]:
-    """``points`` cut into groups of at most ``stack`` members of one cell each, in the order of each
-    cell's first point; a cell of ``n`` points becomes ``ceil(n / stack)`` groups of near-equal size
-    (10 seeds at a cap of 8: 5 + 5, not 8 + 2: the groups end together)."""
+) -> list[list[int]]:
+    """The indices of ``points`` per group of at most ``stack`` members of one cell, in the order of
+    each cell's first point; a cell of ``n`` points becomes ``ceil(n / stack)`` groups of near-equal
+    size (10 seeds at a cap of 8: 5 + 5, not 8 + 2: the groups end together)."""
     if stack < 1:
         raise ValueError(f"stack must be at least 1, got {stack}")
-    cells: dict[str, list[dict[str, Any]]] = {}
-    for p in points:
-        cells.setdefault(_cell_key(base_config, p), []).append(dict(p))
-    groups: list[list[dict[str, Any]]] = []
+    cells: dict[str, list[int]] = {}
+    for i, p in enumerate(points):
+        cells.setdefault(_cell_key(base_config, p), []).append(i)
+    groups: list[list[int]] = []
     for members in cells.values():
         count = math.ceil(len(members) / stack)
         size, extra = divmod(len(members), count)
@@ -107,6 +108,13 @@ def group_points(
             groups.append(members[start:end])
             start = end
     return groups
+
+
+def group_points(
+    base_config: Mapping[str, Any], points: Sequence[Mapping[str, Any]], stack: int
+) -> list[list[dict[str, Any]]]:
+    """``points`` cut into groups (:func:`group_indices`): Tune's grid values of a stacked plan."""
+    return [[dict(points[i]) for i in g] for g in group_indices(base_config, points, stack)]
 
 
 def pack(shared: Mapping[str, Any], members: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:

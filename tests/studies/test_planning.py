@@ -95,7 +95,8 @@ def _equal_trials_cal() -> dict[str, Any]:
 
 
 def test_halving_the_slots_doubles_the_wall_of_equal_trials() -> None:
-    spec = load_study(BATCHSIZE, ["max_concurrent=8"], preset="smoke")
+    # one trial per process (a stacked phase packs groups: test_a_stacked_phase_is_priced_per_group...)
+    spec = load_study(BATCHSIZE, ["max_concurrent=8", "execution.stack=off"], preset="smoke")
     wide = plan_study(spec, kind_for(spec), calibration=_equal_trials_cal(), calibrate=False, cpus=8)
     narrow = plan_study(spec, kind_for(spec), calibration=_equal_trials_cal(), calibrate=False, cpus=4)
     tuning_wide, tuning_narrow = wide["phases"][0], narrow["phases"][0]
@@ -108,7 +109,7 @@ def test_halving_the_slots_doubles_the_wall_of_equal_trials() -> None:
 
 
 def test_many_unequal_trials_scale_roughly_with_the_slots() -> None:
-    spec = load_study(BATCHSIZE, ["max_concurrent=16"])
+    spec = load_study(BATCHSIZE, ["max_concurrent=16", "execution.stack=off"])  # trials, not groups
     wide = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=16)
     narrow = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=8)
     for w, n in zip(wide["phases"], narrow["phases"]):
@@ -305,3 +306,25 @@ def test_a_sequential_spec_plans_its_looks_and_expected_cost() -> None:
     )
     assert "trials_expected" not in fixed
     assert fixed["trials"] == fixed["trials_max"] - spec.extension_trials_max
+
+
+def test_a_stacked_phase_is_priced_per_group_from_its_stacked_step() -> None:
+    spec = load_study(BATCHSIZE, preset="smoke")
+    off = load_study(BATCHSIZE, ["execution.stack=off"], preset="smoke")
+    # one stacked update of 8 members costs what 2 separate updates do: a 4x cheaper update
+    cal = {**CAL, "stacked": {"*": {"step_s": 0.02, "eval_s": 0.2, "members": 8}}}
+    stacked = plan_study(spec, kind_for(spec), calibration=cal, calibrate=False, cpus=2)
+    separate = plan_study(off, kind_for(off), calibration=cal, calibrate=False, cpus=2)
+    assert stacked["trials"] == separate["trials"]  # members are trials: the same count
+    by = {p["name"]: p for p in stacked["phases"]}
+    # confirm-epochs: 3 arms x 3 batch sizes x 2 seeds -> 9 groups of 2; tune: 3 arms x (4 rates x 2 seeds)
+    assert by["confirm-epochs"]["groups"] == 9 and by["tune-epochs"]["groups"] == 3
+    assert {p["name"]: p["groups"] for p in separate["phases"]} == dict.fromkeys(by, None)
+    assert stacked["wall_s"] < separate["wall_s"] and stacked["cpu_hours"] < separate["cpu_hours"]
+    # without a stacked timing (given none, measuring nothing) a group costs its members' times
+    # (one process start per group, not per member)
+    plain = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=2)
+    start = plain["calibration"]["trial_start_s"]
+    counted = [p for p in plain["phases"] if p["groups"] and (not p["optional"] or p["refine"])]
+    saved = sum((p["trials"] - p["groups"]) * start for p in counted)
+    assert plain["cpu_hours"] == pytest.approx(separate["cpu_hours"] - saved / 3600)

@@ -7,9 +7,10 @@ per member, trials.csv, the same verdicts) is tests/studies/test_stacked_study.p
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -96,8 +97,10 @@ def test_pack_unpack_and_a_members_history() -> None:
 class _Group:
     trial_id = "abc_00002"
     status = "TERMINATED"
-    config = {MEMBERS_KEY: [{"seed": 3}, {"seed": 4}]}
-    last_result = pack({"epoch": 3, "node_id": "n1"}, {0: {"status": "completed"}, 1: {"status": "diverged"}})
+    config: ClassVar[dict[str, Any]] = {MEMBERS_KEY: [{"seed": 3}, {"seed": 4}]}
+    last_result: ClassVar[dict[str, Any]] = pack(
+        {"epoch": 3, "node_id": "n1"}, {0: {"status": "completed"}, 1: {"status": "diverged"}}
+    )
     path = "/somewhere/abc"
 
 
@@ -162,10 +165,8 @@ def _run(
         original(metrics, state=None, status=status)
 
     session.report = keep  # type: ignore[method-assign]
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # the process died
         fn(config, session)
-    except KeyboardInterrupt:
-        pass
     return reports, states
 
 
