@@ -264,10 +264,10 @@ def calibrate_stacked(
     for these models it is small next to an epoch).
 
     Returns:
-        ``{"step_s", "eval_s", "members", "stacked"}``: one stacked update of every member, one epoch
-        end of the whole group, the member count and whether the members stacked (``False``: the
-        model has no stacked form and the members train one after the other; the times are then
-        those of that fallback).
+        ``{"step_s", "eval_s", "members", "stacked", "reason"}``: one stacked update of every member,
+        one epoch end of the whole group, the member count and whether the members stacked (``False``:
+        the model has no stacked form and the members train one after the other, ``reason`` says why;
+        the times are then those of that fallback).
     """
     import torch
 
@@ -318,4 +318,13 @@ def calibrate_stacked(
     rows = min(eval_rows, sizes["val"]) + min(eval_rows, sizes["test"])
     per_row = max(0.0, (c - a) / max(1, rows))
     eval_s = per_row * (sizes["val"] + sizes["test"])
-    return {"step_s": float(step_s), "eval_s": float(eval_s), "members": members, "stacked": bool(stacked)}
+    from autonorm_core.stacking import stackable
+
+    _, reason = stackable(dict(config))
+    return {
+        "step_s": float(step_s),
+        "eval_s": float(eval_s),
+        "members": members,
+        "stacked": bool(stacked),
+        "reason": "" if stacked else (reason or "fit_stacked fell back to separate fits"),
+    }

@@ -154,6 +154,7 @@ class CalibrationCache:
                 "eval_s": float(entry["eval_s"]),
                 "members": int(entry["members"]),
                 "stacked": bool(entry["stacked"]),
+                "reason": str(entry.get("reason", "")),
             }
         except (KeyError, TypeError, ValueError):
             return None
@@ -166,6 +167,7 @@ class CalibrationCache:
         key = self.key(config, threads=threads, device=device) + f"|K={int(measured['members'])}"
         self._load()[key] = {
             **{k: measured[k] for k in ("step_s", "eval_s", "members", "stacked")},
+            "reason": str(measured.get("reason", "")),
             "measured_at": now,
         }
 

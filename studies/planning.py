@@ -613,6 +613,9 @@ def format_plan(result: Mapping[str, Any]) -> str:
             + needed
         )
     cal = result["calibration"]
+    for key, timing in sorted((cal.get("stacked") or {}).items()):
+        if isinstance(timing, Mapping) and timing.get("stacked") is False:
+            lines.append(f"  not stacked: {key.split('|K=')[0]}: {timing.get('reason') or 'no stacked form'}")
     lines.append(
         f"  calibration: {len(cal.get('measured') or [])} keys measured here ({cal.get('machine')})"
         + (f", {len(cal['cached'])} from this machine's cache" if cal.get("cached") else "")

@@ -17,11 +17,13 @@ checkpoint stays diverged.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from workers.members import pack
+from workers.trainable import CONFIG_RESULT_KEY
 
 __all__ = ["autonorm_group_trial"]
 
@@ -40,6 +42,7 @@ class _GroupReporter:
         self.states: dict[int, dict[str, Any]] = {}
         self.waiting: dict[int, set[int]] = {}  # epoch -> members whose metrics are not in yet
         self.fallback = ""
+        self.configs: list[str] = []  # each member's resolved config as JSON
 
     def checkpoint_fn(self, epoch: int, states: Mapping[int, dict[str, Any]]) -> None:
         self.states.update(states)
@@ -75,6 +78,9 @@ class _GroupReporter:
 
     def report(self, epoch: int, *, final: bool) -> None:
         payload = pack(self.shared(epoch, final), self.latest)
+        # every member's resolved config, as an ordinary trial's report carries its own: readers of
+        # the study directory need no base config to know what a member ran
+        payload.update({f"{CONFIG_RESULT_KEY}@m{k}": text for k, text in enumerate(self.configs)})
         if final:
             self.session.report(payload, status="completed")
             return
@@ -153,6 +159,7 @@ def autonorm_group_trial(configs: Sequence[Mapping[str, Any]], session: Any) -> 
     num_epochs = cfgs[0].num_epochs(splits[0].sizes["train"])
     reporter = _GroupReporter(session, num_epochs=num_epochs, size=size, latest=latest)
     reporter.states.update(states)
+    reporter.configs = [json.dumps(dict(c), sort_keys=True, default=str) for c in configs]
     # Members still to train, by the epoch they resume after (one stack per epoch: the usual case is one).
     todo: dict[int, list[int]] = {}
     for k in range(size):

@@ -100,8 +100,8 @@ def compile_search(
 
 def plan_settings(spec: Any) -> dict[str, Any]:
     """The :func:`build_plan` arguments every study spec carries under the same names (``resources``,
-    ``retries``, ``storage_path``, ``storage``, ``tracking``, ``description``, ``hypothesis``) and
-    its resolved ``document``."""
+    ``retries``, ``storage_path``, ``storage``, ``tracking``, ``description``, ``hypothesis``,
+    ``execution``) and its resolved ``document``."""
     keys = (
         "resources",
         "retries",
@@ -110,9 +110,13 @@ def plan_settings(spec: Any) -> dict[str, Any]:
         "tracking",
         "description",
         "hypothesis",
-        "execution",
     )
-    return {**{k: getattr(spec, k) for k in keys}, "document": spec.to_document()}
+    # ``execution`` came later: a kind's spec class without it runs one trial per process
+    return {
+        **{k: getattr(spec, k) for k in keys},
+        "execution": getattr(spec, "execution", None) or ExecutionSpec(stack="off"),
+        "document": spec.to_document(),
+    }
 
 
 def build_plan(

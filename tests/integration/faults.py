@@ -275,8 +275,16 @@ def result_epochs(study_dir: Path) -> dict[str, list[int]]:
     for path in glob.glob(f"{study_dir}/**/result.json", recursive=True):
         # Trial folders are named after the trials' readable names: the id is in each result.
         results = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
-        if results:
-            out[str(results[0]["trial_id"])] = [int(r["epoch"]) for r in results]
+        if not results:
+            continue
+        trial_id, size = str(results[0]["trial_id"]), int(results[0].get("members") or 0)
+        if size:  # a stacked group (execution.stack): each member's own epochs, as a trial's
+            from workers.members import member_history, member_id
+
+            for k in range(size):
+                out[member_id(trial_id, k)] = [int(r["epoch"]) for r in member_history(results, k)]
+        else:
+            out[trial_id] = [int(r["epoch"]) for r in results]
     return out
 
 

@@ -272,15 +272,24 @@ def lab(postgres_server: PostgresServer, s3_server: S3Server, ray_head: RayNode)
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _trial_rows(study_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    """Every Tune trial of a study (all phases): its result rows, by trial id."""
+def _trial_rows(study_dir: Path, *, members: bool = True) -> dict[str, list[dict[str, Any]]]:
+    """Every trial of a study (all phases): its result rows, by trial id. A Tune trial that trained a
+    stacked group (``execution.stack``) is its members, each with its own rows (``members=False``: the
+    Tune trials themselves, as the slots saw them)."""
+    from workers.members import member_history, member_id
+
     out: dict[str, list[dict[str, Any]]] = {}
     for path in glob.glob(f"{study_dir}/**/result.json", recursive=True):
         rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
         if rows:
             trial_id = str(rows[0]["trial_id"])
             assert trial_id not in out, f"trial {trial_id} has two result folders"
-            out[trial_id] = rows
+            size = int(rows[0].get("members") or 0)
+            if members and size:
+                for k in range(size):
+                    out[member_id(trial_id, k)] = member_history(rows, k)
+            else:
+                out[trial_id] = rows
     return out
 
 
@@ -349,7 +358,7 @@ def test_the_slots_are_shared_fairly(lab: Lab) -> None:
     starts: dict[str, float] = {}
     spans: list[tuple[float, float, str]] = []
     for s in lab.studies.values():
-        for rows in _trial_rows(lab.storage / s.name).values():
+        for rows in _trial_rows(lab.storage / s.name, members=False).values():
             begun = min(float(r["wall_started"]) for r in rows)
             ended = max(float(r["wall_reported"]) for r in rows)
             spans.append((begun, ended, s.label))

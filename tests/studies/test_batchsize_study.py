@@ -544,12 +544,13 @@ def test_smoke_mlflow_one_tag_selects_the_study_and_summary_runs_draw_arms_again
     for r in by_role["phase"] + by_role["trial"] + by_role["summary"]:
         assert r.data.tags["autonorm.phase"] in folders
     assert "autonorm.phase" not in study.data.tags and "autonorm.budget" not in study.data.tags
-    # Trial folders are named after the trials' readable names (the run names).
+    # Trial folders are named after the trials' readable names (the run names); a stacked member's
+    # run names the folder of the group it trained in, itself named after its first member.
     for r in by_role["trial"]:
-        folder = Path(out.study_dir) / r.data.tags["autonorm.phase"] / r.info.run_name
+        folder = Path(out.study_dir) / r.data.tags["autonorm.phase"] / _folder(r)
         assert (folder / "result.json").is_file(), folder
     trial_dirs = {p.parent.name for p in Path(out.study_dir).rglob("params.json")}
-    assert trial_dirs == {r.info.run_name for r in by_role["trial"]}
+    assert trial_dirs == {_folder(r) for r in by_role["trial"]}
 
     (confirm,) = [r for r in by_role["phase"] if r.info.run_name == "confirm-epochs"]
     table = pd.read_csv(Path(out.study_dir) / "trials.csv")
@@ -647,3 +648,12 @@ def test_planted_decline_is_supported_through_every_phase(local_ray: None, tmp_p
 
 def test_root_axis_is_the_grid_cell() -> None:
     assert ROOT == "@"
+
+
+def _folder(run: Any) -> str:
+    """A trial run's Tune folder: its own name, or its stacked group's (``autonorm.stack_group``)."""
+    group = run.data.tags.get("autonorm.stack_group")
+    if group is None:
+        return str(run.info.run_name)
+    assert group.startswith(f"{run.data.tags['autonorm.arm']}-B"), (group, run.info.run_name)  # its cell
+    return str(group)

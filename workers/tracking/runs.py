@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from workers.tracking.names import (
     ROLE_TRIAL,
     STUDY_WIDE_TAGS,
+    TAG_GROUP,
     TAG_PARENT,
     TAG_ROLE,
     TAG_RUN_KEY,
@@ -41,6 +42,15 @@ class _ChildRun:
     status: str = "RUNNING"
     # Params not sent yet: they go with the run's first metrics (one call, not two).
     unsent_params: list[Any] = field(default_factory=list)
+
+
+def _folder_of(trial: Any) -> str:
+    """A Tune trial's folder name (its readable name), its id when Tune cannot say."""
+    with contextlib.suppress(Exception):
+        name = str(trial.path).rstrip("/").rpartition("/")[2]
+        if name:
+            return name
+    return str(trial.trial_id)
 
 
 class TrialRuns(OutageBackoff):
@@ -201,6 +211,9 @@ class TrialRuns(OutageBackoff):
         if node_id:
             tags["autonorm.node_id"] = str(node_id)
         tags.update(trial_params_tag(trial.config))
+        group = getattr(trial, "group", None)
+        if group is not None:  # a member of a stacked group: the Tune trial (and folder) it trained in
+            tags[TAG_GROUP] = _folder_of(group)
         # One attempt only (a retried create could make two runs); the next result tries again.
         run = self._call(
             self.client.create_run, self._experiment_id, tags=tags, run_name=self._run_name(trial), attempts=1
