@@ -127,7 +127,12 @@ def compare(off: dict[str, Any], auto: dict[str, Any]) -> dict[str, Any]:
             diffs.append(abs(float(row["test_accuracy"]) - float(twin["test_accuracy"])))
         except (KeyError, ValueError):
             continue
+    only = {
+        "off": [dict(zip(ROW_KEYS, k, strict=True)) for k in sorted(set(by_off) - set(by_auto))],
+        "auto": [dict(zip(ROW_KEYS, k, strict=True)) for k in sorted(set(by_auto) - set(by_off))],
+    }
     return {
+        "rows_only_in": only,
         "same_rows": sorted(by_off) == sorted(by_auto) and len(by_off) == len(off["rows"]),
         "same_verdicts": off["verdict"] == auto["verdict"],
         "test_accuracy_diff": {
@@ -143,9 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="local")
     parser.add_argument("--set", action="append", default=[], dest="extra", help="more --set overrides")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--keep", type=Path, default=None, help="keep both studies under this folder")
     args = parser.parse_args(argv)
     runs: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="stacked-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="stacked-bench-") as scratch:
+        tmp = str(args.keep) if args.keep is not None else scratch
         for mode in ("off", "auto"):
             print(f"[stacked_study] {args.preset}: execution.stack={mode} ...", flush=True)
             runs[mode] = run_study(mode, args.preset, Path(tmp) / mode, args.extra)

@@ -1,8 +1,9 @@
 """A batch-size study driver that the kill test runs as a subprocess, SIGKILLs mid-way, and runs again.
 
-Usage: python -m tests.studies.batchsize_driver STORAGE RAY_TEMP_DIR. Prints ``RESULT <json>`` at the end.
-The trial function is the planted one of test_batchsize_study, slowed down so that a kill lands
-inside a phase.
+Usage: python -m tests.studies.batchsize_driver STORAGE RAY_TEMP_DIR [stacked]. Prints ``RESULT <json>``
+at the end. The trial function is the planted one of test_batchsize_study, slowed down so that a kill
+lands inside a phase; with ``stacked``, the real one (tiny MLP on digits), each cell's trials trained
+as stacked groups (``execution.stack: auto``), so that a kill lands inside a group.
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ def spec_for(storage: Path) -> Any:
 
 def main() -> None:
     storage, temp_dir = Path(sys.argv[1]), sys.argv[2]
+    stacked = sys.argv[3:] == ["stacked"]
     repo = str(Path(__file__).resolve().parents[2])
     out = run_study_spec(
         spec_for(storage),
-        trainable=slow_planted_trial,
+        trainable=None if stacked else slow_planted_trial,
         ray_init_kwargs={
             "num_cpus": 2,
             "_temp_dir": temp_dir,

@@ -1,7 +1,9 @@
 """SIGKILL the batch-size smoke study mid-way, run it again: every trial accounted for exactly once.
 
-The driver runs the smoke cut to 2 arms x 2 batch sizes (12 tuning, 8 confirmatory trials); the kill
-lands in the confirmatory phase right after its first trial reported."""
+The driver runs the smoke cut to 2 arms x 2 batch sizes (12 tuning, 8 confirmatory trials) with real
+training, each cell's trials stacked (``execution.stack: auto``: the confirmatory phase is 4 groups of
+2 seeds); the kill lands in the confirmatory phase right after its first group reported its first
+epoch, so the rerun restores groups mid-way from their checkpoints."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ def _driver(storage: Path, temp_dir: str) -> subprocess.Popen[str]:
     env = {**os.environ, **ray_env(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     env.pop("MLFLOW_TRACKING_URI", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.studies.batchsize_driver", str(storage), temp_dir],
+        [sys.executable, "-m", "tests.studies.batchsize_driver", str(storage), temp_dir, "stacked"],
         cwd=REPO_ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -55,8 +57,8 @@ def test_batchsize_study_killed_mid_way_then_rerun_accounts_exactly() -> None:
         tree: list[psutil.Process] = []
         confirm = storage / spec.name / "confirm-epochs"
         try:
-            # Kill inside the second phase, as soon as its first trial has reported: one confirmatory
-            # trial done, the other 7 (2 arms x 2 batch sizes x 2 seeds, 2 at a time, 0.5 s each) not.
+            # Kill inside the second phase, as soon as its first group has reported an epoch: the
+            # 4 groups (2 arms x 2 batch sizes, 2 seeds each, 2 groups at a time) are not done.
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline and not _reported(confirm):
                 assert first.poll() is None, first.stdout.read() if first.stdout else ""
@@ -88,6 +90,11 @@ def test_batchsize_study_killed_mid_way_then_rerun_accounts_exactly() -> None:
         assert [r.info.run_id for r in studies] == [result["parent"]]
         ids = Counter(r.data.tags["ray.trial_id"] for r in trials)
         assert len(ids) == spec.total_trials and set(ids.values()) == {1}  # none lost, none doubled
+        assert all("-m" in i for i in ids)  # every trial a member of a stacked group
+        for r in trials:  # every epoch of every member once, also of the groups restored mid-way
+            steps = sorted(int(m.step) for m in client.get_metric_history(r.info.run_id, "epoch"))
+            assert steps == [1, 2, 3], (r.info.run_name, steps)
+            assert r.info.status == "FINISHED" and r.data.tags["autonorm.trial_status"] == "completed"
         assert not [r.info.run_id for r in runs if r.info.status == "RUNNING"]
         table = (storage / spec.name / "trials.csv").read_text().splitlines()
         assert len(table) - 1 == spec.expected_trials

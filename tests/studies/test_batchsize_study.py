@@ -283,6 +283,53 @@ def smoke(
     return spec, run_study_spec(spec, progress=False)
 
 
+@pytest.fixture(scope="module")
+def smoke_off(
+    smoke: tuple[BatchSizeStudySpec, StudyOutcome], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[BatchSizeStudySpec, StudyOutcome]:
+    """The same smoke with one trial per process (``execution.stack: off``; the smoke itself stacks)."""
+    spec = smoke[0]
+    storage = tmp_path_factory.mktemp("bs_smoke_off")
+    off = smoke_spec(
+        f"storage_path={storage}", "arms=[linear,corrected]", "max_concurrent=1", "execution.stack=off"
+    )
+    assert off.model_copy(update={"storage_path": spec.storage_path, "execution": spec.execution}) == spec
+    return off, run_study_spec(off, progress=False)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_smoke_stacked_and_off_gives_the_same_rows_accuracies_verdicts_and_labels(
+    smoke: tuple[BatchSizeStudySpec, StudyOutcome], smoke_off: tuple[BatchSizeStudySpec, StudyOutcome]
+) -> None:
+    import pandas as pd
+
+    (spec, stacked), (_, off) = smoke, smoke_off
+    assert spec.execution.stack == "auto"
+    keys = ["arm", "batch_size", "seed", "budget", "lr"]
+    a = pd.read_csv(Path(stacked.study_dir) / "trials.csv").sort_values(keys).reset_index(drop=True)
+    b = pd.read_csv(Path(off.study_dir) / "trials.csv").sort_values(keys).reset_index(drop=True)
+    assert len(a) == len(b) == 12 and a[keys].equals(b[keys])  # the same trials, the same tuned lr
+    assert a["trial_id"].str.contains("-m").all() and not b["trial_id"].str.contains("-m").any()
+    diff = (a["test_accuracy"] - b["test_accuracy"]).abs()
+    assert diff.max() <= 0.05 and diff.mean() <= 0.01, diff.describe()
+    assert (a["status"] == b["status"]).all()
+    v, w = stacked.verdict, off.verdict
+    assert v is not None and w is not None
+    assert (v["study_verdict"], v["verdict"], v["controls"]) == (
+        w["study_verdict"],
+        w["verdict"],
+        w["controls"],
+    )
+    assert {k: x.get("label") for k, x in v["arms"].items()} == {
+        k: x.get("label") for k, x in w["arms"].items()
+    }
+    # fewer processes: the confirmatory phase's 12 trials ran as 6 Tune trials (a cell's 2 seeds each)
+    confirm = Path(stacked.study_dir) / "confirm-epochs"
+    assert len(list(confirm.glob("*/params.json"))) == 6
+    assert len(list((Path(off.study_dir) / "confirm-epochs").glob("*/params.json"))) == 12
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_smoke_writes_every_output_and_is_exploratory(smoke: tuple[BatchSizeStudySpec, StudyOutcome]) -> None:
