@@ -22,10 +22,22 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workers.members import pack
-from workers.trainable import CONFIG_RESULT_KEY
+from workers.members import member_params, pack
+from workers.trainable import (
+    _FILE_OPTIONS,
+    CONFIG_RESULT_KEY,
+    TrialFunction,
+    TrialSession,
+    _diverged_report,
+    _load_splits,
+    _quiet_exit_in_callbacks,
+    autonorm_trial,
+    resolve_trial_config,
+    run_with_retries,
+    tune_entry,
+)
 
-__all__ = ["autonorm_group_trial"]
+__all__ = ["autonorm_group_trial", "group_entry"]
 
 GROUP_STATE = "autonorm-group-1"
 
@@ -97,7 +109,6 @@ def _member_inputs(
 
     from autonorm_core.models import create_model
     from autonorm_core.training import TrainConfig
-    from workers.trainable import _FILE_OPTIONS, _load_splits
 
     splits, models, cfgs = [], [], []
     for config in configs:
@@ -150,7 +161,6 @@ def _restored(state: Mapping[str, Any] | None, size: int) -> tuple[dict[int, Any
 def autonorm_group_trial(configs: Sequence[Mapping[str, Any]], session: Any) -> None:
     """Train the resolved member ``configs`` of one group, reporting through ``session``."""
     from autonorm_core.stacking import fit_stacked
-    from workers.trainable import _diverged_report
 
     size = len(configs)
     splits, models, cfgs = _member_inputs(configs, session.device)
@@ -195,3 +205,36 @@ def autonorm_group_trial(configs: Sequence[Mapping[str, Any]], session: Any) -> 
             latest[k] = {**dict(result.final), "status": "completed"}
     last = max((int(m.get("epoch", 0)) for m in latest.values()), default=0)
     reporter.report(last, final=True)
+
+
+def group_entry(
+    config: dict[str, Any],
+    *,
+    trial_fn: TrialFunction,
+    base_config: Mapping[str, Any],
+    tracking_uri: str | None = None,
+    metric: str | None = None,
+    retries: int = 0,
+) -> None:
+    """The Tune function trainable of a stacked plan (:func:`workers.trainable.tune_entry`'s arguments):
+    a group's members resolved and trained by :func:`autonorm_group_trial`; a config that is no group
+    goes to ``tune_entry``."""
+    members = member_params(config)
+    if members is None:
+        tune_entry(
+            config,
+            trial_fn=trial_fn,
+            base_config=base_config,
+            tracking_uri=tracking_uri,
+            metric=metric,
+            retries=retries,
+        )
+        return
+    if trial_fn is not autonorm_trial:
+        raise ValueError("a stacked group runs the default trial function only (execution.stack: off)")
+    from ray import tune
+
+    _quiet_exit_in_callbacks()
+    configs = [resolve_trial_config(base_config, m) for m in members]
+    session = TrialSession(checkpoint=tune.get_checkpoint(), tracking_uri=tracking_uri, metric=metric)
+    run_with_retries(autonorm_group_trial, configs, session, retries=retries)  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ from typing import Any
 
 from workers import interrupts, tune_state
 from workers.errors import TrackingIncomplete
+from workers.group_trial import group_entry
 from workers.members import MEMBERS_KEY, views
 from workers.optuna_export import _save_optuna_study, _searcher_of
 from workers.plan import StudyPlan, expected_trials
@@ -284,7 +285,7 @@ def _fit(
         resources = {k: float(v) for k, v in plan.resources}
         entry = tune.with_resources(
             tune.with_parameters(
-                tune_entry,
+                group_entry if MEMBERS_KEY in param_space else tune_entry,
                 trial_fn=trial_fn,
                 base_config=plan.base_config,
                 tracking_uri=tracker.tracking_uri,

@@ -528,18 +528,8 @@ def tune_entry(
     from ray import tune
 
     _quiet_exit_in_callbacks()
-    members = member_params(config)
-    if members is not None:  # a group of stacked members (workers.members, workers.group_trial)
-        if trial_fn is not autonorm_trial:
-            raise ValueError(
-                "a stacked group trial runs the default trial function only (execution.stack: off)"
-            )
-        from workers.group_trial import autonorm_group_trial
-
-        configs = [resolve_trial_config(base_config, m) for m in members]
-        session = TrialSession(checkpoint=tune.get_checkpoint(), tracking_uri=tracking_uri, metric=metric)
-        run_with_retries(autonorm_group_trial, configs, session, retries=retries)  # type: ignore[arg-type]
-        return
+    if member_params(config) is not None:
+        raise ValueError("a stacked group's trial config: it runs through workers.group_trial.group_entry")
     resolved = resolve_trial_config(base_config, config)
     session = TrialSession(
         checkpoint=tune.get_checkpoint(), tracking_uri=tracking_uri, metric=metric, config=resolved

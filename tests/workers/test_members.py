@@ -205,3 +205,14 @@ def test_a_group_killed_mid_run_resumes_each_member_from_its_checkpoint() -> Non
         assert [r["epoch"] for r in joined] == [1, 2, 3]
         for a, b in zip(joined, member_history(whole, k), strict=True):
             assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-6)
+
+
+def test_a_group_runs_only_through_group_entry_and_only_the_default_trial() -> None:
+    from workers.group_trial import group_entry
+    from workers.trainable import tune_entry
+
+    group = {MEMBERS_KEY: [{"seed": 1}, {"seed": 2}]}
+    with pytest.raises(ValueError, match="group_entry"):  # never resolved as one trial's config
+        tune_entry(group, trial_fn=autonorm_trial, base_config=BASE)
+    with pytest.raises(ValueError, match="default trial function"):
+        group_entry(group, trial_fn=lambda config, session: None, base_config=BASE)
