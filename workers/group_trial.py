@@ -24,14 +24,13 @@ from typing import Any
 
 from workers.members import member_params, pack
 from workers.trainable import (
-    _FILE_OPTIONS,
     CONFIG_RESULT_KEY,
     TrialFunction,
     TrialSession,
     _diverged_report,
-    _load_splits,
     _quiet_exit_in_callbacks,
     autonorm_trial,
+    build_trial,
     resolve_trial_config,
     run_with_retries,
     tune_entry,
@@ -103,41 +102,10 @@ class _GroupReporter:
 def _member_inputs(
     configs: Sequence[Mapping[str, Any]], device: str
 ) -> tuple[list[Any], list[Any], list[Any]]:
-    """Per member: its data splits, its model (built as :func:`autonorm_trial` builds it) and its
-    TrainConfig."""
-    import torch
-
-    from autonorm_core.models import create_model
-    from autonorm_core.training import TrainConfig
-
-    splits, models, cfgs = [], [], []
-    for config in configs:
-        seed = int(config.get("seed", 0))
-        data = dict(config["data"])
-        name = data.pop("type")
-        subset = data.pop("subset", None)
-        if isinstance(subset, list):
-            subset = tuple(subset)
-        split = _load_splits(
-            name,
-            seed,
-            data.pop("data_root", None),
-            float(data.pop("val_fraction", 0.1)),
-            subset,
-            device,
-            tuple((k, data.pop(k)) for k in _FILE_OPTIONS if data.get(k) is not None),
-        )
-        data = {k: v for k, v in data.items() if not (k in _FILE_OPTIONS and v is None)}
-        if data:
-            raise ValueError(f"unknown data keys {sorted(data)}")
-        model_cfg = dict(config["model"])
-        model_name = model_cfg.pop("type")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            models.append(create_model(model_name, split, **model_cfg))
-        splits.append(split)
-        cfgs.append(TrainConfig.from_dict(config.get("training", {})))
-    return splits, models, cfgs
+    """Per member: its data splits, its model and its TrainConfig, each built as its separate trial
+    builds them (:func:`workers.trainable.build_trial`)."""
+    built = [build_trial(config, device) for config in configs]
+    return [b[0] for b in built], [b[1] for b in built], [b[2] for b in built]
 
 
 def _restored(state: Mapping[str, Any] | None, size: int) -> tuple[dict[int, Any], dict[int, dict[str, Any]]]:

@@ -47,6 +47,7 @@ __all__ = [
     "TrialFunction",
     "TrialSession",
     "autonorm_trial",
+    "build_trial",
     "config_from_result",
     "resolve_trial_config",
     "tune_entry",
@@ -438,18 +439,19 @@ def _load_splits(
     )
 
 
-def autonorm_trial(config: dict[str, Any], session: TrialSession) -> None:
-    """The default trial: build data, model and ``TrainConfig`` through autonorm_core and ``fit``.
+def build_trial(config: Mapping[str, Any], device: str) -> tuple[Any, Any, Any]:
+    """``(splits, model, TrainConfig)`` of a resolved trial config, as every trial builds them (one
+    alone, or a member of a stacked group): the data split and the model's initial weights both
+    from the config's ``seed``.
 
     Config sections (see :mod:`workers.plan`): ``data`` (``type`` = data set name, plus
     ``load_dataset`` keywords), ``model`` (``type`` = model name; ``preset`` and the rest passed to
-    ``create_model``), ``training`` (``TrainConfig.from_dict``), ``seed``. The seed drives the data
-    split, the model init and the fit.
+    ``create_model``), ``training`` (``TrainConfig.from_dict``), ``seed``.
     """
     import torch
 
     from autonorm_core.models import create_model
-    from autonorm_core.training import TrainConfig, fit
+    from autonorm_core.training import TrainConfig
 
     seed = int(config.get("seed", 0))
     data = dict(config["data"])
@@ -463,7 +465,7 @@ def autonorm_trial(config: dict[str, Any], session: TrialSession) -> None:
         data.pop("data_root", None),
         float(data.pop("val_fraction", 0.1)),
         subset,
-        session.device,
+        device,
         tuple((k, data.pop(k)) for k in _FILE_OPTIONS if data.get(k) is not None),
     )
     data = {k: v for k, v in data.items() if not (k in _FILE_OPTIONS and v is None)}
@@ -478,7 +480,21 @@ def autonorm_trial(config: dict[str, Any], session: TrialSession) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = create_model(model_name, splits, **model_cfg)
-    cfg = TrainConfig.from_dict(config.get("training", {}))
+    return splits, model, TrainConfig.from_dict(config.get("training", {}))
+
+
+def autonorm_trial(config: dict[str, Any], session: TrialSession) -> None:
+    """The default trial: build data, model and ``TrainConfig`` through autonorm_core and ``fit``.
+
+    Config sections (see :mod:`workers.plan`): ``data`` (``type`` = data set name, plus
+    ``load_dataset`` keywords), ``model`` (``type`` = model name; ``preset`` and the rest passed to
+    ``create_model``), ``training`` (``TrainConfig.from_dict``), ``seed``. The seed drives the data
+    split, the model init and the fit.
+    """
+    from autonorm_core.training import fit
+
+    seed = int(config.get("seed", 0))
+    splits, model, cfg = build_trial(config, session.device)
     reporter = _EpochReporter(session, num_epochs=cfg.num_epochs(splits.sizes["train"]))
     result = fit(
         model,
