@@ -35,7 +35,6 @@ __all__ = [
     "grid_points",
     "group_indices",
     "group_points",
-    "is_group",
     "member_history",
     "member_id",
     "member_params",
@@ -62,10 +61,6 @@ def member_params(config: Mapping[str, Any] | None) -> list[dict[str, Any]] | No
     if not isinstance(members, list | tuple):
         return None
     return [dict(m) for m in members]
-
-
-def is_group(trial: Any) -> bool:
-    return member_params(getattr(trial, "config", None)) is not None
 
 
 def grid_points(grid: Sequence[tuple[str, Sequence[Any]]]) -> list[dict[str, Any]]:
