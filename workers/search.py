@@ -47,6 +47,7 @@ __all__ = [
     "FiniteASHAScheduler",
     "FiniteMedianStoppingRule",
     "PruningAwareOptunaSearch",
+    "WaitingFIFOScheduler",
     "create_sampler",
     "create_scheduler",
     "create_searcher",
@@ -207,11 +208,9 @@ class PruningAwareOptunaSearch(OptunaSearch):  # type: ignore[misc]
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         value = result.get(self.metric) if isinstance(self.metric, str) else None
-        if not _is_finite_number(value):
-            return
-        if trial_id not in self._completed_trials and _already_reported(
-            self._ot_trials.get(trial_id), result.get("training_iteration")
-        ):
+        if not _is_finite_number(value) or trial_id in self._completed_trials:
+            return  # (Optuna refuses a value for a finished trial, and it no longer has a handle)
+        if _already_reported(self._ot_trials.get(trial_id), result.get("training_iteration")):
             # A resumed trial reports again the steps after the checkpoint it resumed from (after a
             # killed driver, or from an older checkpoint when the newest was unreadable) and Optuna
             # already holds them: its first value stays, and nothing is said (Optuna would warn
@@ -243,6 +242,26 @@ class PruningAwareOptunaSearch(OptunaSearch):  # type: ignore[misc]
         except Exception as exc:
             logger.warning("could not tell Optuna about trial %s: %s", trial_id, exc)
         self._completed_trials.add(trial_id)
+        # The study holds the finished trial; the handle would only grow the saved state.
+        self._ot_trials.pop(trial_id, None)
+
+    # Saved with Tune's snapshot, finished trials written once (workers/optuna_state.py).
+
+    def save(self, checkpoint_path: str) -> None:
+        from workers.optuna_state import dump_searcher
+
+        archived: set[int] = self.__dict__.setdefault("_archived", set())
+        if not dump_searcher(self.__dict__.copy(), self._ot_study, archived, checkpoint_path):
+            super().save(checkpoint_path)
+
+    def restore(self, checkpoint_path: str) -> None:
+        from workers.optuna_state import load_searcher
+
+        state = load_searcher(checkpoint_path)
+        if not isinstance(state, dict):  # Ray's older tuple form
+            super().restore(checkpoint_path)
+            return
+        self.__dict__.update(state)
 
 
 def _already_reported(ot_trial: Any, step: Any) -> bool:
@@ -341,7 +360,34 @@ def _finite_metric(result: dict[str, Any], metric: str | None) -> dict[str, Any]
     return {**result, metric: math.nan}
 
 
-class FiniteASHAScheduler(ASHAScheduler):  # type: ignore[misc]
+class _WaitingTrialsFirst:
+    """``choose_trial_to_run`` as Ray's ``FIFOScheduler`` has it (the first PENDING trial in the
+    study's order, else the first PAUSED one), read from Tune's own sets of PENDING and PAUSED
+    trials instead of a pass over every trial of the study: Tune asks at each step of its loop with
+    a free slot, and at 1,000 trials that pass was 5 ms of driver CPU per trial, growing with the
+    study (py-spy, ``bench/study_scale.py``, issue #40). With several trials waiting, the study's
+    order decides, as before. A controller without those sets gets Ray's own pass (private Ray API,
+    pinned by ``tests/workers/test_search.py``)."""
+
+    def choose_trial_to_run(self, tune_controller: Any) -> Any:
+        from ray.tune.experiment import Trial
+
+        for name, status in (("_pending_trials", Trial.PENDING), ("_paused_trials", Trial.PAUSED)):
+            waiting = getattr(tune_controller, name, None)
+            if not isinstance(waiting, set) or any(t.status != status for t in waiting):
+                return super().choose_trial_to_run(tune_controller)  # type: ignore[misc]
+            if len(waiting) == 1:
+                return next(iter(waiting))
+            if waiting:
+                return next(t for t in tune_controller.get_trials() if t in waiting)
+        return None
+
+
+class WaitingFIFOScheduler(_WaitingTrialsFirst, FIFOScheduler):  # type: ignore[misc]
+    """Ray's ``FIFOScheduler``, its next trial found in Tune's sets of waiting trials."""
+
+
+class FiniteASHAScheduler(_WaitingTrialsFirst, ASHAScheduler):  # type: ignore[misc]
     """Ray's ASHA, fed NaN for every non-finite search metric (see the module docstring).
 
     NaN is recorded at the rung (so the trial is not re-judged there) and ignored by the rung's
@@ -355,7 +401,7 @@ class FiniteASHAScheduler(ASHAScheduler):  # type: ignore[misc]
         super().on_trial_complete(tune_controller, trial, _finite_metric(result, self._metric))
 
 
-class FiniteMedianStoppingRule(MedianStoppingRule):  # type: ignore[misc]
+class FiniteMedianStoppingRule(_WaitingTrialsFirst, MedianStoppingRule):  # type: ignore[misc]
     """Ray's median stopping rule, fed NaN for every non-finite search metric.
 
     A trial with a NaN epoch has a NaN running mean, which the rule leaves out of the median; ``None``
@@ -376,7 +422,7 @@ def create_scheduler(config: SchedulerConfig, *, metric: str, mode: str, max_t: 
         ValueError: for an unknown scheduler name.
     """
     if config.type == "fifo":
-        return FIFOScheduler()
+        return WaitingFIFOScheduler()
     if config.type == "asha":
         return FiniteASHAScheduler(
             time_attr="training_iteration",

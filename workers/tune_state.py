@@ -53,9 +53,13 @@ __all__ = [
     "CHUNK_SUFFIX",
     "CHUNK_TRIALS",
     "CHUNK_TRIALS_ENV",
+    "chunk_paths",
+    "chunk_trials",
+    "experiment_location",
     "install",
     "merge_trial_data",
     "read_finished_trials",
+    "write_chunk",
 ]
 
 CHUNK_PREFIX = "finished-trials-"
@@ -92,7 +96,8 @@ def book(controller: Any) -> SnapshotBook:
     return found
 
 
-def _chunk_trials() -> int:
+def chunk_trials() -> int:
+    """:data:`CHUNK_TRIALS`, or the environment's :data:`CHUNK_TRIALS_ENV`."""
     raw = os.environ.get(CHUNK_TRIALS_ENV, "")
     try:
         return max(1, int(raw)) if raw else CHUNK_TRIALS
@@ -109,7 +114,8 @@ def _id_and_status(json_state: str) -> tuple[str, str]:
     return str(state["trial_id"]), str(state["status"])
 
 
-def _chunk_paths(fs: Any, experiment_fs_path: str) -> list[str]:
+def chunk_paths(fs: Any, experiment_fs_path: str, prefix: str, suffix: str) -> list[str]:
+    """The experiment directory's files named ``<prefix>...<suffix>``, in the order written."""
     import pyarrow.fs
 
     try:
@@ -120,10 +126,21 @@ def _chunk_paths(fs: Any, experiment_fs_path: str) -> list[str]:
         i.path
         for i in infos
         if i.type == pyarrow.fs.FileType.File
-        and PurePosixPath(i.path).name.startswith(CHUNK_PREFIX)
-        and i.path.endswith(CHUNK_SUFFIX)
+        and PurePosixPath(i.path).name.startswith(prefix)
+        and i.path.endswith(suffix)
     ]
     return sorted(names, key=lambda p: PurePosixPath(p).name)
+
+
+def write_chunk(fs: Any, experiment_fs_path: str, prefix: str, suffix: str, body: bytes) -> str:
+    """An immutable file ``<prefix><time ns>-<id><suffix>`` in the experiment directory, written
+    straight to the study's storage; its name sorts in the order written. Its path."""
+    name = f"{prefix}{time.time_ns():020d}-{uuid.uuid4().hex[:8]}{suffix}"
+    path = str(PurePosixPath(experiment_fs_path) / name)
+    fs.create_dir(experiment_fs_path, recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(body)
+    return path
 
 
 def read_finished_trials(fs: Any, experiment_fs_path: str) -> list[tuple[str, list[str]]]:
@@ -131,7 +148,7 @@ def read_finished_trials(fs: Any, experiment_fs_path: str) -> list[tuple[str, li
     finished-trials files, in the order they were written. A line that does not parse (a file cut
     short by a killed driver) is skipped: its trials are still in the snapshot."""
     out: list[tuple[str, list[str]]] = []
-    for path in _chunk_paths(fs, experiment_fs_path):
+    for path in chunk_paths(fs, experiment_fs_path, CHUNK_PREFIX, CHUNK_SUFFIX):
         try:
             with fs.open_input_stream(path) as f:
                 text = f.readall().decode("utf-8", errors="replace")
@@ -151,16 +168,10 @@ def read_finished_trials(fs: Any, experiment_fs_path: str) -> list[tuple[str, li
 
 
 def _write_chunk(fs: Any, experiment_fs_path: str, entries: Sequence[tuple[str, Sequence[str]]]) -> str:
-    # Named by the time it was written (ns, fixed width): a name sort is the order written.
-    name = f"{CHUNK_PREFIX}{time.time_ns():020d}-{uuid.uuid4().hex[:8]}{CHUNK_SUFFIX}"
-    path = str(PurePosixPath(experiment_fs_path) / name)
     body = "".join(
         json.dumps({"trial_id": tid, "state": data[0], "metadata": data[1]}) + "\n" for tid, data in entries
     )
-    fs.create_dir(experiment_fs_path, recursive=True)
-    with fs.open_output_stream(path) as f:
-        f.write(body.encode("utf-8"))
-    return path
+    return write_chunk(fs, experiment_fs_path, CHUNK_PREFIX, CHUNK_SUFFIX, body.encode("utf-8"))
 
 
 def merge_trial_data(
@@ -210,7 +221,7 @@ def compact_finished_trials(controller: Any) -> bool:
         if tid in terminated and tid in notes.terminated_at_last_save and tid not in notes.chunked
     ]
     notes.terminated_at_last_save = terminated
-    if not ready or len(ready) < _chunk_trials():
+    if not ready or len(ready) < chunk_trials():
         return changed
     storage = controller._storage
     path = _write_chunk(
@@ -255,6 +266,27 @@ def retire_staging(storage: Any, trials: Sequence[Any]) -> None:
             logger.debug("kept the staging folder of trial %s: %s", getattr(trial, "trial_id", trial), exc)
 
 
+# (filesystem, experiment path) of the study whose snapshot is being saved or resumed in this thread:
+# where a searcher keeps what it writes once (workers/optuna_state.py).
+_EXPERIMENT: contextvars.ContextVar[tuple[Any, str] | None] = contextvars.ContextVar(
+    "autonorm_experiment", default=None
+)
+
+
+def experiment_location() -> tuple[Any, str] | None:
+    """``(filesystem, experiment path)`` while Tune saves or resumes a study's snapshot, else ``None``."""
+    return _EXPERIMENT.get()
+
+
+@contextlib.contextmanager
+def _at_experiment(storage: Any) -> Iterator[None]:
+    token = _EXPERIMENT.set((storage.storage_filesystem, storage.experiment_fs_path))
+    try:
+        yield
+    finally:
+        _EXPERIMENT.reset(token)
+
+
 @contextlib.contextmanager
 def _searcher_not_saved(search_alg: Any) -> Iterator[None]:
     if "save_to_dir" in vars(search_alg):  # already shadowed (a wrapper around this wrapper)
@@ -279,14 +311,27 @@ def _compacting_save(original: Any) -> Any:
 
     @functools.wraps(original)
     def save_to_dir(self: Any) -> None:
-        if compact_finished_trials(self):
-            original(self)
-            return
-        with _searcher_not_saved(self._search_alg):
-            original(self)
+        with _at_experiment(self._storage):
+            if compact_finished_trials(self):
+                original(self)
+                return
+            with _searcher_not_saved(self._search_alg):
+                original(self)
 
     save_to_dir._autonorm_compacts = True  # type: ignore[attr-defined]
     return save_to_dir
+
+
+def _resuming_at_experiment(original: Any) -> Any:
+    """``TuneController.resume`` with the experiment's location known to the searcher it restores."""
+
+    @functools.wraps(original)
+    def resume(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _at_experiment(self._storage):
+            return original(self, *args, **kwargs)
+
+    resume._autonorm_at_experiment = True  # type: ignore[attr-defined]
+    return resume
 
 
 def _restoring_with_finished(original: Any) -> Any:
@@ -354,6 +399,8 @@ def install() -> None:
 
     if not getattr(TuneController.save_to_dir, "_autonorm_compacts", False):
         TuneController.save_to_dir = _compacting_save(TuneController.save_to_dir)  # type: ignore[method-assign]
+    if not getattr(TuneController.resume, "_autonorm_at_experiment", False):
+        TuneController.resume = _resuming_at_experiment(TuneController.resume)  # type: ignore[method-assign]
     if not getattr(TuneController._restore_trials, "_autonorm_restores_finished", False):
         TuneController._restore_trials = _restoring_with_finished(TuneController._restore_trials)  # type: ignore[method-assign]
     analysis = experiment_analysis.ExperimentAnalysis

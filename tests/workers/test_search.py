@@ -340,3 +340,62 @@ def test_a_trial_without_a_finite_metric_never_moves_another_trials_cutoff(
     without = decisions(False)
     assert {k: v for k, v in with_bad.items() if k != "b"} == without
     assert "STOP" in [a for v in without.values() for a in v]  # the comparison is not vacuous
+
+
+class _Waiting:
+    """Tune's controller as the schedulers see it: the trials in order, and its status sets."""
+
+    class Trial:
+        def __init__(self, status: str, name: str) -> None:
+            self.status, self.name = status, name
+
+    def __init__(self, statuses: list[str], *, sets: bool = True) -> None:
+        self.trials = [self.Trial(s, f"t{i}") for i, s in enumerate(statuses)]
+        if sets:
+            self._pending_trials = {t for t in self.trials if t.status == "PENDING"}
+            self._paused_trials = {t for t in self.trials if t.status == "PAUSED"}
+
+    def get_trials(self) -> list[object]:
+        return self.trials
+
+
+@pytest.mark.parametrize(
+    "statuses",
+    [
+        [],
+        ["TERMINATED", "RUNNING"],
+        ["TERMINATED", "PENDING"],
+        ["PAUSED", "TERMINATED", "PENDING", "PENDING"],
+        ["RUNNING", "PENDING", "PAUSED", "PENDING"],
+        ["PAUSED", "RUNNING", "PAUSED"],
+        ["ERROR", "PAUSED"],
+    ],
+)
+def test_the_schedulers_choose_the_trial_rays_fifo_chooses_from_the_waiting_sets(statuses: list[str]) -> None:
+    """Issue #40: the next trial comes from Tune's sets of waiting trials, not a pass over the
+    study, and it is the one Ray's FIFOScheduler picks (the first PENDING, else the first PAUSED)."""
+    want = FIFOScheduler().choose_trial_to_run(_Waiting(statuses))
+    schedulers = [
+        create_scheduler(SchedulerConfig(type=kind), metric="m", mode="max", max_t=4)  # type: ignore[arg-type]
+        for kind in ("fifo", "asha", "median")
+    ]
+    for scheduler in schedulers:
+        controller = _Waiting(statuses)
+        got = scheduler.choose_trial_to_run(controller)
+        assert (got and got.name) == (want and want.name), type(scheduler).__name__
+        # Without the sets (another Tune), Ray's own pass: the same choice.
+        assert (lambda t: t and t.name)(scheduler.choose_trial_to_run(_Waiting(statuses, sets=False))) == (
+            want and want.name
+        )
+
+
+def test_rays_fifo_choice_and_tunes_waiting_sets_are_what_the_schedulers_rely_on() -> None:
+    import inspect
+
+    from ray.tune.execution.tune_controller import TuneController
+
+    source = inspect.getsource(FIFOScheduler.choose_trial_to_run)
+    assert source.index("Trial.PENDING") < source.index("Trial.PAUSED"), source
+    status_sets = inspect.getsource(TuneController._set_trial_status)
+    assert "Trial.PENDING: self._pending_trials" in status_sets
+    assert "Trial.PAUSED: self._paused_trials" in status_sets

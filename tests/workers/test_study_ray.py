@@ -87,6 +87,10 @@ def test_asha_stopped_trials_reach_optuna_as_pruned(asha_study: tuple[StudyPlan,
     # Tune saved the searcher (and its in-memory Optuna study) in the experiment directory.
     searcher = create_searcher(plan, study_key="x" * 16)
     searcher.restore_from_dir(result.experiment_path)
+    # Finished Optuna trials were written once, to files of their own (the suite writes files of two:
+    # tests/conftest.py), and the restored searcher has them all back from there.
+    assert list(Path(result.experiment_path).glob("optuna-trials-*.bin"))
+    assert searcher._archived
     states = Counter(t.state for t in searcher._ot_study.trials)
     counts = Counter(t.status for t in result.trials)
     assert states[optuna.trial.TrialState.PRUNED] == counts["pruned"]

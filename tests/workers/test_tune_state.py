@@ -56,11 +56,11 @@ def test_the_trials_per_file_come_from_the_environment_with_a_fallback(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(tune_state.CHUNK_TRIALS_ENV, "3")
-    assert tune_state._chunk_trials() == 3
+    assert tune_state.chunk_trials() == 3
     monkeypatch.setenv(tune_state.CHUNK_TRIALS_ENV, "many")
-    assert tune_state._chunk_trials() == tune_state.CHUNK_TRIALS
+    assert tune_state.chunk_trials() == tune_state.CHUNK_TRIALS
     monkeypatch.delenv(tune_state.CHUNK_TRIALS_ENV)
-    assert tune_state._chunk_trials() == tune_state.CHUNK_TRIALS
+    assert tune_state.chunk_trials() == tune_state.CHUNK_TRIALS
 
 
 def test_the_private_tune_api_it_wraps_is_there() -> None:
