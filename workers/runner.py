@@ -127,6 +127,7 @@ def run_study(
         nest_under=nest_under,
         run_namer=namer,
         trial_tags=trial_tags,
+        background=True,  # Tune's loop does not wait for MLflow's answers
     )
     # Build the search pieces before starting anything: a bad plan fails fast, with nothing to clean up.
     if plan.sampler.type == "grid":

@@ -604,6 +604,51 @@ def test_a_tiny_trials_run_costs_four_requests_create_two_batches_and_its_end(
     assert run.data.params["x"] == "0.5" and run.data.metrics["epoch"] == 4.0
 
 
+def test_in_the_background_a_hook_does_not_wait_for_mlflow_and_close_delivers_everything_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #40: the runner's callback sends from a thread of its own, so Tune's loop goes on while
+    a request is pending; the requests keep the hooks' order and ``close`` waits for all of them."""
+    import threading
+
+    cb = _callback(tmp_path, background=True)
+    cb.prepare(fresh=True)
+    cb.setup()
+    client = cb.client
+    gate, entered = threading.Event(), threading.Event()
+    seen: list[tuple[str, int]] = []
+
+    def gated(real: Any, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            seen.append((name, threading.get_ident()))
+            entered.set()
+            gate.wait(timeout=30)  # a sender that blocked the caller would hold the test here
+            return real(*args, **kwargs)
+
+        return call
+
+    for name in ("create_run", "log_batch", "set_terminated"):
+        monkeypatch.setattr(client, name, gated(getattr(client, name), name))
+    store = client._tracking_client.store
+    monkeypatch.setattr(store, "update_run_info", gated(store.update_run_info, "update_run_info"))
+    trial = FakeTrial("a", {"x": 0.5})
+    _feed(cb, trial, range(1, 4), final=3)
+    trial.status = "TERMINATED"
+    cb.on_trial_complete(iteration=3, trials=[trial], trial=trial)
+    # Every hook has returned; the first request is on its way and waits for its answer.
+    assert entered.wait(timeout=30)
+    assert not gate.is_set() and [name for name, _ in seen] == ["create_run"]
+    gate.set()
+    cb.close(status="FINISHED", trials=[trial])
+    assert [name for name, _ in seen][:4] == ["create_run", "log_batch", "log_batch", "update_run_info"]
+    assert {ident for _, ident in seen[:4]} != {threading.get_ident()}  # sent from the sender thread
+    assert cb._sender is None and not [t for t in threading.enumerate() if t.name.startswith("mlflow-")]
+    (run,) = _runs(MlflowClient(cb.tracking_uri), "trial")
+    assert run.info.status == "FINISHED" and run.data.tags[TAG_TRIAL_STATUS] == "completed"
+    history = MlflowClient(cb.tracking_uri).get_metric_history(run.info.run_id, "epoch")
+    assert sorted(m.step for m in history) == [1, 2, 3]
+
+
 def test_final_flush_is_bounded_and_lists_undelivered_trials(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
