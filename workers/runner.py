@@ -16,7 +16,7 @@ from workers import interrupts, tune_state
 from workers.errors import TrackingIncomplete
 from workers.group_trial import group_entry
 from workers.members import MEMBERS_KEY, views
-from workers.optuna_export import _save_optuna_study, _searcher_of
+from workers.optuna_export import OptunaExport, _searcher_of
 from workers.plan import StudyPlan, expected_trials
 from workers.preflight import (
     _artifact_location,
@@ -274,6 +274,7 @@ def _fit(
     total = expected_trials(plan)
     parent_status = "FAILED"
     trials: list[Any] | None = None
+    export: OptunaExport | None = None
     restored = False
     try:
         restored = tune.Tuner.can_restore(experiment_path, storage_filesystem=storage.filesystem)
@@ -340,7 +341,8 @@ def _fit(
             tuner.fit()
         used_searcher = _searcher_of(tuner) if searcher is not None else None
         if used_searcher is not None:
-            _save_optuna_study(plan, storage, experiment_path, used_searcher, tracker)
+            # optuna.db is written by a child process meanwhile, and logged once the runs are closed
+            export = OptunaExport.start(plan, storage, experiment_path, used_searcher)
         # The public way to the Trial objects (status, config, last result) of the whole experiment.
         analysis = tune.ExperimentAnalysis(experiment_path, storage_filesystem=storage.filesystem)
         trials = list(analysis.trials)
@@ -352,5 +354,9 @@ def _fit(
         parent_status = "KILLED"
         raise
     finally:
-        tracker.close(status=parent_status, trials=trials, summary=_summary(trials, total))
+        try:
+            tracker.close(status=parent_status, trials=trials, summary=_summary(trials, total))
+        finally:
+            if export is not None:
+                export.finish(tracker)
     return trials, restored

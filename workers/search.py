@@ -366,20 +366,23 @@ class _WaitingTrialsFirst:
     trials instead of a pass over every trial of the study: Tune asks at each step of its loop with
     a free slot, and at 1,000 trials that pass was 5 ms of driver CPU per trial, growing with the
     study (py-spy, ``bench/study_scale.py``, issue #40). With several trials waiting, the study's
-    order decides, as before. A controller without those sets gets Ray's own pass (private Ray API,
+    order decides, as before. A controller without those sets gets Ray's own pass. Tune hands
+    schedulers its controller inside a ``TrialRunnerWrapper`` that warns at the first private
+    attribute read through it; the sets are read from the controller it wraps (private Ray API,
     pinned by ``tests/workers/test_search.py``)."""
 
     def choose_trial_to_run(self, tune_controller: Any) -> Any:
         from ray.tune.experiment import Trial
 
+        controller = vars(tune_controller).get("_tune_controller", tune_controller)
         for name, status in (("_pending_trials", Trial.PENDING), ("_paused_trials", Trial.PAUSED)):
-            waiting = getattr(tune_controller, name, None)
+            waiting = getattr(controller, name, None)
             if not isinstance(waiting, set) or any(t.status != status for t in waiting):
                 return super().choose_trial_to_run(tune_controller)  # type: ignore[misc]
             if len(waiting) == 1:
                 return next(iter(waiting))
             if waiting:
-                return next(t for t in tune_controller.get_trials() if t in waiting)
+                return next(t for t in controller.get_trials() if t in waiting)
         return None
 
 

@@ -503,6 +503,31 @@ def tiny_study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Any
 
 @pytest.mark.ray
 @pytest.mark.slow
+def test_read_histories_gives_the_trials_asked_for_what_read_trials_gives_them(tiny_study: Any) -> None:
+    """The gate-entropy plot reads only the trials it shows (issue #40): their rows are the rows
+    ``read_trials`` reads for them, but for the NaN its data frames put where a row lacks a key."""
+    import math
+
+    from workers.results import read_histories
+
+    _, plan, _, trials, _ = tiny_study
+    asked = [trials[-1].trial_id, trials[0].trial_id, "no-such-trial"]
+    got = read_histories(plan, asked)
+    assert list(got) == asked[:2]
+    for trial in (trials[-1], trials[0]):
+        rows = got[trial.trial_id]
+        assert len(rows) == len(trial.history) == trial.metrics["training_iteration"]
+        for raw, framed in zip(rows, trial.history, strict=True):
+            numbers = {k: v for k, v in framed.items() if isinstance(v, int | float) and k in raw}
+            assert numbers and all(
+                raw[k] == v or (isinstance(v, float) and math.isnan(v) and math.isnan(raw[k]))
+                for k, v in numbers.items()
+            )
+            assert any(k.startswith("gate_entropy") for k in raw)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
 def test_status_reads_the_study_directory(tiny_study: Any, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 

@@ -389,6 +389,24 @@ def test_the_schedulers_choose_the_trial_rays_fifo_chooses_from_the_waiting_sets
         )
 
 
+def test_the_schedulers_read_the_waiting_sets_past_tunes_wrapper_without_its_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Tune hands schedulers its controller in a ``TrialRunnerWrapper``, which logs a WARNING at the
+    first private attribute read through it (once per process: checked on the log-once key)."""
+    from ray.tune.execution.tune_controller import TrialRunnerWrapper
+    from ray.util import debug
+
+    controller = _Waiting(["TERMINATED", "PAUSED", "PENDING"])
+    wrapped = TrialRunnerWrapper(controller, trial_executor=None)  # type: ignore[arg-type]
+    debug._logged.discard("restrict_accessing_tune_controller")
+    for kind in ("fifo", "asha", "median"):
+        scheduler = create_scheduler(SchedulerConfig(type=kind), metric="m", mode="max", max_t=4)  # type: ignore[arg-type]
+        assert scheduler.choose_trial_to_run(wrapped).name == "t2"
+    assert "restrict_accessing_tune_controller" not in debug._logged
+    assert "restricted" not in caplog.text
+
+
 def test_rays_fifo_choice_and_tunes_waiting_sets_are_what_the_schedulers_rely_on() -> None:
     import inspect
 

@@ -323,6 +323,56 @@ def test_optuna_copy_for_remote_storage_leaves_no_scratch_behind(
     assert list(scratch_root.iterdir()) == []
 
 
+def test_the_optuna_export_runs_in_a_child_process_and_a_failure_is_only_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue #40: optuna.db is written by ``python -m workers.optuna_export`` while the driver goes
+    on (:class:`OptunaExport`); what it writes is what the in-process copy writes, and a child that
+    fails costs the study a logged error, not a traceback or its result."""
+    import optuna
+
+    from workers.optuna_export import OPTUNA_DB, OptunaExport
+    from workers.plan import StudyPlan
+    from workers.storage import ResolvedStorage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    source = optuna.create_study(direction="minimize")
+    for i in range(5):
+        trial = source.ask({"x": optuna.distributions.FloatDistribution(0.0, 1.0)})
+        source.tell(trial, float(i))
+    source.ask({"x": optuna.distributions.FloatDistribution(0.0, 1.0)})  # still running: not copied
+
+    class Searcher:
+        _ot_study = source
+
+    logged: list[Path] = []
+
+    class Tracker:
+        def log_file(self, path: Path) -> None:
+            logged.append(path)
+
+    plan = StudyPlan(name="plan", base_config={})
+    storage = ResolvedStorage(str(tmp_path), None, str(tmp_path))
+    (tmp_path / "plan").mkdir()
+    export = OptunaExport.start(plan, storage, str(tmp_path / "plan"), Searcher())
+    assert export is not None and export.proc.pid != os.getpid()
+    export.finish(Tracker())  # type: ignore[arg-type]
+    assert logged == [tmp_path / "plan" / OPTUNA_DB] and not export.scratch.exists()
+    in_process = tmp_path / "in_process.db"
+    export_optuna_study(source, in_process, "plan")
+
+    def rows(db: Path) -> list[tuple[object, ...]]:
+        loaded = optuna.load_study(storage=f"sqlite:///{db}", study_name="plan")
+        return [(t.number, t.state, t.value, t.params, t.user_attrs) for t in loaded.get_trials()]
+
+    assert rows(logged[0]) == rows(in_process) and len(rows(in_process)) == 5
+    # The experiment folder is gone: the child cannot write there. Said once, nothing raised.
+    broken = OptunaExport.start(plan, storage, str(tmp_path / "missing" / "plan"), Searcher())
+    assert broken is not None
+    broken.finish(Tracker())  # type: ignore[arg-type]
+    assert "could not save the Optuna study of plan" in caplog.text and len(logged) == 1
+
+
 def test_an_old_checkpoint_already_deleted_by_a_killed_driver_is_no_error(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

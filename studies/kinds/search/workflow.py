@@ -60,7 +60,7 @@ from studies.scope import scope_line, scope_tags
 from studies.tuning import RefinePoints, RunPoints, tune
 from workers.plan import StudyPlan, expected_trials
 from workers.records import StudyResult, TrialRecord, best_trial
-from workers.results import read_trials
+from workers.results import read_histories, read_trials
 
 __all__ = [
     "analyse",
@@ -575,6 +575,9 @@ def _chance(spec: StudySpec) -> float | None:
     return levels[0] if levels else None
 
 
+GATE_PANELS = 12  # trials in the gate-entropy plot
+
+
 def _gate_entropy_plot(plan: StudyPlan, out_dir: Path) -> Path | None:
     """Gate entropy per layer over epochs, best trial first; ``None`` when no trial logged a gate.
 
@@ -583,13 +586,16 @@ def _gate_entropy_plot(plan: StudyPlan, out_dir: Path) -> Path | None:
     try:
         from studies.reporting import plot_gate_entropy
 
-        trials = read_trials(plan)
+        trials = read_trials(plan, history=False)
         best = best_trial(trials, plan.metric, plan.mode)
-        ordered = sorted(trials, key=lambda t: t is not best)
-        histories = {t.trial_id: list(t.history) for t in ordered if t.history}
+        # The plot's panels: the best trial, then the others in order, of those that reported; only
+        # their result files are read (a large study's are not all loaded for 12 panels).
+        shown = [t.trial_id for t in sorted(trials, key=lambda t: t is not best) if t.metrics][:GATE_PANELS]
+        read = read_histories(plan, shown)
+        histories = {tid: read[tid] for tid in shown if tid in read}
         if not histories:
             return None
-        return plot_gate_entropy(histories, out_dir / "gate_entropy_per_layer.png")
+        return plot_gate_entropy(histories, out_dir / "gate_entropy_per_layer.png", max_trials=GATE_PANELS)
     except ValueError:
         return None  # no gate-entropy metrics in this study (no AutoNorm layer)
     except Exception as exc:
