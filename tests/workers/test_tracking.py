@@ -279,6 +279,45 @@ def test_close_sets_final_statuses_and_drops_orphans(tmp_path: Path) -> None:
     assert not [r for r in _runs(client, "study") if r.info.status == "RUNNING"]
 
 
+def test_the_study_end_lists_the_trial_runs_once_unless_something_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #40: listing a phase's trial runs took 3.5 s at 1,000 runs, and the study's end listed
+    them five times (Tune's end, the runner's close with its orphan check, the run ids). Now one
+    listing per closing pass, none for a pass that would find everything as the last one left it."""
+    cb = _callback(tmp_path)
+    cb.prepare(fresh=True)
+    cb.setup()
+    listings: list[str] = []
+    monkeypatch.setattr(cb, "_children_of", _counting(cb._children_of, "list", listings))
+    done, later = FakeTrial("t0", {}), FakeTrial("t1", {})
+    for trial in (done, later):
+        _feed(cb, trial, range(1, 3), final=2)
+        trial.status = "TERMINATED"
+    cb.on_experiment_end(trials=[done, later])  # Tune's end: one listing (the map and the orphans)
+    assert listings == ["list"]
+    cb.requeue({"t0": [_result(1), _result(2, "completed")]})  # all of it already in MLflow
+    cb.close(status="FINISHED", trials=[done, later])
+    ids = cb.child_run_ids()
+    assert listings == ["list"] and set(ids) == {"t0", "t1"}
+    client = MlflowClient(cb.tracking_uri)
+    assert {r.data.tags[TAG_TRIAL_ID]: r.info.status for r in _runs(client, "trial")} == {
+        "t0": "FINISHED",
+        "t1": "FINISHED",
+    }
+    # A trial whose status changed (an errored one Tune ran again, say) is a pass of its own.
+    again = _callback(tmp_path)
+    again.prepare(fresh=False)
+    again.setup()
+    monkeypatch.setattr(again, "_children_of", _counting(again._children_of, "list", listings))
+    again.close_trials([done, later])
+    again.close_trials([done, later])
+    later.status = "ERROR"
+    again.close_trials([done, later])
+    assert listings == ["list"] * 3
+    assert {r.data.tags[TAG_TRIAL_ID]: r.info.status for r in _runs(client, "trial")}["t1"] == "FAILED"
+
+
 def test_fresh_start_supersedes_a_parent_whose_tune_state_is_gone(tmp_path: Path) -> None:
     cb = _callback(tmp_path)
     first = cb.prepare(fresh=True)

@@ -71,6 +71,9 @@ class TrialRuns(OutageBackoff):
     _children: dict[str, _ChildRun]
     _uncreated: set[str]
     _artifacts_logged: bool
+    # The trials (id, Tune status) of the last pass of closing the runs that left nothing undelivered,
+    # while nothing has been written since; ``None`` otherwise (set by the callback).
+    _settled: tuple[tuple[str, str], ...] | None = None
 
     @property
     def parent_run_id(self) -> str | None:
@@ -148,12 +151,15 @@ class TrialRuns(OutageBackoff):
     def _children_of(self, parent_id: str) -> list[Any]:
         return self._search(f"tags.`{TAG_PARENT}` = '{parent_id}' and tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'")
 
-    def _rebuild(self) -> None:
-        """The trial -> run map from MLflow itself (the only source that survives a driver crash)."""
+    def _rebuild(self, runs: list[Any] | None = None) -> list[Any]:
+        """The trial -> run map from MLflow itself (the only source that survives a driver crash),
+        from ``runs`` (the parent's trial runs, listed by the caller) or a new listing; the runs."""
         if self._parent_id is None:
             raise RuntimeError("not attached to a parent run")
+        if runs is None:
+            runs = self._children_of(self._parent_id)
         self._children = {}
-        for run in sorted(self._children_of(self._parent_id), key=lambda r: r.info.start_time or 0):
+        for run in sorted(runs, key=lambda r: r.info.start_time or 0):
             trial_id = run.data.tags.get(TAG_TRIAL_ID)
             if trial_id is None or trial_id in self._children:
                 continue
@@ -162,6 +168,7 @@ class TrialRuns(OutageBackoff):
                 last_epoch=run.data.metrics.get("epoch", -math.inf),
                 status=run.info.status,
             )
+        return runs
 
     def _connect(self) -> bool:
         """Make sure parent and run map are known; False while MLflow is unreachable."""
@@ -238,8 +245,9 @@ class TrialRuns(OutageBackoff):
 
     def child_run_ids(self) -> dict[str, str]:
         """``trial_id -> MLflow run id`` as MLflow knows it now (what this tracker knows, when MLflow
-        does not answer)."""
-        if self._connect():
+        does not answer). Without a listing when the last pass of closing the runs left nothing
+        undelivered and nothing was written since (``_settled``): its map is MLflow's."""
+        if self._connect() and self._settled is None:
             known = dict(self._children)
             try:
                 self._rebuild()
