@@ -9,7 +9,9 @@ the driver and the trials reach through a counting HTTP proxy in this process
 overrides: the search kind is ``search.num_samples = N`` with ``confirm: null``; the batch-size kind
 keeps the smoke's 3 arms x 3 batch sizes and its lr tuning at the minimum (3 points x 2 seeds, no
 range extension, no refinement: 18 trials) and takes ``round((N - 18) / 9)`` confirmatory seeds (at
-least 2), so its planned count is N rounded to that grid (36 at least). ``execution.stack: off`` is
+least 2), so its planned count is N rounded to that grid (36 at least), and trains 20 epochs a trial
+instead of the smoke's 3 (0.2 s of training a trial; 20 give the 1-2 s the search kind's take).
+``execution.stack: off`` is
 set when the schema has that key (else it is left out: ``setup.kinds.<kind>.execution_stack_off`` says which).
 
     python bench/study_scale.py                          # 2 x 1000 trials (~45 min on 2 cores)
@@ -330,6 +332,9 @@ def _sets(overrides: list[str]) -> list[str]:
     return [arg for o in overrides for arg in ("--set", o)]
 
 
+BATCHSIZE_EPOCHS = 20
+
+
 def overrides_for(kind: str, trials: int) -> list[str]:
     if kind == "search":
         return ["confirm=null", f"search.num_samples={trials}"]
@@ -340,6 +345,9 @@ def overrides_for(kind: str, trials: int) -> list[str]:
         "lr_tuning.max_extensions=0",
         "lr_tuning.refine=0",
         f"seeds=[{', '.join(str(i) for i in range(seeds))}]",
+        # The smoke's 3 epochs are 0.2 s of training a trial; 20 make the 1-2 s (1.3 s on average
+        # over its batch sizes) that the search kind's trials take and issue #40 sizes the bench by.
+        f"training.epochs={BATCHSIZE_EPOCHS}",
     ]
 
 

@@ -99,6 +99,10 @@ def run_study(
     # Snapshot the experiment state on every loop step: with the default (~10 s) a driver killed in
     # between re-runs trials that had already finished.
     os.environ["TUNE_GLOBAL_CHECKPOINT_S"] = "0"
+    # ...and Tune's warning that snapshots forced by trial checkpoints (two kept per trial) come more
+    # often than every 5 s "may become a bottleneck" is about exactly that choice: a study of small
+    # trials printed it every few seconds. Its cost is measured instead (bench/study_scale.py).
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 
     storage = resolve_storage(plan.storage)
     experiment_path = storage.experiment_path(plan.name)
