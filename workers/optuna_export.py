@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,7 @@ def export_trials(trials: Any, directions: Any, path: str | os.PathLike[str], st
     return len(new)
 
 
+@dataclass
 class OptunaExport:
     """``<experiment dir>/optuna.db`` (for ``optuna-dashboard``), also an artifact of the plan's run,
     made by a child process while the driver goes on with the study's end.
@@ -74,21 +76,12 @@ class OptunaExport:
     study: a problem is logged.
     """
 
-    def __init__(
-        self,
-        plan_name: str,
-        storage: ResolvedStorage,
-        experiment_path: str,
-        local: Path,
-        scratch: Path,
-        proc: Any,
-    ) -> None:
-        self.plan_name = plan_name
-        self.storage = storage
-        self.experiment_path = experiment_path
-        self.local = local
-        self.scratch = scratch
-        self.proc = proc
+    plan_name: str
+    storage: ResolvedStorage
+    experiment_path: str
+    local: Path  # the optuna.db the child writes (in the experiment folder, or a scratch copy for S3)
+    scratch: Path  # the trials handed to the child; removed by finish
+    proc: Any  # the child process
 
     @classmethod
     def start(
@@ -171,19 +164,6 @@ class OptunaExport:
             logger.error("could not save the Optuna study of %s to %s: %s", self.plan_name, OPTUNA_DB, exc)
         finally:
             shutil.rmtree(self.scratch, ignore_errors=True)
-
-
-def _save_optuna_study(
-    plan: StudyPlan,
-    storage: ResolvedStorage,
-    experiment_path: str,
-    searcher: Any,
-    tracker: MlflowTrackingCallback,
-) -> None:
-    """:class:`OptunaExport` started and finished at once."""
-    export = OptunaExport.start(plan, storage, experiment_path, searcher)
-    if export is not None:
-        export.finish(tracker)
 
 
 def _main(argv: list[str]) -> int:

@@ -102,16 +102,9 @@ def read_trials(plan: StudyPlan, *, history: bool = True) -> list[TrialRecord]:
             return (
                 records if history or not wanted[1] else [dataclasses.replace(r, history=()) for r in records]
             )
-    # Trials that never reported have no result file yet; Tune warns about each.
-    quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        analysis = _analysis_class(history)(path, storage_filesystem=storage.filesystem)
-    except (ValueError, FileNotFoundError):
+    analysis = _analysis(storage, path, history=history)
+    if analysis is None:
         return []
-    finally:
-        quiet.setLevel(level)
     frames = analysis.trial_dataframes if history else {}
     records = []
     for trial in analysis.trials:
@@ -148,17 +141,9 @@ def read_histories(plan: StudyPlan, trial_ids: Sequence[str]) -> dict[str, list[
 
     tune_state.install()
     storage = resolve_storage(plan.storage)
-    quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        analysis = _analysis_class(False)(
-            storage.experiment_path(plan.name), storage_filesystem=storage.filesystem
-        )
-    except (ValueError, FileNotFoundError):
+    analysis = _analysis(storage, storage.experiment_path(plan.name), history=False)
+    if analysis is None:
         return {}
-    finally:
-        quiet.setLevel(level)
     trials = [t for t in analysis.trials if any(v.trial_id in wanted for v in views(t))]
     rows = _tune_results(trials)
     return {tid: rows[tid] for tid in trial_ids if rows.get(tid)}
@@ -184,6 +169,21 @@ def _state_signature(fs: Any, path: str) -> tuple[Any, ...] | None:
     return tuple(
         sorted((i.base_name, i.size, i.mtime_ns) for i in infos if i.type == pyarrow.fs.FileType.File)
     )
+
+
+def _analysis(storage: Any, path: str, *, history: bool) -> Any | None:
+    """Tune's ``ExperimentAnalysis`` of the experiment at ``path`` (:func:`_analysis_class`), or
+    ``None`` when it has written no state yet."""
+    # Trials that never reported have no result file yet; Tune warns about each.
+    quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return _analysis_class(history)(path, storage_filesystem=storage.filesystem)
+    except (ValueError, FileNotFoundError):
+        return None
+    finally:
+        quiet.setLevel(level)
 
 
 @functools.cache

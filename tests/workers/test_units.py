@@ -294,7 +294,7 @@ def test_optuna_copy_for_remote_storage_leaves_no_scratch_behind(
     import optuna
     import pyarrow.fs
 
-    from workers.optuna_export import OPTUNA_DB, _save_optuna_study
+    from workers.optuna_export import OPTUNA_DB, OptunaExport
     from workers.plan import StudyPlan
     from workers.storage import ResolvedStorage
 
@@ -318,7 +318,9 @@ def test_optuna_copy_for_remote_storage_leaves_no_scratch_behind(
     (bucket / "plan").mkdir(parents=True)
     storage = ResolvedStorage(str(bucket), pyarrow.fs.LocalFileSystem(), "s3://bucket")
     plan = StudyPlan(name="plan", base_config={})
-    _save_optuna_study(plan, storage, f"{bucket}/plan", Searcher(), Tracker())  # type: ignore[arg-type]
+    export = OptunaExport.start(plan, storage, f"{bucket}/plan", Searcher())
+    assert export is not None
+    export.finish(Tracker())  # type: ignore[arg-type]
     assert (bucket / "plan" / OPTUNA_DB).is_file() and logged and logged[0]
     assert list(scratch_root.iterdir()) == []
 

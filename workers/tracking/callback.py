@@ -234,7 +234,6 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
 
     def _hook(self, work: Callable[[], None]) -> None:
         """A hook's MLflow work: now, or handed to the sender thread (:attr:`background`)."""
-
         self._settled = None  # something happens to the runs after the last closing pass
 
         def run() -> None:
