@@ -5,6 +5,7 @@ Private to :mod:`autonorm_core.norms`; tests and benches import :func:`_referenc
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
@@ -17,8 +18,31 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _eager_only(fn: _F) -> _F:
-    """``torch.compiler.disable`` with its type kept (the decorator itself is untyped)."""
-    return cast(_F, torch.compiler.disable(fn))
+    """``torch.compiler.disable``, applied when first needed, with its type kept.
+
+    ``torch.compiler.disable`` imports ``torch._dynamo`` at once: 1.5 s of every process that imports
+    the norms (each trial worker, each CLI), nearly all of which never compile. The wrapper calls ``fn``
+    as it is; only while Dynamo traces it does it call the disabled version (made on the first
+    trace, kept in :data:`_DISABLED`), which Dynamo leaves out of the graph, as a decorated ``fn``."""
+
+    @functools.wraps(fn)
+    def eager_only(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return _disabled(fn)(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return cast(_F, eager_only)
+
+
+#: ``fn`` -> ``torch.compiler.disable(fn)``, made on the first compiled call of each.
+_DISABLED: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def _disabled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    out = _DISABLED.get(fn)
+    if out is None:
+        out = _DISABLED[fn] = torch.compiler.disable(fn)
+    return out
 
 
 def _check_dim(dim: int) -> None:
