@@ -358,14 +358,14 @@ def study_document(
 ) -> Document:
     """The :class:`Document` of a study's ``verdict`` (its ``verdict.json``): the study verdict, the
     scope line, ``banner`` when the design is exploratory, the resources ``spent`` (wall s, CPU h,
-    GPU h) and the ``protocol`` as YAML; ``fields``: the kind's own (headline, title, intro, ...)."""
-    from studies.scope import scope_line
+    GPU h) and how the trials were trained (its ``execution``), and the ``protocol`` as YAML; ``fields``: the kind's own (headline, title, intro, ...)."""
+    from studies.scope import execution_lines, scope_line
 
     return Document(
         scope=scope_line(verdict.get("scope")),
         verdict=str(verdict["study_verdict"]),
         banner=banner if verdict.get("exploratory") else "",
-        resources=resources_lines(*spent),
+        resources=[*resources_lines(*spent), *execution_lines(verdict.get("execution"))],
         protocol=to_yaml(dict(protocol)) if protocol else "",
         **fields,
     )

@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["SCOPE_TAGS", "scope_line", "scope_tags", "study_scope"]
+__all__ = ["SCOPE_TAGS", "execution_lines", "execution_record", "scope_line", "scope_tags", "study_scope"]
 
 #: The study run's tags that carry the scope (one line each).
 SCOPE_TAGS = ("autonorm.scope.data", "autonorm.scope.model", "autonorm.scope.budget")
@@ -229,3 +229,38 @@ def scope_tags(scope: Mapping[str, Any] | None) -> dict[str, str]:
             strict=True,
         )
     )
+
+
+# ---------------------------------------------------------------------------------------- execution
+
+
+def execution_record(stack: Any, arm_configs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``verdict.json``'s ``execution``: how the trials were trained. ``stack`` is the spec's
+    ``execution.stack`` (``auto``, ``off`` or N); ``arm_configs`` one trial config per arm.
+
+    ``{"stack": "auto", "not_stacked": {arm: reason}}``: under a stacking mode, the arms whose members
+    train as separate fits in their group's process (:func:`autonorm_core.stacking.stackable`'s
+    reason, the one ``fit_stacked`` falls back on; ``plan`` lists the same). Empty under ``off``."""
+    mode = str(stack)
+    if mode == "off":
+        return {"stack": mode, "not_stacked": {}}
+    from autonorm_core.stacking import stackable
+
+    reasons: dict[str, str] = {}
+    for arm, config in arm_configs.items():
+        ok, why = stackable(dict(config))
+        if not ok:
+            reasons[str(arm)] = why or "no stacked form"
+    return {"stack": mode, "not_stacked": reasons}
+
+
+def execution_lines(record: Mapping[str, Any] | None) -> list[str]:
+    """The report's lines for an :func:`execution_record` (none for a verdict written without one)."""
+    if not record:
+        return []
+    mode = str(record.get("stack"))
+    if mode == "off":
+        return ["training: one process per trial (execution.stack: off)"]
+    lines = [f"training: each cell's members stacked in one process (execution.stack: {mode})"]
+    lines += [f"not stacked: {arm}: {why}" for arm, why in sorted((record.get("not_stacked") or {}).items())]
+    return lines

@@ -445,10 +445,10 @@ class TunedDesignKind(FolderKind):
         cost: Spent,
     ) -> dict[str, Path]:
         """The verdict's ``scope`` (:mod:`studies.scope`: the confirmatory trials' data, model and
-        budget, the arms' mean metric), the kind's output files, then ``lr_tuning.json``: the tuning
+        budget, the arms' mean metric) and ``execution`` (stacked or not, the arms that fall back), the kind's output files, then ``lr_tuning.json``: the tuning
         record per budget (strict JSON), the record itself for a kind of one unnamed budget (``""``)."""
         from studies.reporting import write_json
-        from studies.scope import study_scope
+        from studies.scope import execution_record, study_scope
 
         looks = {
             phase_name("confirm", budget, j)
@@ -457,6 +457,9 @@ class TunedDesignKind(FolderKind):
         }
         configs = [c for phase in self.phases(spec) if phase.name in looks for c in phase.configs]
         verdict["scope"] = study_scope(configs, table, metric=spec.analysis.metric, gpu_hours=cost[2])
+        verdict["execution"] = execution_record(
+            spec.execution.stack, {arm: spec.base_config(arm=arm) for arm in spec.arm_names}
+        )
         files = d.write_outputs(Analysed(spec, verdict, table, records, cost), out_dir)
         doc = records[""] if list(records) == [""] else records
         return {**files, "lr_tuning": write_json(out_dir / "lr_tuning.json", dict(doc))}

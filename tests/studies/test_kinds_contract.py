@@ -284,6 +284,12 @@ def test_verdict_names_its_scope(ran: Ran) -> None:
     assert str(scope["budget"]["epochs"]) in tags["autonorm.scope.budget"]
     report = (Path(ran.outcome.study_dir) / "report.md").read_text(encoding="utf-8").splitlines()
     assert report[1] == f"*Scope: {scope_line(scope)}*", report[:3]
+    from studies.kinds.pipeline import TunedDesignKind
+
+    if isinstance(ran.kind, TunedDesignKind):  # how its trials ran, in its record and report
+        execution = _verdict(ran)["execution"]
+        assert execution == {"stack": str(ran.spec.execution.stack), "not_stacked": {}}, execution
+        assert any(line.startswith("- training: ") for line in report), report
     assert report[0].startswith("**") and "Scope" not in report[0]
 
 

@@ -126,3 +126,31 @@ def test_the_scope_does_not_depend_on_the_order_the_trials_were_read_in() -> Non
     configs = [{"seed": s, "model": {"type": "mlp"}} for s in (101, 100, 99, "x")]
     assert min(configs, key=_seed_first)["seed"] == 99
     assert min(reversed(configs), key=_seed_first)["seed"] == 99
+
+
+def test_the_execution_record_lists_the_arms_that_fall_back_and_the_report_says_so() -> None:
+    # Issue #38: an arm whose members cannot train stacked is listed, with its reason, in the verdict's
+    # `execution` and the report (as in `plan`); the shipped arms all stack.
+    from studies.reporting import study_document
+    from studies.scope import execution_lines, execution_record
+
+    spec = load_study(ROOT / "studies/specs/batchsize_correlation.yaml", preset="local")
+    configs = {arm: spec.base_config(arm=arm) for arm in spec.arm_names}
+    assert execution_record(spec.execution.stack, configs) == {"stack": "auto", "not_stacked": {}}
+    half = {arm: {**c, "training": {**c["training"], "precision": "bf16"}} for arm, c in configs.items()}
+    half = {**configs, "linear": half["linear"]}
+    record = execution_record(4, half)
+    assert list(record["not_stacked"]) == ["linear"] and "bf16" in record["not_stacked"]["linear"]
+    assert execution_record("off", half) == {
+        "stack": "off",
+        "not_stacked": {},
+    }  # nothing stacked: none listed
+    verdict = {"study_verdict": "refuted", "execution": record}
+    doc = study_document(verdict, banner="", protocol=None, spent=(60.0, 0.1, 0.0), headline="h", title="t")
+    md = render_markdown(doc)
+    assert "- training: each cell's members stacked in one process (execution.stack: 4)" in md
+    assert f"- not stacked: linear: {record['not_stacked']['linear']}" in md
+    assert execution_lines({"stack": "off", "not_stacked": {}}) == [
+        "training: one process per trial (execution.stack: off)"
+    ]
+    assert execution_lines(None) == []  # a verdict written before `execution` existed
