@@ -127,7 +127,11 @@ class StackedCNN(StackedModel):
             x = x[..., None, None]  # (K, B, F) -> (K, B, F, 1, 1)
         K, B = x.shape[:2]
         x = x.transpose(0, 1).reshape(B, K * x.shape[2], *x.shape[3:])  # (B, K*C, H, W)
-        feats = self.features(x).mean(dim=(2, 3))  # (B, K*C')
+        # Channels-last through the stages: the K members' channels side by side make every map wide,
+        # and on CPU max-pooling a wide NCHW map is ~30x slower than the same map channels-last (4.5 ms
+        # against 0.15 ms for 8x128x28x28, one thread); a separate member's 8-16 channels gain nothing
+        # from it (measured 20.8 -> 19.3 ms for 16 members' steps). Same values; sums may round apart.
+        feats = self.features(x.contiguous(memory_format=torch.channels_last)).mean(dim=(2, 3))  # (B, K*C')
         out: Tensor = self.head(feats.reshape(B, K, -1).transpose(0, 1))  # (K, B, classes or 1)
         return out.squeeze(-1) if self.config.num_classes == 0 else out
 
