@@ -358,7 +358,8 @@ def study_document(
 ) -> Document:
     """The :class:`Document` of a study's ``verdict`` (its ``verdict.json``): the study verdict, the
     scope line, ``banner`` when the design is exploratory, the resources ``spent`` (wall s, CPU h,
-    GPU h) and how the trials were trained (its ``execution``), and the ``protocol`` as YAML; ``fields``: the kind's own (headline, title, intro, ...)."""
+    GPU h) with how the trials were trained (its ``execution``), and the ``protocol`` as YAML;
+    ``fields``: the kind's own (headline, title, intro, ...)."""
     from studies.scope import execution_lines, scope_line
 
     return Document(

@@ -445,8 +445,9 @@ class TunedDesignKind(FolderKind):
         cost: Spent,
     ) -> dict[str, Path]:
         """The verdict's ``scope`` (:mod:`studies.scope`: the confirmatory trials' data, model and
-        budget, the arms' mean metric) and ``execution`` (stacked or not, the arms that fall back), the kind's output files, then ``lr_tuning.json``: the tuning
-        record per budget (strict JSON), the record itself for a kind of one unnamed budget (``""``)."""
+        budget, the arms' mean metric) and ``execution`` (stacked or not, the arms that fall back), the
+        kind's output files, then ``lr_tuning.json``: the tuning record per budget (strict JSON), the
+        record itself for a kind of one unnamed budget (``""``)."""
         from studies.reporting import write_json
         from studies.scope import execution_record, study_scope
 

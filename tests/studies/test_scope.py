@@ -137,14 +137,12 @@ def test_the_execution_record_lists_the_arms_that_fall_back_and_the_report_says_
     spec = load_study(ROOT / "studies/specs/batchsize_correlation.yaml", preset="local")
     configs = {arm: spec.base_config(arm=arm) for arm in spec.arm_names}
     assert execution_record(spec.execution.stack, configs) == {"stack": "auto", "not_stacked": {}}
-    half = {arm: {**c, "training": {**c["training"], "precision": "bf16"}} for arm, c in configs.items()}
-    half = {**configs, "linear": half["linear"]}
+    linear = configs["linear"]
+    half = {**configs, "linear": {**linear, "training": {**linear["training"], "precision": "bf16"}}}
     record = execution_record(4, half)
     assert list(record["not_stacked"]) == ["linear"] and "bf16" in record["not_stacked"]["linear"]
-    assert execution_record("off", half) == {
-        "stack": "off",
-        "not_stacked": {},
-    }  # nothing stacked: none listed
+    # nothing is stacked under `off`: no arm is listed as falling back
+    assert execution_record("off", half) == {"stack": "off", "not_stacked": {}}
     verdict = {"study_verdict": "refuted", "execution": record}
     doc = study_document(verdict, banner="", protocol=None, spent=(60.0, 0.1, 0.0), headline="h", title="t")
     md = render_markdown(doc)
