@@ -63,29 +63,33 @@ __all__ = [
 ]
 
 #: Fixed costs (seconds) that do not scale with a trial's work; the calibration mapping overrides each.
-#: Re-measured (issue 28) from a per-phase breakdown of real smoke runs of the batch-size study on the
-#: 2-core machine (trial result timestamps from Tune, phase and study runs' start/end in MLflow),
-#: under a load average of 7-10 from other users; where the wall time under load was plainly the
-#: contention, the CPU time of the same step (``/usr/bin/time``) stands in for the quiet value.
+#: Re-measured (issue 38) from per-phase timelines of the batch-size `local` preset, run `off` and
+#: stacked on the quiet 2-core machine (each trial's start and reports as its worker stamped them in
+#: Tune's result files, against the command's own log): after this round's cuts (byte-compiled
+#: packages, no ``torch._dynamo`` import in the norms or an optimizer's construction, no TensorBoard
+#: logger, compact snapshots) every fixed cost fell to about a third of what issue 28 measured under
+#: load.
 DEFAULTS: dict[str, float] = {
     # A trial on a reused actor (Tune reuse_actors=True): Tune's turnaround, trial setup, the MLflow
-    # child run. 0.6-0.8 s per trial and slot between consecutive results under load (the 2.0 s this
-    # once said counted the whole loaded turnaround twice over: 42 trials x 2 s was half the plan).
-    "trial_start_s": 0.5,
+    # child run. Measured 0.07 s of driver turnaround between one trial's end and the next's start in
+    # its slot, and ~0.1 s inside a trial besides its training and its reports.
+    "trial_start_s": 0.15,
     # A new Ray worker process (interpreter, torch import, first optimizer): once per slot per phase
-    # (every phase's Tuner starts new actors). The imports alone are 3.7 s of CPU; 9-15 s of wall
-    # time for the first trial of a phase under load.
-    "worker_start_s": 8.0,
-    # Tuner start / restore and its experiment state, the phase's MLflow run, end-of-phase sync:
-    # ~3 s from the phase run's start to its first trial's start.
-    "phase_start_s": 3.0,
-    # The `run` command itself: interpreter and imports (4.3 s of CPU), ray.init, the study's MLflow
-    # run, the spec and provenance; analysis, report and plots at the end (7 s before the first
-    # phase and 10 s after the last under load). The estimate's own step-time measurement, which
-    # `run` repeats before it starts, is added as measured (``calibration_s``).
-    "study_start_s": 15.0,
-    # Per epoch: tune.report with its checkpoint persisted to storage, the MLflow metrics callback
-    # (a 3-epoch trial of the smoke reports its whole run in 0.2 s of Tune's time_total_s).
+    # (every phase's Tuner starts new actors). The first trial of a phase took 2.3 s against 0.35 s for
+    # the next (`off`), the first report of a stacked group 1.6 s against 0.2-0.5 s a round.
+    "worker_start_s": 2.0,
+    # Tuner start / restore and its experiment state, the phase's MLflow run, the previous phase's
+    # end (its runs closed, its analysis): 1.9 s (`off`) to 2.7 s (stacked: a group closes all its
+    # members' runs at its end) from one phase's last report to the next phase's first trial.
+    "phase_start_s": 2.0,
+    # The `run` command itself: interpreter and imports, ray.init, the study's MLflow run, the spec
+    # and provenance (7-8 s before the first phase), analysis, report and plots at the end (3-4 s).
+    # The estimate's own step-time measurement, which `run` repeats before it starts, is added as
+    # measured (``calibration_s``).
+    "study_start_s": 11.0,
+    # Per epoch (per round of a stacked group): tune.report with its checkpoint persisted to storage,
+    # the round trip through the driver the trial waits for: 0.04-0.1 s a round of a group whose
+    # rounds train little.
     "report_s": 0.05,
 }
 
@@ -369,12 +373,9 @@ def plan_study(
         slots = _slots(ph.plan, cpus, gpus)
         seconds = sum(durations)
         groups = _stacked_groups(ph)
-        if groups is not None:  # one Tune trial per group of stacked members (execution.stack)
+        if groups is not None:  # one Tune trial per group of stacks (execution.stack)
             durations = [
-                _group_seconds(
-                    [durations[i] for i in g], [ph.configs[i] for i in g], cal, consts, stacked_cal, sizes_of
-                )
-                for g in groups
+                _bundle_seconds(g, durations, ph.configs, cal, consts, stacked_cal, sizes_of) for g in groups
             ]
             seconds = sum(durations)
         phase_wall = consts["phase_start_s"] + _pack(durations, slots, consts["worker_start_s"])
@@ -414,6 +415,7 @@ def plan_study(
             slots=slots,
             trial_s=seconds / len(ph.configs) if ph.configs else 0.0,
             groups=len(groups) if groups is not None else None,
+            stacks=sum(len(g) for g in groups) if groups is not None else None,
             trial_s_min=min(durations, default=0.0),
             trial_s_max=max(durations, default=0.0),
             cpu_hours=cpu_h,
@@ -454,22 +456,22 @@ def plan_study(
     return out
 
 
-def _stacked_groups(phase: Phase) -> list[list[int]] | None:
-    """The indices of ``phase.configs`` per stacked group (:func:`workers.members.group_points`, as the
-    runner cuts the grid), ``None`` when the phase runs one trial per process."""
+def _stacked_groups(phase: Phase) -> list[list[list[int]]] | None:
+    """The indices of ``phase.configs`` per group, per stack (:func:`workers.members.bundle_indices`,
+    as the runner deals the grid), ``None`` when the phase runs one trial per process."""
     plan = phase.plan
     if plan.sampler.type != "grid" or plan.stack <= 1 or not phase.configs:
         return None
-    from workers.members import group_indices
+    from workers.members import bundle_indices
 
-    return group_indices({}, phase.configs, plan.stack)
+    return bundle_indices({}, phase.configs, plan.stack, plan.max_concurrent)
 
 
 def _stacked_keys(phases: Sequence[Phase]) -> dict[str, tuple[dict[str, Any], int]]:
     """``<timing key>|K=<members>`` of the largest group of each timing key: what is measured."""
     largest: dict[str, tuple[dict[str, Any], int]] = {}
     for ph in phases:
-        for g in _stacked_groups(ph) or []:
+        for g in (st for group in _stacked_groups(ph) or [] for st in group):
             config = ph.configs[g[0]]
             key = timing_key(config)
             if len(g) > largest.get(key, ({}, 0))[1]:
@@ -503,6 +505,31 @@ def _group_seconds(
     epoch_end = max(_lookup(cal, "eval_s", key) or 0.0, float(measured["eval_s"]) * k / k_max)
     setup = (_lookup(cal, "setup_s", key) or 0.0) * k
     return consts["trial_start_s"] + setup + updates * step + epochs * (epoch_end + consts["report_s"])
+
+
+def _bundle_seconds(
+    group: Sequence[Sequence[int]],
+    separate: Sequence[float],
+    configs: Sequence[Mapping[str, Any]],
+    cal: Mapping[str, Any],
+    consts: Mapping[str, float],
+    stacked_cal: Mapping[str, Mapping[str, Any]],
+    sizes_of: Any,
+) -> float:
+    """One group's seconds: its stacks side by side (:func:`_group_seconds` each), with one trial start
+    and one report per round (the most epochs any of its stacks runs), not one per stack epoch."""
+    from autonorm_core.config import TrainConfig
+
+    total = 0.0
+    epochs: list[int] = []
+    for st in group:
+        total += _group_seconds(
+            [separate[i] for i in st], [configs[i] for i in st], cal, consts, stacked_cal, sizes_of
+        )
+        config = configs[st[0]]
+        epochs.append(TrainConfig.from_dict(config.get("training", {})).num_epochs(sizes_of(config)["train"]))
+    total -= consts["trial_start_s"] * (len(group) - 1)
+    return total - consts["report_s"] * (sum(epochs) - max(epochs, default=0))
 
 
 def _counted(phase: Phase) -> bool:
@@ -601,8 +628,11 @@ def format_plan(result: Mapping[str, Any]) -> str:
             " (interior winners)" if ph.get("refine") else " (only if needed)" if ph.get("optional") else ""
         )
         groups = ph.get("groups")
-        if groups:  # stacked: one Tune trial (and one time) per group of members
-            per = f"{groups} groups, group ~{format_duration(ph['trial_s'] * ph['trials'] / groups)}"
+        if groups:  # stacked: one Tune trial (and one time) per group of stacks
+            per = (
+                f"{ph.get('stacks') or groups} stacks in {groups} groups, "
+                f"group ~{format_duration(ph['trial_s'] * ph['trials'] / groups)}"
+            )
         else:
             per = f"trial ~{format_duration(ph['trial_s'])}"
         lines.append(

@@ -6,10 +6,17 @@ the batch size and the number of steps, so one process can train them as one sta
 Tune (the MLflow trial runs, trials.csv, status, reports, verdicts) sees one trial per member, as if
 each had run alone. This module is that translation, in both directions:
 
-* :func:`group_points` cuts a plan's grid into groups: points whose resolved configs differ only in
-  :data:`MEMBER_PATHS` (``seed``, ``training.lr``) form a cell, a cell is cut into groups of at most
-  ``stack`` members of near-equal size. The group is Tune's trial config ``{MEMBERS_KEY: [params of
-  member 0, ...]}``.
+* :func:`group_points` cuts a plan's grid into stacks: points whose resolved configs differ only in
+  :data:`MEMBER_PATHS` (``seed``, ``training.lr``) form a cell, a cell is cut into stacks of at most
+  ``stack`` members of near-equal size (one stacked model each).
+* :func:`bundle_points` deals the stacks of a phase into groups, one Tune trial each: as many as the
+  phase's trial slots (or a multiple, at most :func:`group_members_cap` members a group), of near-equal
+  work. A group is Tune's trial config ``{MEMBERS_KEY: [[params of member 0, ...], [...]]}``, one list
+  per stack; its members are numbered in that order (``k`` below). A group trains its stacks side by
+  side, one epoch of each per round and one report per round (workers/group_trial.py): what a Tune
+  trial costs besides training (its start, and each report's round trip through the driver, which
+  the trial waits for) is paid per group and per round, not per cell and per epoch. A group of an
+  older study is one flat list: one stack.
 * A group's report (:func:`pack`) carries its shared keys once and every member's latest metrics as
   ``<key>@m<k>``; :func:`unpack` gives member ``k``'s result back, shaped like an ordinary trial's.
 * :func:`views` turns a Tune ``Trial`` into the trials the rest of the service reads: the trial itself,
@@ -32,12 +39,16 @@ __all__ = [
     "MEMBERS_KEY",
     "MEMBER_PATHS",
     "MemberTrial",
+    "bundle_indices",
+    "bundle_points",
     "grid_points",
     "group_indices",
+    "group_members_cap",
     "group_points",
     "member_history",
     "member_id",
     "member_params",
+    "member_stacks",
     "pack",
     "unpack",
     "views",
@@ -55,12 +66,34 @@ def member_id(trial_id: str, k: int) -> str:
     return f"{trial_id}-m{k}"
 
 
-def member_params(config: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
-    """A group trial's members' params (``None`` for an ordinary trial's config)."""
+def _stacked_lists(config: Mapping[str, Any] | None) -> list[list[Any]] | None:
     members = (config or {}).get(MEMBERS_KEY)
     if not isinstance(members, list | tuple):
         return None
-    return [dict(m) for m in members]
+    if members and all(isinstance(m, list | tuple) for m in members):
+        return [list(stack) for stack in members]
+    return [list(members)]  # a group of one stack, as studies before groups of several stacks stored it
+
+
+def member_params(config: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
+    """A group trial's members' params, in member order (``None`` for an ordinary trial's config)."""
+    stacks = _stacked_lists(config)
+    if stacks is None:
+        return None
+    return [dict(m) for stack in stacks for m in stack]
+
+
+def member_stacks(config: Mapping[str, Any] | None) -> list[list[int]] | None:
+    """A group trial's stacks, as member indices (``None`` for an ordinary trial's config)."""
+    stacks = _stacked_lists(config)
+    if stacks is None:
+        return None
+    out: list[list[int]] = []
+    start = 0
+    for stack in stacks:
+        out.append(list(range(start, start + len(stack))))
+        start += len(stack)
+    return out
 
 
 def grid_points(grid: Sequence[tuple[str, Sequence[Any]]]) -> list[dict[str, Any]]:
@@ -112,6 +145,67 @@ def group_points(
     return [[dict(points[i]) for i in g] for g in group_indices(base_config, points, stack)]
 
 
+def group_members_cap(stack: int) -> int:
+    """Members one group (Tune trial) trains at most: eight stacks' worth, at most 128. A group holds
+    all its stacks' models and optimizer states at once (and one data split per distinct seed), but
+    computes one stack at a time, so its peak is one stack's activations plus every member's
+    parameters; ``execution.stack`` bounds a stack and, through this, a group."""
+    return max(stack, min(128, 8 * stack))
+
+
+def _stack_work(config: Mapping[str, Any], size: int) -> float:
+    """A stack's training work in arbitrary units, to deal stacks into groups of near-equal work:
+    members x updates x the cost of an update, which grows with the batch (measured for the MLP
+    ``tiny``: 0.5 ms a stacked update at B = 8, 1.7 ms at B = 128). The data set's size is not known
+    here: it cancels between the stacks of one phase, which share it and the budget."""
+    training = config.get("training") or {}
+    batch = float(training.get("batch_size") or 32)
+    epochs = float(training.get("epochs") or 1)
+    if training.get("budget") == "updates":
+        updates = float(
+            training.get("max_updates") or epochs / float(training.get("reference_batch_size") or batch)
+        )
+    else:
+        updates = epochs / batch
+    return size * updates * (1.0 + batch / 32.0)
+
+
+def bundle_indices(
+    base_config: Mapping[str, Any], points: Sequence[Mapping[str, Any]], stack: int, slots: int
+) -> list[list[list[int]]]:
+    """The stacks of ``points`` (:func:`group_indices`) dealt into groups: per group, its stacks' point
+    indices. ``slots`` groups (the phase's trials at once), or the smallest multiple of it that keeps
+    every group within :func:`group_members_cap`, never more groups than stacks; stacks go
+    largest-work first to the group with the least work so far, and each group keeps its stacks in
+    grid order."""
+    stacks = group_indices(base_config, points, stack)
+    if not stacks:
+        return []
+    slots = max(1, int(slots))
+    members = sum(len(s) for s in stacks)
+    waves = math.ceil(math.ceil(members / group_members_cap(stack)) / slots)
+    count = min(len(stacks), slots * max(1, waves))
+    work = [_stack_work(with_values(base_config, points[s[0]]), len(s)) for s in stacks]
+    loads = [0.0] * count
+    dealt: list[list[int]] = [[] for _ in range(count)]
+    for i in sorted(range(len(stacks)), key=lambda i: (-work[i], i)):
+        g = min(range(count), key=lambda g: (loads[g], g))
+        loads[g] += work[i]
+        dealt[g].append(i)
+    return [[stacks[i] for i in sorted(d)] for d in dealt if d]
+
+
+def bundle_points(
+    base_config: Mapping[str, Any], points: Sequence[Mapping[str, Any]], stack: int, slots: int
+) -> list[list[list[dict[str, Any]]]]:
+    """``points`` dealt into groups of stacks (:func:`bundle_indices`): Tune's grid values of a stacked
+    plan."""
+    return [
+        [[dict(points[i]) for i in s] for s in group]
+        for group in bundle_indices(base_config, points, stack, slots)
+    ]
+
+
 def pack(shared: Mapping[str, Any], members: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     """A group's report: ``shared`` keys once, member ``k``'s as ``<key>@m<k>``."""
     out = dict(shared)
@@ -133,6 +227,10 @@ def unpack(result: Mapping[str, Any] | None, k: int) -> dict[str, Any]:
             shared[key] = value
         elif int(match.group("k")) == k:
             own[match.group("key")] = value
+    if not own:
+        # Nothing of its own in this report (a group reports the members whose epoch it trained;
+        # a stack that has not started has nothing yet): the group's epoch is not this member's.
+        shared.pop("epoch", None)
     shared.update(own)
     size, total = shared.get("members"), shared.get("time_total_s")
     if isinstance(size, int | float) and size >= 1 and isinstance(total, int | float):

@@ -48,6 +48,7 @@ from workers.tune_patches import (
     _stop_credential_propagation,
     _tolerate_gone_checkpoints,
     _unique_staging_dirs,
+    cheaper_results,
 )
 
 __all__ = ["run_study"]
@@ -150,6 +151,7 @@ def run_study(
         _skip_idle_snapshots()
         _tolerate_gone_checkpoints()
         _unique_staging_dirs()
+        cheaper_results()
         tune_state.install()
         quiet_checkpoint_logs()
         SyncFailureOneLine.install()
@@ -314,9 +316,12 @@ def _fit(
                 storage_filesystem=storage.filesystem,
             )
         else:
+            from workers.tune_loggers import study_loggers
+
             callbacks: list[Any] = [tracker]
             if progress is not None:
                 callbacks.append(progress)
+            callbacks += study_loggers()
             tuner = tune.Tuner(
                 entry,
                 param_space=param_space,

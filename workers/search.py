@@ -33,7 +33,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
 from ray.tune.search.optuna import OptunaSearch
 
-from workers.members import MEMBERS_KEY, grid_points, group_points
+from workers.members import MEMBERS_KEY, bundle_points, grid_points
 from workers.plan import ParamDef, SamplerConfig, SchedulerConfig, StudyPlan
 from workers.records import FINAL_STATUSES
 
@@ -328,9 +328,9 @@ def grid_param_space(plan: StudyPlan, *, stack: int = 1) -> dict[str, Any]:
     """Tune ``param_space`` for the ``grid`` sampler: every combination of ``plan.grid``.
 
     Keys stay dotted paths, like Optuna's parameter names, so the trainable applies both the same way.
-    With ``stack`` above 1 the combinations are cut into groups of at most ``stack`` members of one
-    cell (:func:`workers.members.group_points`), one Tune trial per group, on one axis
-    (:data:`workers.members.MEMBERS_KEY`).
+    With ``stack`` above 1 the combinations are cut into stacks of at most ``stack`` members of one
+    cell, and the stacks dealt into groups, one Tune trial per group (about one per trial slot:
+    :func:`workers.members.bundle_points`), on one axis (:data:`workers.members.MEMBERS_KEY`).
 
     Raises:
         ValueError: for an empty grid or an axis without values.
@@ -345,7 +345,7 @@ def grid_param_space(plan: StudyPlan, *, stack: int = 1) -> dict[str, Any]:
             raise ValueError(f"grid axis {name!r} is defined twice")
         space[name] = tune.grid_search(list(values))
     if stack > 1:
-        groups = group_points(plan.base_config, grid_points(plan.grid), stack)
+        groups = bundle_points(plan.base_config, grid_points(plan.grid), stack, plan.max_concurrent)
         return {MEMBERS_KEY: tune.grid_search(groups)}
     return space
 

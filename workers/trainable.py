@@ -439,7 +439,9 @@ def _load_splits(
     )
 
 
-def build_trial(config: Mapping[str, Any], device: str) -> tuple[Any, Any, Any]:
+def build_trial(
+    config: Mapping[str, Any], device: str, *, data_memo: dict[Any, Any] | None = None
+) -> tuple[Any, Any, Any]:
     """``(splits, model, TrainConfig)`` of a resolved trial config, as every trial builds them (one
     alone, or a member of a stacked group): the data split and the model's initial weights both
     from the config's ``seed``.
@@ -447,6 +449,10 @@ def build_trial(config: Mapping[str, Any], device: str) -> tuple[Any, Any, Any]:
     Config sections (see :mod:`workers.plan`): ``data`` (``type`` = data set name, plus
     ``load_dataset`` keywords), ``model`` (``type`` = model name; ``preset`` and the rest passed to
     ``create_model``), ``training`` (``TrainConfig.from_dict``), ``seed``.
+
+    ``data_memo``: splits already loaded for other trials of this process, by their loading
+    arguments; the members of a group that share a seed (its cells' seeds) share one split, so a
+    group holds one copy per distinct seed, not one per member.
     """
     import torch
 
@@ -459,7 +465,7 @@ def build_trial(config: Mapping[str, Any], device: str) -> tuple[Any, Any, Any]:
     subset = data.pop("subset", None)
     if isinstance(subset, list):
         subset = tuple(subset)  # lru_cache needs hashable keys; YAML gives lists
-    splits = _load_splits(
+    args = (
         data_name,
         seed,
         data.pop("data_root", None),
@@ -473,6 +479,11 @@ def build_trial(config: Mapping[str, Any], device: str) -> tuple[Any, Any, Any]:
         raise ValueError(
             f"unknown data keys {sorted(data)}; valid: type, subset, val_fraction, data_root, {', '.join(_FILE_OPTIONS)}"
         )
+    splits = data_memo.get(args) if data_memo is not None else None
+    if splits is None:
+        splits = _load_splits(*args)
+        if data_memo is not None:
+            data_memo[args] = splits
     model_cfg = dict(config["model"])
     model_name = model_cfg.pop("type")
     # create_model initialises from torch's default generator: seed a forked copy so the trial is

@@ -18,7 +18,13 @@ Members whose model or configuration has no stacked form train one after the oth
 (``out.stacked is False``, ``out.reason`` says why).
 """
 
-from autonorm_core.stacking.fit import SHARED_FIELDS, StackedFitResult, fit_stacked
+from autonorm_core.stacking.fit import (
+    SHARED_FIELDS,
+    StackedFitResult,
+    StackedTraining,
+    fit_stacked,
+    start_stacked,
+)
 from autonorm_core.stacking.layers import NotStackableError
 from autonorm_core.stacking.models import StackedModel, create_members, stack_models, stackable
 
@@ -27,8 +33,10 @@ __all__ = [
     "NotStackableError",
     "StackedFitResult",
     "StackedModel",
+    "StackedTraining",
     "create_members",
     "fit_stacked",
     "stack_models",
     "stackable",
+    "start_stacked",
 ]

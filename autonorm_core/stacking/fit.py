@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,7 +41,7 @@ from autonorm_core.training import (
     should_freeze,
 )
 
-__all__ = ["SHARED_FIELDS", "StackedFitResult", "fit_stacked"]
+__all__ = ["SHARED_FIELDS", "StackedFitResult", "StackedTraining", "fit_stacked", "start_stacked"]
 
 #: TrainConfig fields every member of one stacked fit must share (they fix the batches and the steps).
 SHARED_FIELDS = (
@@ -205,6 +205,35 @@ def fit_stacked(
         messages as ``fit``). When the members cannot be stacked, each runs its own ``fit`` one after
         the other and ``reason`` says why.
     """
+    prepared = start_stacked(
+        models,
+        splits,
+        cfgs,
+        seeds=seeds,
+        callbacks=callbacks,
+        device=device,
+        resume_states=resume_states,
+        checkpoint_fn=checkpoint_fn,
+    )
+    if isinstance(prepared, StackedTraining):
+        return prepared.run()
+    cfg_list, split_list, seed_list, cb_list, resume_list = _member_lists(
+        models, splits, cfgs, seeds, callbacks, resume_states
+    )
+    return _fit_separately(
+        models, split_list, cfg_list, seed_list, cb_list, device, resume_list, checkpoint_fn, prepared
+    )
+
+
+def _member_lists(
+    models: Sequence[nn.Module],
+    splits: Any,
+    cfgs: TrainConfig | Sequence[TrainConfig],
+    seeds: Sequence[int],
+    callbacks: Sequence[Sequence[Callback]],
+    resume_states: Sequence[Mapping[str, Any]] | None,
+) -> tuple[list[TrainConfig], list[Any], list[int], list[Sequence[Callback]], list[Mapping[str, Any] | None]]:
+    """The per-member arguments of :func:`fit_stacked`, one entry per member, checked."""
     K = len(models)
     if K == 0:
         raise ValueError("fit_stacked needs at least one member")
@@ -216,24 +245,63 @@ def fit_stacked(
         _as_list(list(resume_states), K, "resume_states") if resume_states is not None else [None] * K
     )
     _check_members(cfg_list, split_list)
-    # stackable()'s verdict without stacking twice: its training check, then the members themselves
+    return cfg_list, split_list, seed_list, cb_list, resume_list
+
+
+class StackedTraining:
+    """One stacked fit advanced an epoch at a time (:func:`start_stacked`): :meth:`epochs` trains the
+    next epoch at each step (its metrics, ``checkpoint_fn`` and callbacks as :func:`fit_stacked`'s),
+    :meth:`result` is what :func:`fit_stacked` returns once it is exhausted. Several of them, stepped in
+    turn, train several cells in one process with one report per round of epochs
+    (workers/group_trial.py); each is the same computation as alone (its own generators, no shared
+    random state)."""
+
+    def __init__(self, run: _StackedRun, resume: Sequence[Mapping[str, Any] | None]) -> None:
+        self._run = run
+        self._resume = resume
+
+    def run(self) -> StackedFitResult:
+        """Every epoch, then the result: :func:`fit_stacked`."""
+        return self._run.run(self._resume)
+
+    def epochs(self) -> Iterator[int]:
+        """Train epoch by epoch, yielding each epoch's number once its end (metrics, checkpoint,
+        callbacks) is done."""
+        return self._run.epochs(self._resume)
+
+    def result(self) -> StackedFitResult:
+        return self._run._result()
+
+
+def start_stacked(
+    models: Sequence[nn.Module],
+    splits: Any,
+    cfgs: TrainConfig | Sequence[TrainConfig],
+    *,
+    seeds: Sequence[int],
+    callbacks: Sequence[Sequence[Callback]] = (),
+    device: str | torch.device = "cpu",
+    resume_states: Sequence[Mapping[str, Any]] | None = None,
+    checkpoint_fn: CheckpointFn | None = None,
+) -> StackedTraining | str:
+    """:func:`fit_stacked`'s arguments, prepared but not trained: a :class:`StackedTraining`, or the
+    reason these members cannot be stacked (then :func:`fit_stacked` would fit them one by one)."""
+    cfg_list, split_list, seed_list, cb_list, resume_list = _member_lists(
+        models, splits, cfgs, seeds, callbacks, resume_states
+    )
     reason = training_reason(cfg_list[0])
-    stacked: StackedModel | None = None
-    if not reason:
-        try:
-            stacked = stack_models(list(models))
-        except NotStackableError as err:
-            reason = str(err)
-        except ValueError as err:
-            reason = f"invalid model config: {err}"
-    if stacked is None:
-        return _fit_separately(
-            models, split_list, cfg_list, seed_list, cb_list, device, resume_list, checkpoint_fn, reason
-        )
+    if reason:
+        return reason
+    try:
+        stacked = stack_models(list(models))
+    except NotStackableError as err:
+        return str(err)
+    except ValueError as err:
+        return f"invalid model config: {err}"
     run = _StackedRun(
         stacked, models, split_list, cfg_list, seed_list, cb_list, torch.device(device), checkpoint_fn
     )
-    return run.run(resume_list)
+    return StackedTraining(run, resume_list)
 
 
 def _fit_separately(
@@ -521,6 +589,11 @@ class _StackedRun:
         return torch.stack(xs), torch.stack(ys)
 
     def run(self, resume: Sequence[Mapping[str, Any] | None]) -> StackedFitResult:
+        for _ in self.epochs(resume):
+            pass
+        return self._result()
+
+    def epochs(self, resume: Sequence[Mapping[str, Any] | None]) -> Iterator[int]:
         if any(r is not None for r in resume) and any(r is None for r in resume):
             raise ValueError("resume_states: give a state for every member or for none")
         starts = set()
@@ -658,7 +731,7 @@ class _StackedRun:
                     self.status[k] = "stopped"
                     self.message[k] = str(stop) or f"stopped by a callback after epoch {epoch}"
                     self.final_states[k] = self.stacked.member_state_dict(k)
-        return self._result()
+            yield epoch
 
     def _end_epoch(
         self,

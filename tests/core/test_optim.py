@@ -106,3 +106,50 @@ def test_adamw_falls_back_to_the_default_off_the_fused_devices() -> None:
     meta = nn.Parameter(torch.ones(2, 2, device="meta"))
     opt = adamw([{"params": [meta], "weight_decay": 0.0}], lr=1e-3)
     assert not opt.defaults["fused"]
+
+
+def test_building_and_checkpointing_an_optimizer_imports_no_dynamo() -> None:
+    # torch wraps Optimizer.add_param_group (every constructor), zero_grad, state_dict and
+    # load_state_dict in torch._disable_dynamo, which imported torch._dynamo (1.5 s) at the first call:
+    # a stacked trial's checkpoint builds one per member. A fresh process, as a trial worker is.
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import torch
+import autonorm_core.optim  # noqa: F401
+from autonorm_core.optim import adamw, param_groups
+m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+for opt in (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), adamw(param_groups(m, weight_decay=0.1), lr=0.1)):
+    opt.zero_grad()
+    opt.load_state_dict(opt.state_dict())
+print('torch._dynamo' in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+    # Pinned: where torch caches a method's disabled function, and the methods that have one.
+    import inspect
+
+    from torch import _compile
+
+    assert '"__dynamo_disable"' in inspect.getsource(_compile._disable_dynamo)
+    from autonorm_core.optim import _DYNAMO_DISABLED_METHODS
+
+    for name in _DYNAMO_DISABLED_METHODS:
+        assert hasattr(getattr(torch.optim.Optimizer, name), "__wrapped__"), name
+
+
+def test_a_compiled_caller_of_the_optimizer_still_gets_torchs_disabled_method() -> None:
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 3)
+
+    def step() -> torch.Tensor:
+        opt.zero_grad()
+        return model(x).sum()
+
+    expected = step()
+    assert torch.equal(torch.compile(step, backend="eager")(), expected)
+    cached = getattr(torch.optim.Optimizer.zero_grad.__wrapped__, "__dynamo_disable")
+    assert callable(getattr(cached, "disabled", None))  # made while Dynamo traced the caller

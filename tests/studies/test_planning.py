@@ -317,14 +317,19 @@ def test_a_stacked_phase_is_priced_per_group_from_its_stacked_step() -> None:
     separate = plan_study(off, kind_for(off), calibration=cal, calibrate=False, cpus=2)
     assert stacked["trials"] == separate["trials"]  # members are trials: the same count
     by = {p["name"]: p for p in stacked["phases"]}
-    # confirm-epochs: 3 arms x 3 batch sizes x 2 seeds -> 9 groups of 2; tune: 3 arms x (4 rates x 2 seeds)
-    assert by["confirm-epochs"]["groups"] == 9 and by["tune-epochs"]["groups"] == 3
+    # confirm-epochs: 3 arms x 3 batch sizes x 2 seeds -> 9 stacks of 2, dealt into 2 groups (2 slots);
+    # tune: 3 arms x (4 rates x 2 seeds) -> 3 stacks of 8, 2 groups
+    assert by["confirm-epochs"]["groups"] == 2 and by["tune-epochs"]["groups"] == 2
     assert {p["name"]: p["groups"] for p in separate["phases"]} == dict.fromkeys(by, None)
     assert stacked["wall_s"] < separate["wall_s"] and stacked["cpu_hours"] < separate["cpu_hours"]
-    # without a stacked timing (given none, measuring nothing) a group costs its members' times
-    # (one process start per group, not per member)
+    assert by["confirm-epochs"]["stacks"] == 9 and by["tune-epochs"]["stacks"] == 3
+    # without a stacked timing (given none, measuring nothing) a group costs its members' times, with
+    # one process start per group, not per member, and one report per round, not per stack epoch
+    # (the smoke's stacks all run 3 epochs)
     plain = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=2)
-    start = plain["calibration"]["trial_start_s"]
+    start, report = plain["calibration"]["trial_start_s"], plain["calibration"]["report_s"]
     counted = [p for p in plain["phases"] if p["groups"] and (not p["optional"] or p["refine"])]
-    saved = sum((p["trials"] - p["groups"]) * start for p in counted)
+    saved = sum(
+        (p["trials"] - p["groups"]) * start + (p["stacks"] - p["groups"]) * 3 * report for p in counted
+    )
     assert plain["cpu_hours"] == pytest.approx(separate["cpu_hours"] - saved / 3600)

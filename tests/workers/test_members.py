@@ -16,14 +16,20 @@ import pytest
 
 from studies.kinds import load_study
 from studies.schema import ExecutionSpec, SpecError
-from workers.dotted import ROOT
+from workers import members
+from workers.dotted import ROOT, with_values
 from workers.group_trial import autonorm_group_trial
 from workers.members import (
     MEMBERS_KEY,
     MemberTrial,
+    bundle_indices,
+    bundle_points,
     grid_points,
+    group_indices,
     group_points,
     member_history,
+    member_params,
+    member_stacks,
     pack,
     unpack,
     views,
@@ -59,6 +65,40 @@ def test_grid_points_are_grouped_by_cell_in_near_equal_groups() -> None:
         group_points(BASE, points, 0)
 
 
+def test_stacks_are_dealt_into_one_group_per_slot_of_near_equal_work() -> None:
+    cells = [
+        {"model.layer.type": arm, "training.batch_size": b}
+        for arm in ("linear", "corrected", "linear_batchnorm")
+        for b in (8, 16, 32, 64, 128)
+    ]
+    points = grid_points(((ROOT, cells), ("seed", (0, 1, 2, 3, 4, 5))))
+    stacks = group_indices(BASE, points, 16)
+    assert len(stacks) == 15  # one stack per cell: 6 seeds each
+    groups = bundle_indices(BASE, points, 16, 2)
+    assert len(groups) == 2  # 90 members: within the cap of 128 a group, one group per slot
+    assert sorted(map(sorted, (s for g in groups for s in g))) == sorted(map(sorted, stacks))
+    loads = [sum(members._stack_work(with_values(BASE, points[s[0]]), len(s)) for s in g) for g in groups]
+    assert max(loads) / min(loads) < 1.2, loads  # dealt largest first: near-equal work
+    for g in groups:
+        assert g == sorted(g)  # each group keeps its stacks in grid order
+    # more members than 2 x 128: two waves of two groups; a stack cap of 2 allows 16 members a group
+    many = grid_points(((ROOT, cells), ("seed", tuple(range(20)))))
+    assert len(bundle_indices(BASE, many, 16, 2)) == 4
+    assert all(sum(map(len, g)) <= 16 for g in bundle_indices(BASE, many, 2, 2))
+    assert len(bundle_indices(BASE, points[:6], 16, 4)) == 1  # never more groups than stacks
+    # Tune's grid value of a group: one list of member params per stack, members numbered in order
+    value = bundle_points(BASE, points, 16, 2)[0]
+    config = {MEMBERS_KEY: value}
+    assert member_params(config) == [p for stack in value for p in stack]
+    flat = [0] + [len(s) for s in value]
+    assert member_stacks(config) == [
+        list(range(sum(flat[: i + 1]), sum(flat[: i + 2]))) for i in range(len(value))
+    ]
+    older = {MEMBERS_KEY: value[0]}  # a group as studies stored it before: one flat list, one stack
+    assert member_stacks(older) == [list(range(len(value[0])))]
+    assert member_params(older) == value[0]
+
+
 def test_pack_unpack_and_a_members_history() -> None:
     rows = [
         pack(
@@ -92,6 +132,11 @@ def test_pack_unpack_and_a_members_history() -> None:
     assert [(r["epoch"], r["status"]) for r in member_history(rows, 1)] == [(1, "diverged")]
     failed = [*rows[:1], {"epoch": 1, "status": "error", "attempts": 3.0}]
     assert member_history(failed, 1)[-1]["status"] == "error"
+    # a report without member 1 (another stack's epoch, or its stack not started): the group's epoch
+    # is not member 1's, so the MLflow callback queues nothing for it
+    other = pack({"epoch": 3, "members": 2.0}, {0: {"epoch": 3, "val_accuracy": 0.7, "status": "running"}})
+    assert "epoch" not in unpack(other, 1) and unpack(other, 0)["epoch"] == 3
+    assert member_history([*rows[:1], other], 1) == member_history(rows[:1], 1)
 
 
 class _Group:
@@ -193,6 +238,23 @@ def test_members_end_where_their_separate_trials_end_and_a_diverged_one_stops_al
                 assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), (k, key)
 
 
+def test_a_group_reports_its_members_configs_first_and_last_only() -> None:
+    # Tune keeps a trial's latest result in its snapshot and encodes it again at every result: the K
+    # resolved configs ride on the first report (a reader of a running group) and the final one.
+    import json
+
+    from workers.trainable import CONFIG_RESULT_KEY
+
+    configs = _members([0.1, 0.05], [0, 1])
+    reports, _ = _run(autonorm_group_trial, configs)
+    keys = [f"{CONFIG_RESULT_KEY}@m{k}" for k in range(2)]
+    carried = [all(key in r for key in keys) for r in reports]
+    assert carried == [True, False, False, True]
+    for k, config in enumerate(configs):
+        assert json.loads(reports[-1][keys[k]]) == json.loads(json.dumps(config, default=str))
+        assert unpack(reports[-1], k)[CONFIG_RESULT_KEY] == reports[0][keys[k]]
+
+
 def test_a_group_killed_mid_run_resumes_each_member_from_its_checkpoint() -> None:
     configs = _members([0.1, 0.05], [0, 1])
     whole, _ = _run(autonorm_group_trial, configs)
@@ -205,6 +267,69 @@ def test_a_group_killed_mid_run_resumes_each_member_from_its_checkpoint() -> Non
         assert [r["epoch"] for r in joined] == [1, 2, 3]
         for a, b in zip(joined, member_history(whole, k), strict=True):
             assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-6)
+
+
+def _group_of_two_cells() -> tuple[list[dict[str, Any]], list[list[int]]]:
+    # two cells: B = 16 for 3 epochs (two seeds) and B = 32 for 2 epochs (one seed, another arm)
+    configs = _members([0.1, 0.05], [0, 1])
+    other = resolve_trial_config(
+        BASE, {"seed": 2, "training.batch_size": 32, "training.epochs": 2, "model.layer.type": "prenorm_l2"}
+    )
+    return [configs[0], other, configs[1]], [[0, 2], [1]]
+
+
+def test_a_group_of_several_cells_trains_them_side_by_side_one_report_per_round() -> None:
+    configs, stacks = _group_of_two_cells()
+    reports, _ = _run(lambda c, s: autonorm_group_trial(c, s, stacks), configs)
+    # rounds: epoch 1 of both cells, epoch 2 of both, epoch 3 of the first; then the final report
+    assert [r["status"] for r in reports] == ["running", "running", "running", "completed"]
+    assert [r["epoch"] for r in reports] == [1, 2, 3, 3]
+    assert "epoch@m1" not in reports[2]  # the second cell ended at epoch 2: nothing new to report
+    for k, config in enumerate(configs):
+        alone, _ = _run(autonorm_trial, config)
+        mine = member_history(reports, k)
+        assert [r["epoch"] for r in mine] == [r["epoch"] for r in alone]
+        assert mine[-1]["status"] == "completed"
+        for a, b in zip(mine, alone, strict=True):
+            for key in ("train_loss", "val_loss", "test_accuracy"):
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), (k, key)
+        assert unpack(reports[-1], k)["epoch"] == alone[-1]["epoch"]
+
+
+def test_members_of_a_group_with_one_seed_share_one_data_split() -> None:
+    # A group holds every member's split at once: one copy per distinct seed, not per member.
+    from workers.group_trial import _member_inputs
+
+    configs = [
+        resolve_trial_config(BASE, {"seed": 5, "model.layer.type": "linear"}),
+        resolve_trial_config(BASE, {"seed": 5, "model.layer.type": "corrected"}),
+        resolve_trial_config(BASE, {"seed": 6, "model.layer.type": "linear"}),
+    ]
+    splits, models, _ = _member_inputs(configs, "cpu")
+    assert splits[0] is splits[1] and splits[2] is not splits[0]
+    assert not splits[0].train[0].equal(splits[2].train[0])  # another seed, another split
+    assert type(models[0]) is type(models[2])
+
+
+def test_a_group_of_several_cells_killed_mid_run_resumes_every_member_once() -> None:
+    configs, stacks = _group_of_two_cells()
+
+    def train(c: Any, s: Any) -> None:
+        autonorm_group_trial(c, s, stacks)
+
+    whole, _ = _run(train, configs)
+    for died_after in (1, 2):
+        first, states = _run(train, configs, fail_after=died_after)
+        assert len(first) == died_after
+        checkpoint = states[died_after - 1]
+        if died_after == 2:  # the second cell finished at epoch 2: its member is kept as finished
+            assert 1 not in checkpoint["members"] and checkpoint["latest"][1]["status"] == "completed"
+        rest, _ = _run(train, configs, resume=checkpoint)
+        for k in range(3):
+            joined = member_history(first + rest, k)
+            assert [r["epoch"] for r in joined] == [r["epoch"] for r in member_history(whole, k)]
+            for a, b in zip(joined, member_history(whole, k), strict=True):
+                assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-6)
 
 
 def test_a_group_runs_only_through_group_entry_and_only_the_default_trial() -> None:

@@ -471,3 +471,77 @@ def test_two_studies_starting_in_the_same_second_stage_their_trials_apart(tmp_pa
     import pickle
 
     assert pickle.loads(pickle.dumps(patched[1]))._timestamp == patched[1]._timestamp
+
+
+# ---- what a result costs the driver (workers/tune_patches.py, workers/tune_loggers.py) ---------------
+
+
+def test_trial_states_and_snapshots_are_written_as_compact_json_that_reads_back_the_same() -> None:
+    import inspect
+    import json
+
+    from ray.tune.execution import tune_controller
+    from ray.tune.experiment import trial as trial_module
+    from ray.tune.experiment.trial import Trial
+    from ray.tune.trainable import metadata
+
+    from workers.tune_patches import _compact_snapshot_json
+
+    # Pinned: what the patch replaces (Tune's pretty-printed and streamed encodes) is still there.
+    assert "json.dumps(state, indent=2" in inspect.getsource(Trial.get_json_state)
+    assert "json.dumps(data, indent=2" in inspect.getsource(metadata._TrainingRunMetadata.get_json_state)
+    assert "json.dump(runner_state, f" in inspect.getsource(tune_controller.TuneController.save_to_dir)
+    _compact_snapshot_json()
+    _compact_snapshot_json()  # once per process
+    assert all(type(m.json).__name__ == "_CompactJson" for m in (trial_module, metadata, tune_controller))
+    trial = Trial("__fake", config={"seed": 3, "training.lr": 0.1}, stub=True)
+    trial.run_metadata.update_metric("val_accuracy", 0.5, step=1)
+    state, meta = trial.get_json_state()
+    assert "\n" not in state and "\n" not in meta  # one line: the C encoder ran
+    from ray.tune.utils.serialization import TuneFunctionEncoder
+
+    pretty = trial.__getstate__()
+    pretty.pop("run_metadata", None)
+    assert json.loads(state) == json.loads(json.dumps(pretty, indent=2, cls=TuneFunctionEncoder))
+    assert json.loads(state)["config"] == {"seed": 3, "training.lr": 0.1}
+    assert json.loads(meta)["metric_analysis"]["val_accuracy"]["last"] == 0.5
+    out = io.StringIO()
+    tune_controller.json.dump({"a": [1, 2.5, "x"]}, out, indent=2, cls=json.JSONEncoder)
+    assert out.getvalue() == '{"a": [1, 2.5, "x"]}'
+
+
+def test_tune_keeps_no_statistics_of_stacked_members_keys() -> None:
+    from ray.tune.experiment.trial import Trial
+
+    from workers.tune_patches import _no_member_metric_statistics
+
+    _no_member_metric_statistics()
+    _no_member_metric_statistics()  # once per process
+    trial = Trial("__fake", stub=True)
+    trial.update_last_result({"epoch": 1, "members": 2.0, "val_accuracy@m0": 0.5, "val_accuracy@m1": 0.7})
+    analysis = trial.run_metadata.metric_analysis
+    assert "epoch" in analysis and "members" in analysis  # the group's own keys: as Tune keeps them
+    assert not [k for k in analysis if "@m" in k]
+    assert trial.last_result["val_accuracy@m1"] == 0.7  # the result itself is untouched
+
+
+def test_a_study_runs_tunes_csv_and_json_loggers_and_no_tensorboard() -> None:
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, TBXLoggerCallback
+    from ray.tune.utils.callback import _create_default_callbacks
+
+    from workers.tune_loggers import NoTensorBoard, study_loggers
+
+    callbacks = _create_default_callbacks(study_loggers(), air_verbosity=None)
+    loggers = [
+        c for c in callbacks if isinstance(c, CSVLoggerCallback | JsonLoggerCallback | TBXLoggerCallback)
+    ]
+    assert sorted(type(c).__name__ for c in loggers) == [
+        "CSVLoggerCallback",
+        "JsonLoggerCallback",
+        "NoTensorBoard",
+    ]
+    quiet = next(c for c in loggers if isinstance(c, NoTensorBoard))
+    quiet.log_trial_result(1, SimpleNamespace(), {"epoch": 1})  # writes nothing, needs no writer
+    # without it Tune adds its own (pinned: the reason for NoTensorBoard)
+    plain = _create_default_callbacks([CSVLoggerCallback(), JsonLoggerCallback()], air_verbosity=None)
+    assert any(type(c) is TBXLoggerCallback for c in plain)
