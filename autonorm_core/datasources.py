@@ -218,6 +218,12 @@ def _sklearn_csv(name: str, delimiter: str | None = None) -> np.ndarray:
     return table
 
 
+def forget_parsed_files() -> None:
+    """Drop the files parsed once per process (:func:`_sklearn_csv`): the next load opens them again,
+    as ``studies.provenance.data_files`` needs to see which files a data set reads."""
+    _sklearn_csv.cache_clear()
+
+
 def _load_digits(data_root: str | os.PathLike[str] | None) -> _Raw:
     # sklearn.datasets.load_digits(): the last column is the class, the rest an 8x8 image
     table = _sklearn_csv("digits.csv.gz", delimiter=",")

@@ -210,6 +210,7 @@ def data_files(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     still leaves the files it opened, and the spec's own ``path`` / ``test_path`` are always there.
     """
     from autonorm_core import data as data_module
+    from autonorm_core.datasources import forget_parsed_files
 
     options = dict(data)
     name = str(options.pop("type", ""))
@@ -220,6 +221,7 @@ def data_files(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     entry = getattr(data_module, "_REGISTRY", {}).get(name)
     opened: list[str] = []
     if entry is not None:
+        forget_parsed_files()  # a file parsed earlier in this process would not be opened again
         # A loader that fails: the trials will say why; the files opened so far still count.
         with _recording_opens() as opened, contextlib.suppress(Exception):
             entry.loader(data_root, **loader_options)

@@ -355,7 +355,7 @@ def _fit(
         # The public way to the Trial objects (status, config, last result) of the whole experiment.
         analysis = tune.ExperimentAnalysis(experiment_path, storage_filesystem=storage.filesystem)
         trials = list(analysis.trials)
-        tracker.requeue(_tune_results(trials))
+        tracker.requeue(_tune_results(trials), restored=restored)
         # Tune returns normally after a Ctrl-C too, with unfinished trials: the study was cut short.
         finished = all(t.status in ("TERMINATED", "ERROR") for t in trials)
         parent_status = "FINISHED" if finished and interrupts.received() is None else "KILLED"

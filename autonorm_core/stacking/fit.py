@@ -216,7 +216,9 @@ def fit_stacked(
         checkpoint_fn=checkpoint_fn,
     )
     if isinstance(prepared, StackedTraining):
-        return prepared.run()
+        for _ in prepared.epochs():
+            pass
+        return prepared.result()
     cfg_list, split_list, seed_list, cb_list, resume_list = _member_lists(
         models, splits, cfgs, seeds, callbacks, resume_states
     )
@@ -249,24 +251,16 @@ def _member_lists(
 
 
 class StackedTraining:
-    """One stacked fit advanced an epoch at a time (:func:`start_stacked`): :meth:`epochs` trains the
-    next epoch at each step (its metrics, ``checkpoint_fn`` and callbacks as :func:`fit_stacked`'s),
-    :meth:`result` is what :func:`fit_stacked` returns once it is exhausted. Several of them, stepped in
-    turn, train several cells in one process with one report per round of epochs
-    (workers/group_trial.py); each is the same computation as alone (its own generators, no shared
-    random state)."""
+    """One stacked fit advanced an epoch at a time (:func:`start_stacked`): :meth:`epochs` trains one
+    epoch per step (its metrics, ``checkpoint_fn`` and callbacks as :func:`fit_stacked`'s) and yields
+    its number; once exhausted, :meth:`result` is what :func:`fit_stacked` returns. Several, stepped in
+    turn, train several cells in one process (workers/group_trial.py), each the same computation as
+    alone (its own generators, no shared random state)."""
 
     def __init__(self, run: _StackedRun, resume: Sequence[Mapping[str, Any] | None]) -> None:
-        self._run = run
-        self._resume = resume
-
-    def run(self) -> StackedFitResult:
-        """Every epoch, then the result: :func:`fit_stacked`."""
-        return self._run.run(self._resume)
+        self._run, self._resume = run, resume
 
     def epochs(self) -> Iterator[int]:
-        """Train epoch by epoch, yielding each epoch's number once its end (metrics, checkpoint,
-        callbacks) is done."""
         return self._run.epochs(self._resume)
 
     def result(self) -> StackedFitResult:
@@ -587,11 +581,6 @@ class _StackedRun:
         xs = [self.parts["train"][k][0].index_select(0, idx[k]) for k in range(K)]
         ys = [self.parts["train"][k][1].index_select(0, idx[k]) for k in range(K)]
         return torch.stack(xs), torch.stack(ys)
-
-    def run(self, resume: Sequence[Mapping[str, Any] | None]) -> StackedFitResult:
-        for _ in self.epochs(resume):
-            pass
-        return self._result()
 
     def epochs(self, resume: Sequence[Mapping[str, Any] | None]) -> Iterator[int]:
         if any(r is not None for r in resume) and any(r is None for r in resume):

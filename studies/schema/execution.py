@@ -17,8 +17,10 @@ AUTO_STACK = 16
 class ExecutionSpec(SpecModel):
     """How trials run. ``stack``: ``auto`` trains the trials of one cell (its seeds, its learning-rate
     points: same model, batch size and steps) as one stacked model in one process, at most 16 at once;
-    ``N`` at most N at once; ``off`` one process per trial. Each stacked trial is still a trial of its
-    own: its MLflow run, its row, its checkpoint state. Optuna-sampled searches always run ``off``."""
+    ``N`` at most N at once; ``off`` one process per trial. A phase's stacks train side by side in
+    one Tune trial per trial slot (at most 8 stacks' worth of members each), one epoch of each per
+    report. Each stacked trial is still a trial of its own: its MLflow run, its row, its checkpoint
+    state. Optuna-sampled searches always run ``off``."""
 
     stack: Literal["auto", "off"] | PosInt = "auto"
 

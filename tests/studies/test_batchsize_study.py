@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from studies.kinds.batchsize.workflow import select_learning_rates, trials_table
 from studies.running import run_study_spec
 from studies.schema import SpecError, load_spec
 from workers.dotted import ROOT, with_values
+from workers.members import MEMBERS_KEY
 from workers.plan import expected_trials
 from workers.records import TrialRecord
 from workers.trainable import TrialSession
@@ -324,9 +326,11 @@ def test_the_smoke_stacked_and_off_gives_the_same_rows_accuracies_verdicts_and_l
     assert {k: x.get("label") for k, x in v["arms"].items()} == {
         k: x.get("label") for k, x in w["arms"].items()
     }
-    # fewer processes: the confirmatory phase's 12 trials ran as 6 Tune trials (a cell's 2 seeds each)
+    # fewer Tune trials: the confirmatory phase's 12 trials (6 cells of 2 seeds) ran as one group, one
+    # per trial slot (max_concurrent: 1), its 6 stacks side by side
     confirm = Path(stacked.study_dir) / "confirm-epochs"
-    assert len(list(confirm.glob("*/params.json"))) == 6
+    groups = [json.loads(p.read_text()) for p in confirm.glob("*/params.json")]
+    assert len(groups) == 1 and [len(s) for s in groups[0][MEMBERS_KEY]] == [2] * 6
     assert len(list((Path(off.study_dir) / "confirm-epochs").glob("*/params.json"))) == 12
 
 
@@ -702,5 +706,6 @@ def _folder(run: Any) -> str:
     group = run.data.tags.get("autonorm.stack_group")
     if group is None:
         return str(run.info.run_name)
-    assert group.startswith(f"{run.data.tags['autonorm.arm']}-B"), (group, run.info.run_name)  # its cell
+    # a group (several cells' stacks) is named after its first member, with the count of the others
+    assert re.fullmatch(r"[a-z_]+-B\d+-s\d+\+\d+", group), (group, run.info.run_name)
     return str(group)

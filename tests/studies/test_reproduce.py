@@ -99,6 +99,10 @@ def test_data_fingerprint_follows_the_file_contents(tmp_path: Path) -> None:
     digits = data_files({"type": "digits"})  # a shipped set: the loader's own file is found
     assert any(f["name"] == "digits.csv.gz" for f in digits)
     assert not any(f["file"].endswith((".py", ".css")) for f in digits)
+    from autonorm_core.data import load_dataset
+
+    load_dataset("digits", seed=3)  # parsed once per process: provenance still sees the file it reads
+    assert data_files({"type": "digits"}) == digits
 
 
 # ---- one tiny study against a real MLflow server ----------------------------------------------------

@@ -945,6 +945,33 @@ def test_the_final_flush_delivers_what_mlflow_lacks_from_tunes_result_files(tmp_
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")] == [1, 3]
 
 
+def test_a_restored_phase_fills_an_epoch_mlflow_lacks_below_its_last_logged_one(tmp_path: Path) -> None:
+    # A driver killed after epoch 1 reached Tune's result file and checkpoint but not MLflow; the
+    # trial resumed after epoch 1 under the next driver, which logged epochs 2 and 3 first.
+    cb = _callback(tmp_path)
+    cb.prepare(fresh=True)
+    cb.setup()
+    trial = FakeTrial("t1", {})
+    rerun = pickle.loads(pickle.dumps(cb))
+    rerun.setup()
+    _feed(rerun, trial, range(2, 4), final=3)
+    rows = [_result(e, "completed" if e == 3 else "running") for e in (1, 2, 3)]
+    trial.status, trial.last_result = "TERMINATED", rows[-1]
+    client = MlflowClient(cb.tracking_uri)
+    rerun.requeue({"t1": rows})  # not restored: the rule "everything up to the last epoch is in" holds
+    rerun.close_trials([trial])
+    (run,) = _runs(client, "trial")
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "epoch")] == [2, 3]
+    rerun.requeue({"t1": rows}, restored=True)  # a restored phase: its runs are checked for holes
+    rerun.close_trials([trial])
+    history = client.get_metric_history(run.info.run_id, "epoch")
+    assert sorted(m.step for m in history) == [1, 2, 3]  # filled once
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")) == [1, 2, 3]
+    assert client.get_run(run.info.run_id).data.metrics["epoch"] == 3  # the latest is still the last
+    rerun.close_trials([trial])  # nothing left to fill: no second copy
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch")) == [1, 2, 3]
+
+
 @pytest.mark.parametrize(
     ("raw", "expected"), [("", 2.0), ("0", 0.0), ("0.5", 0.5), ("-3", 0.0), ("soon", 2.0)]
 )

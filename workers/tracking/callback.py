@@ -161,6 +161,8 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         "_recovered",
         "_final_deadline",
         "_history",
+        "_holes",
+        "_check_holes",
         "_flushed_at",
         "_sender",
         "_settled",
@@ -180,6 +182,9 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         self._finals: dict[str, tuple[str, str]] = {}
         # Every trial's results as Tune keeps them in the study directory (:meth:`requeue`).
         self._history: dict[str, list[Mapping[str, Any]]] = {}
+        # After a restore: epochs MLflow lacks below a trial's last logged one (:meth:`_fill_holes`).
+        self._holes: dict[str, set[float]] = {}
+        self._check_holes = False
         self._flushed_at: dict[str, float] = {}  # when each running trial's epochs last went out
         self._sender: _Sender | None = None
         self._settled = None
@@ -321,17 +326,20 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
     def _whitelisted(self, key: str) -> bool:
         return key == "epoch" or any(key.startswith(prefix) for prefix in self.metric_whitelist)
 
-    def _queue(self, trial_id: str, result: Mapping[str, Any], *, durable: bool = False) -> None:
+    def _queue(
+        self, trial_id: str, result: Mapping[str, Any], *, durable: bool = False, hole: bool = False
+    ) -> None:
         """Queue one result's whitelisted numbers under its epoch (skipped when MLflow has it).
 
         ``durable``: read back from Tune's result files (:meth:`requeue`), whose columns another
-        row may lack: missing values (NaN there) are left out rather than logged as NaN.
+        row may lack: missing values (NaN there) are left out rather than logged as NaN. ``hole``:
+        an epoch MLflow is known to lack although it has later ones (:meth:`_fill_holes`).
         """
         epoch = numeric(result.get("epoch"))
         if epoch is None:
             return
         child = self._children.get(trial_id)
-        if child is not None and epoch <= child.last_epoch:
+        if child is not None and epoch <= child.last_epoch and not hole:
             return  # logged before a restart/restore
         pending = self._pending.setdefault(trial_id, [])
         if any(step == epoch for step, _, _ in pending):
@@ -386,7 +394,8 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         (its last epochs and its status tags) and its end status."""
         from mlflow.entities import Metric
 
-        pending = [p for p in self._pending.get(trial_id, []) if p[0] > child.last_epoch]
+        holes = self._holes.pop(trial_id, set())
+        pending = [p for p in self._pending.get(trial_id, []) if p[0] > child.last_epoch or p[0] in holes]
         pending.sort(key=lambda p: p[0])
         metrics = [
             Metric(key, value, timestamp, int(step))
@@ -477,6 +486,8 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
             if not isinstance(exc, MlflowUnavailable):
                 logger.warning("could not list MLflow runs: %s", exc)
             self._children = pending_children
+        if listed is not None and self._check_holes:
+            self._fill_holes()
         for trial in trials:
             self._sync(trial, attempts=attempts, create=trial.status == "ERROR")
         from workers.interrupts import received
@@ -580,12 +591,72 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         except Exception as exc:
             logger.error("could not close the MLflow parent run %s: %s", parent_id, exc)
 
-    def requeue(self, histories: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+    def requeue(
+        self, histories: Mapping[str, Sequence[Mapping[str, Any]]], *, restored: bool = False
+    ) -> None:
         """Every trial's reported results, read back from the study directory (Tune's per-trial
         result files), to deliver at the end whatever MLflow lacks: results an outage kept from
-        MLflow survive the driver, and a rerun delivers them without training anything."""
+        MLflow survive the driver, and a rerun delivers them without training anything.
+        ``restored``: the phase ran under an earlier driver too; its runs are checked for holes
+        (:meth:`_fill_holes`)."""
         self.drain()
         self._history = {trial_id: list(rows) for trial_id, rows in histories.items()}
+        self._check_holes = restored
+        if restored:
+            self._settled = None  # a settled pass did not look for holes: the next one must
+
+    def _fill_holes(self) -> None:
+        """Queue the epochs of Tune's result files that MLflow lacks below a trial's last logged one.
+
+        A driver killed after a result reached Tune's files and checkpoint but before it reached
+        MLflow leaves one when the trial then resumes past that epoch: the rerun delivers the later
+        epochs first, and "everything up to the last logged epoch is in" no longer holds for that run.
+        A stacked group, whose first report carries every member's first epoch, makes it likely. One
+        bulk read of the ``epoch`` history per 100 runs, only for a restored phase's runs whose
+        result files hold an epoch at or below their last logged one."""
+        from workers.tracking.replay import bulk_metric_history
+
+        owners: dict[str, str] = {}  # run id -> trial id
+        for trial_id, rows in self._history.items():
+            child = self._children.get(trial_id)
+            if child is None:
+                continue
+            epochs = (numeric(r.get("epoch")) for r in rows)
+            if any(e is not None and e <= child.last_epoch for e in epochs):
+                owners[child.run_id] = trial_id
+        run_ids = list(owners)
+        logged: dict[str, set[float]] = {}
+        try:
+            for start in range(0, len(run_ids), 100):
+                chunk = run_ids[start : start + 100]
+                answer = bulk_metric_history(self.client, chunk, "epoch")
+                if answer is None:
+                    points = [
+                        (r, int(m.step), 0, 0.0)
+                        for r in chunk
+                        for m in self.client.get_metric_history(r, "epoch")
+                    ]
+                    cut: set[str] = set()
+                else:
+                    points, cut = answer
+                for run_id in cut:  # an answer cut short: these runs read on their own
+                    points += [
+                        (run_id, int(m.step), 0, 0.0) for m in self.client.get_metric_history(run_id, "epoch")
+                    ]
+                for run_id, step, _, _ in points:
+                    logged.setdefault(owners[run_id], set()).add(float(step))
+        except Exception as exc:
+            if not isinstance(exc, MlflowUnavailable):
+                logger.warning("could not check the restored trial runs for missing epochs: %s", exc)
+            return
+        for trial_id in owners.values():
+            child, have = self._children[trial_id], logged.get(trial_id, set())
+            for row in self._history[trial_id]:
+                epoch = numeric(row.get("epoch"))
+                if epoch is None or epoch > child.last_epoch or epoch in have:
+                    continue
+                self._holes.setdefault(trial_id, set()).add(epoch)
+                self._queue(trial_id, row, durable=True, hole=True)
 
     def _final_flush(self, trials: list[Trial]) -> None:
         """Deliver every queued result and close the trial runs, trying again until all is in
