@@ -176,8 +176,8 @@ def bundle_indices(
     """The stacks of ``points`` (:func:`group_indices`) dealt into groups: per group, its stacks' point
     indices. ``slots`` groups (the phase's trials at once), or the smallest multiple of it that keeps
     every group within :func:`group_members_cap`, never more groups than stacks; stacks go
-    largest-work first to the group with the least work so far, and each group keeps its stacks in
-    grid order."""
+    largest-work first to the group with the least work so far that has room for them (a new group
+    when none has), and each group keeps its stacks in grid order."""
     stacks = group_indices(base_config, points, stack)
     if not stacks:
         return []
@@ -186,11 +186,20 @@ def bundle_indices(
     waves = math.ceil(math.ceil(members / group_members_cap(stack)) / slots)
     count = min(len(stacks), slots * max(1, waves))
     work = [_stack_work(with_values(base_config, points[s[0]]), len(s)) for s in stacks]
+    cap = group_members_cap(stack)
     loads = [0.0] * count
+    sizes = [0] * count
     dealt: list[list[int]] = [[] for _ in range(count)]
     for i in sorted(range(len(stacks)), key=lambda i: (-work[i], i)):
-        g = min(range(count), key=lambda g: (loads[g], g))
+        room = [g for g in range(len(dealt)) if sizes[g] + len(stacks[i]) <= cap]
+        if not room:  # every group full (stacks of unequal sizes): one more group
+            loads.append(0.0)
+            sizes.append(0)
+            dealt.append([])
+            room = [len(dealt) - 1]
+        g = min(room, key=lambda g: (loads[g], g))
         loads[g] += work[i]
+        sizes[g] += len(stacks[i])
         dealt[g].append(i)
     return [[stacks[i] for i in sorted(d)] for d in dealt if d]
 

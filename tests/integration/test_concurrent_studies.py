@@ -14,7 +14,7 @@ What must hold:
   Tune trial, each FINISHED with every epoch its trial reported, none attributed to another study;
 * each study's Optuna storage and Tune state are its own (separate files under its own directory);
 * the slots are shared: every study has a trial running within a minute of its job's start, trials of
-  two studies run side by side for at least 15 % of the span, and the span from the first
+  two studies run side by side for at least a quarter of the span, and the span from the first
   trial's start to the last trial's end, over Σ trial time / slots (a trial's time measured inside
   its worker: ``wall_started`` → last ``wall_reported`` in Tune's result rows, as
   ``bench/study_scaling.py`` measures it), is recorded. The issue's 1.25 is not asserted at this
@@ -60,11 +60,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
 SLOTS = 2  # the head's CPUs; every trial asks for one
 OUTAGE_S = 5.0
-# Two studies' trials side by side for at least this share of the span (queued one after another: 0).
-# A quarter until a stacked phase became one Tune trial per slot (issue #38): a batch-size phase here
-# is then one trial of 1-2 s between phase starts of 2-3 s, and the shared time fell with the trials'
-# time (measured 7.9 s of a 35.8 s span: 22 %).
-SHARED_FRACTION = 0.15
+SHARED_FRACTION = 0.25
 FIRST_TRIAL_S = 60.0
 
 # Batch-size studies: 2 arms x 2 batch sizes x 2 seeds (8 confirmatory trials) after a 3-point rate grid
@@ -104,7 +100,11 @@ STUDIES: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "batchsize_a": ("studies/specs/batchsize_correlation.yaml", _BATCHSIZE),
-    "batchsize_b": ("studies/specs/batchsize_correlation.yaml", _BATCHSIZE),
+    # A lab runs both modes: one batch-size study stacked (a phase is then one Tune trial per slot),
+    # the other one trial per process. With both stacked, the four studies had 10 Tune trials of 1-4 s
+    # between phase starts of 2-5 s, too few for "side by side for a quarter of the span" to say
+    # anything (measured 12-22 %, with or without sharing the slots fairly).
+    "batchsize_b": ("studies/specs/batchsize_correlation.yaml", [*_BATCHSIZE, "execution.stack=off"]),
 }
 
 

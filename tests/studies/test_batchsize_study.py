@@ -707,5 +707,5 @@ def _folder(run: Any) -> str:
     if group is None:
         return str(run.info.run_name)
     # a group (several cells' stacks) is named after its first member, with the count of the others
-    assert re.fullmatch(r"[a-z_]+-B\d+-s\d+\+\d+", group), (group, run.info.run_name)
+    assert re.fullmatch(r"[a-z_]+-B\d+-(lr[0-9.e+-]+-)?s\d+\+\d+", group), (group, run.info.run_name)
     return str(group)

@@ -86,6 +86,14 @@ def test_stacks_are_dealt_into_one_group_per_slot_of_near_equal_work() -> None:
     assert len(bundle_indices(BASE, many, 16, 2)) == 4
     assert all(sum(map(len, g)) <= 16 for g in bundle_indices(BASE, many, 2, 2))
     assert len(bundle_indices(BASE, points[:6], 16, 4)) == 1  # never more groups than stacks
+    # work is balanced within the cap: light stacks never pile more members into a group than it holds
+    light = [
+        {**p, "training.batch_size": 128} for p in grid_points(((ROOT, cells), ("seed", tuple(range(16)))))
+    ]
+    heavy = [{**p, "training.batch_size": 8, "training.epochs": 1000} for p in light[:16]]  # one long stack
+    dealt = bundle_indices(BASE, heavy + light, 16, 2)
+    assert all(sum(map(len, g)) <= 128 for g in dealt)
+    assert sorted(i for g in dealt for s in g for i in s) == list(range(len(heavy + light)))
     # Tune's grid value of a group: one list of member params per stack, members numbered in order
     value = bundle_points(BASE, points, 16, 2)[0]
     config = {MEMBERS_KEY: value}
