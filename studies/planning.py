@@ -375,7 +375,7 @@ def plan_study(
         groups = _stacked_groups(ph)
         if groups is not None:  # one Tune trial per group of stacks (execution.stack)
             durations = [
-                _bundle_seconds(g, durations, ph.configs, cal, consts, stacked_cal, sizes_of) for g in groups
+                _group_seconds(g, durations, ph.configs, cal, consts, stacked_cal, sizes_of) for g in groups
             ]
             seconds = sum(durations)
         phase_wall = consts["phase_start_s"] + _pack(durations, slots, consts["worker_start_s"])
@@ -479,7 +479,7 @@ def _stacked_keys(phases: Sequence[Phase]) -> dict[str, tuple[dict[str, Any], in
     return {f"{key}|K={k}": (config, k) for key, (config, k) in largest.items()}
 
 
-def _group_seconds(
+def _stack_seconds(
     separate: Sequence[float],
     configs: Sequence[Mapping[str, Any]],
     cal: Mapping[str, Any],
@@ -487,10 +487,10 @@ def _group_seconds(
     stacked_cal: Mapping[str, Mapping[str, Any]],
     sizes_of: Any,
 ) -> float:
-    """One group's seconds: its members' set-up one after the other, then its updates and epoch ends
-    as one stack. A stacked update of K members is interpolated between the two measured points, the
-    single trial's update and the largest group's (``max(step_s, step_K_max * K / K_max)``), and so is
-    an epoch end."""
+    """One stack's seconds, as if it ran alone: its members' set-up one after the other, then its
+    updates and epoch ends as one stacked model. A stacked update of K members is interpolated between
+    the two measured points, the single trial's update and the largest stack's (``max(step_s,
+    step_K_max * K / K_max)``), and so is an epoch end."""
     from autonorm_core.config import TrainConfig
 
     key = timing_key(configs[0])
@@ -507,7 +507,7 @@ def _group_seconds(
     return consts["trial_start_s"] + setup + updates * step + epochs * (epoch_end + consts["report_s"])
 
 
-def _bundle_seconds(
+def _group_seconds(
     group: Sequence[Sequence[int]],
     separate: Sequence[float],
     configs: Sequence[Mapping[str, Any]],
@@ -516,14 +516,15 @@ def _bundle_seconds(
     stacked_cal: Mapping[str, Mapping[str, Any]],
     sizes_of: Any,
 ) -> float:
-    """One group's seconds: its stacks side by side (:func:`_group_seconds` each), with one trial start
-    and one report per round (the most epochs any of its stacks runs), not one per stack epoch."""
+    """One group's seconds (one Tune trial): its stacks side by side (:func:`_stack_seconds` each),
+    with one trial start and one report per round (the most epochs any of its stacks runs), not one
+    per stack epoch."""
     from autonorm_core.config import TrainConfig
 
     total = 0.0
     epochs: list[int] = []
     for st in group:
-        total += _group_seconds(
+        total += _stack_seconds(
             [separate[i] for i in st], [configs[i] for i in st], cal, consts, stacked_cal, sizes_of
         )
         config = configs[st[0]]
