@@ -106,7 +106,10 @@ def plain_subprocess(args: argparse.Namespace) -> tuple[list[float], list[float]
 
 
 def timed_trial(config: dict[str, Any], session: TrialSession) -> None:
-    """``autonorm_trial`` that also writes the wall time after each report (checkpoint persisted)."""
+    """``autonorm_trial`` that also writes the wall time after each report (checkpoint persisted) and
+    the Ray node it runs on."""
+    import ray
+
     from workers.trainable import autonorm_trial
 
     timing_file = config.pop("timing_file")
@@ -114,6 +117,7 @@ def timed_trial(config: dict[str, Any], session: TrialSession) -> None:
         timing_file, "a"
     ) as fh:  # the trial function starts: Ray, Tune, the actor and its imports are done
         fh.write(json.dumps({"mark": "trial_start", "t": time.time()}) + "\n")
+        fh.write(json.dumps({"node": ray.get_runtime_context().get_node_id()}) + "\n")
     inner_report = session.report
 
     def report(metrics: Any, **kwargs: Any) -> None:
@@ -151,6 +155,7 @@ def tune_run(
     import ray
 
     running = ray.is_initialized()  # a cluster that is already up: run_study joins it
+    ray_node = ray.get_runtime_context().get_node_id() if running else None
     # A local Ray that misses its startup deadline is retried by workers.session itself.
     temp_dir = tempfile.mkdtemp(prefix="rt_bench_", dir="/tmp")
     init_kwargs = {} if running else {"num_cpus": threads, "_temp_dir": temp_dir, "log_to_driver": False}
@@ -164,8 +169,13 @@ def tune_run(
     if trial.status != "completed":
         raise RuntimeError(f"benchmark trial ended {trial.status}")
     lines = [json.loads(line) for line in timing_file.read_text().splitlines()]
-    rows = [r for r in lines if "mark" not in r]
+    rows = [r for r in lines if "epoch" in r]
     marks = {r["mark"]: r["t"] - called for r in lines if "mark" in r}
+    nodes = {r["node"] for r in lines if "node" in r}
+    if nodes != {ray_node} and running:
+        raise RuntimeError(
+            f"the study's trial ran on node(s) {sorted(nodes)}, not on the running cluster's {ray_node}"
+        )
     return (
         [r["t"] - called for r in rows],
         [r["cpu"] for r in rows],
@@ -177,9 +187,10 @@ def tune_run(
 
 def running_cluster_run(
     config: dict[str, Any], threads: int, workdir: Path
-) -> tuple[list[float], dict[str, float], float]:
+) -> tuple[list[float], dict[str, float], float, bool]:
     """:func:`tune_run` on a local cluster started beforehand (its start timed on its own): epoch ends,
-    marks, and the seconds ``ray.init`` took."""
+    marks, the seconds ``ray.init`` took, and whether the cluster was still up after the study (the
+    study joined it and left it running; :func:`tune_run` checks that its trial ran there)."""
     import ray
 
     from workers.session import ray_session
@@ -193,9 +204,10 @@ def running_cluster_run(
             ends, _cpu, _total, _acc, marks = tune_run(
                 config, threads, workdir, name="trial_overhead_running"
             )
+            kept_up = ray.is_initialized()
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
-    return ends, marks, ray_start_s
+    return ends, marks, ray_start_s, kept_up
 
 
 def steady_throughput(ends: list[float], n_train: int) -> float:
@@ -231,7 +243,7 @@ def main() -> None:
     plain_a, plain_a_cpu, plain_a_imported = plain_subprocess(args)
     with tempfile.TemporaryDirectory(prefix="bench_trial_") as workdir:
         tune_ends, tune_cpu, tune_total, tune_acc, marks = tune_run(config, args.threads, Path(workdir))
-        warm_ends, warm_marks, ray_start_s = running_cluster_run(config, args.threads, Path(workdir))
+        warm_ends, warm_marks, ray_start_s, kept_up = running_cluster_run(config, args.threads, Path(workdir))
     # --quick proves the code path only: one plain run stands for both (the mean of a run with itself).
     plain_b, plain_b_cpu, plain_b_imported = (
         (plain_a, plain_a_cpu, plain_a_imported) if args.quick else plain_subprocess(args)
@@ -277,6 +289,7 @@ def main() -> None:
         "startup_s_running_cluster": round(warm_ends[0] - plain_first, 2),
         "running_cluster_to_trial_start_s": round(warm_marks["trial_start"], 2),
         "ray_local_start_s": round(ray_start_s, 2),
+        "running_cluster_kept_up": kept_up,
         "time_to_first_epoch_s": round(tune_ends[0], 2),
         "plain_first_epoch_s": round(plain_first, 2),
         "tune_steady_epoch_s": round(tune_first_epoch, 2),

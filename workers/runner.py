@@ -48,6 +48,7 @@ from workers.tune_patches import (
     _stop_credential_propagation,
     _tolerate_gone_checkpoints,
     _unique_staging_dirs,
+    _whole_file_uploads,
     cheaper_results,
 )
 
@@ -151,6 +152,7 @@ def run_study(
         _skip_idle_snapshots()
         _tolerate_gone_checkpoints()
         _unique_staging_dirs()
+        _whole_file_uploads()
         cheaper_results()
         tune_state.install()
         quiet_checkpoint_logs()
@@ -192,6 +194,32 @@ def run_study(
 
 
 STACK_FILE = "stacking.json"
+TUNER_STATE = "tuner.pkl"  # Tune's own name (ray.tune.impl.tuner_internal._TUNER_PKL)
+
+
+def _unreadable_tuner_state(experiment_path: str, storage: ResolvedStorage) -> str | None:
+    """Why the experiment's ``tuner.pkl`` cannot be unpickled (empty, cut short), or None when it
+    can. Tune writes it once, at the study's first start, and copies it again at every snapshot of
+    a restored driver; a driver killed mid-copy (before workers/uploads.py) left it empty."""
+    import pickletools
+
+    import pyarrow.fs
+
+    fs = storage.filesystem or pyarrow.fs.LocalFileSystem()
+    try:
+        with fs.open_input_stream(f"{experiment_path}/{TUNER_STATE}") as f:
+            data = f.read()
+    except Exception:  # missing or unreachable: Tune's own restore says so
+        return None
+    if not data:
+        return "empty"
+    try:  # reads the opcodes to the final STOP without running any of them
+        for _ in pickletools.genops(data):
+            pass
+    except Exception as exc:
+        return f"cut short: {exc}"
+    return None
+    return None
 
 
 def _stack_for(plan: StudyPlan, trainable: Any, storage: ResolvedStorage, experiment_path: str) -> int:
@@ -302,27 +330,15 @@ def _fit(
             ),
             resources,
         )
-        if restored:
-            logger.info("restoring study %s from %s", plan.name, experiment_uri)
-            if progress is not None:
-                print(_resume_line(plan.name, experiment_path, storage, total), flush=True)
-            # Tune brings back the searcher, scheduler and callbacks it pickled at the first start.
-            tuner = tune.Tuner.restore(
-                experiment_path,
-                trainable=entry,
-                resume_unfinished=True,
-                resume_errored=True,
-                param_space=param_space or None,
-                storage_filesystem=storage.filesystem,
-            )
-        else:
+
+        def fresh_tuner() -> Any:
             from workers.tune_loggers import study_loggers
 
             callbacks: list[Any] = [tracker]
             if progress is not None:
                 callbacks.append(progress)
             callbacks += study_loggers()
-            tuner = tune.Tuner(
+            return tune.Tuner(
                 entry,
                 param_space=param_space,
                 tune_config=tune.TuneConfig(
@@ -346,6 +362,31 @@ def _fit(
                     verbose=0,
                 ),
             )
+
+        if restored:
+            logger.info("restoring study %s from %s", plan.name, experiment_uri)
+            if progress is not None:
+                print(_resume_line(plan.name, experiment_path, storage, total), flush=True)
+            broken = _unreadable_tuner_state(experiment_path, storage)
+            if broken:
+                # What tuner.pkl holds is what this same spec builds (the searcher's and trials'
+                # progress live in the experiment state and the searcher's files): written again.
+                print(
+                    f"[{plan.name}] {TUNER_STATE} in {experiment_uri} is unreadable ({broken}); written again from the spec",
+                    flush=True,
+                )
+                fresh_tuner()
+            # Tune brings back the searcher, scheduler and callbacks it pickled at the first start.
+            tuner = tune.Tuner.restore(
+                experiment_path,
+                trainable=entry,
+                resume_unfinished=True,
+                resume_errored=True,
+                param_space=param_space or None,
+                storage_filesystem=storage.filesystem,
+            )
+        else:
+            tuner = fresh_tuner()
         with interrupts.fitting():
             tuner.fit()
         used_searcher = _searcher_of(tuner) if searcher is not None else None

@@ -1,7 +1,7 @@
 """Process-wide changes to Ray Tune's own machinery, made once per driver (private Ray API, pinned by tests):
 no credentials in the trial actors' runtime_env, no experiment snapshot when nothing changed, no
-error for an old checkpoint that is already gone, no staging folder shared by two studies, and a
-snapshot that costs the driver less per result (compact JSON, no statistics of stacked members' keys,
+error for an old checkpoint that is already gone, no staging folder shared by two studies, no file
+half written on local storage by a killed driver, and a snapshot that costs the driver less per result (compact JSON, no statistics of stacked members' keys,
 no TensorBoard event files)."""
 
 from __future__ import annotations
@@ -163,6 +163,34 @@ def _unique_staging_dirs() -> None:
     if getattr(StorageContext.__init__, "_autonorm_unique_staging", False):
         return
     StorageContext.__init__ = _unique_staging(StorageContext.__init__)  # type: ignore[method-assign]
+
+
+def _whole_file_sync(original: Any) -> Any:
+    """``_FilesystemSyncer._sync_up_command`` that uploads whole files to a local destination."""
+
+    @functools.wraps(original)
+    def sync_up_command(self: Any, local_path: str, uri: str, exclude: list[str] | None = None) -> Any:
+        from workers.uploads import is_local, upload_tree
+
+        if exclude or not is_local(self.storage_filesystem):
+            return original(self, local_path, uri, exclude)
+        return upload_tree, {"local_path": local_path, "fs_path": uri}
+
+    sync_up_command._autonorm_whole_files = True  # type: ignore[attr-defined]
+    return sync_up_command
+
+
+def _whole_file_uploads() -> None:
+    """Tune's background copy of the driver's staging folder to a study's local storage writes each
+    file whole (a temporary file renamed over it) and skips files already there: a SIGKILL
+    mid-copy left an empty ``tuner.pkl`` that no rerun could restore (workers/uploads.py). Wraps
+    ``ray.train._internal.storage._FilesystemSyncer._sync_up_command`` once per process (private
+    Ray API, pinned by a test)."""
+    from ray.train._internal.storage import _FilesystemSyncer
+
+    if getattr(_FilesystemSyncer._sync_up_command, "_autonorm_whole_files", False):
+        return
+    _FilesystemSyncer._sync_up_command = _whole_file_sync(_FilesystemSyncer._sync_up_command)  # type: ignore[method-assign]
 
 
 # ------------------------------------------------------------------------- what a result costs the driver

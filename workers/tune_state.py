@@ -245,7 +245,7 @@ def retire_staging(storage: Any, trials: Sequence[Any]) -> None:
     still copying is waited for first (its failure is said in one line and the folders stay)."""
     import shutil
 
-    from ray.train._internal.storage import _upload_to_fs_path
+    from workers.uploads import upload
 
     try:
         storage.syncer.wait()
@@ -260,7 +260,7 @@ def retire_staging(storage: Any, trials: Sequence[Any]) -> None:
             with os.scandir(local) as entries:
                 has_files = any(True for _ in entries)
             if has_files:
-                _upload_to_fs_path(local, storage.storage_filesystem, trial.storage.trial_fs_path)
+                upload(local, storage.storage_filesystem, trial.storage.trial_fs_path)
             shutil.rmtree(local)
         except Exception as exc:  # the folder stays and Tune's syncs keep uploading it
             logger.debug("kept the staging folder of trial %s: %s", getattr(trial, "trial_id", trial), exc)

@@ -145,6 +145,35 @@ def test_rerun_of_a_finished_study_restores_and_runs_nothing(asha_study: tuple[S
     assert all(r.info.status == "FINISHED" for r in parents + children)
 
 
+def test_a_study_whose_tuner_state_was_cut_short_restores_from_its_spec(
+    asha_study: tuple[StudyPlan, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Tune copied ``tuner.pkl`` again at every snapshot of a restored driver; a SIGKILL mid-copy
+    left it empty and no rerun could restore (CI, the fault chain). It is written again from the
+    spec, and the rerun restores the study as it was."""
+    import pickle
+
+    from workers.runner import TUNER_STATE
+
+    plan, first = asha_study
+    before = _invocations(plan)
+    state = Path(first.experiment_path) / TUNER_STATE
+    state.write_bytes(b"")
+    again = run_study(plan, trainable=quadratic_trial, progress=False)
+    assert again.restored
+    assert (
+        f"{TUNER_STATE} in {first.experiment_path} is unreadable (empty); written again"
+        in capsys.readouterr().out
+    )
+    assert _invocations(plan) == before  # nothing trained again
+    assert {t.trial_id: t.status for t in again.trials} == {t.trial_id: t.status for t in first.trials}
+    assert pickle.loads(state.read_bytes())["_tune_config"].num_samples == plan.num_samples
+    # Whole files only: no temporary copy is left in the experiment directory.
+    assert not [p for p in Path(first.experiment_path).rglob("*.partial")]
+    parents, children = _mlflow_runs(again.tracking_uri, plan.tracking.experiment)
+    assert len(parents) == 1 and len(children) == plan.num_samples
+
+
 def test_grid_study_covers_the_product_times_repeats(local_ray: None, tmp_path: Path) -> None:
     plan = _plan(
         tmp_path,
