@@ -121,3 +121,14 @@ def test_an_unreadable_tuner_state_is_told_apart_from_a_readable_or_missing_one(
     (exp / TUNER_STATE).write_bytes(whole[: len(whole) // 2])
     assert (_unreadable_tuner_state(str(exp), storage) or "").startswith("cut short")
     assert os.path.getsize(exp / TUNER_STATE) == len(whole) // 2  # only read
+
+
+def test_a_file_of_the_same_size_and_time_but_other_bytes_is_written(tmp_path: Path) -> None:
+    # Tune may rewrite a state within one tick of the file system's clock at the same size.
+    src, dst = tmp_path / "staging", tmp_path / "storage"
+    _tree(src, {"experiment_state-1.json": b'{"n": 2}'})
+    _tree(dst, {"experiment_state-1.json": b'{"n": 1}'})
+    stamp = (src / "experiment_state-1.json").stat().st_mtime_ns
+    os.utime(dst / "experiment_state-1.json", ns=(stamp, stamp))
+    assert upload_tree(str(src), str(dst)) == 1
+    assert (dst / "experiment_state-1.json").read_bytes() == b'{"n": 2}'
