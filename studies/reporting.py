@@ -174,8 +174,10 @@ def begin_report(out_dir: str | Path, verdict: Any, table: Any, **plots: str) ->
 
 
 def write_json(path: Path, data: Any) -> Path:
-    """``data`` as strict JSON (NaN as null), indented."""
-    path.write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    """``data`` as strict JSON (NaN as null), indented; written whole (a reader never sees a part)."""
+    from workers.uploads import write_whole
+
+    write_whole(path, (json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n").encode("utf-8"))
     return path
 
 

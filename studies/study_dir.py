@@ -81,9 +81,13 @@ class StudyDir:
         if fs is None:
             from pathlib import Path
 
+            from workers.uploads import write_whole
+
             target = Path(self.path)
             target.mkdir(parents=True, exist_ok=True)
-            (target / file).write_text(text, encoding="utf-8")
+            # whole or not at all: the spec saved here is compared with the next run's (a SIGKILL
+            # mid-write must not read as a changed spec)
+            write_whole(target / file, text.encode("utf-8"))
         else:
             fs.create_dir(self.path, recursive=True)
             with fs.open_output_stream(f"{self.path}/{file}") as f:

@@ -51,6 +51,7 @@ from workers.tune_patches import (
     _whole_file_uploads,
     cheaper_results,
 )
+from workers.uploads import is_local, write_whole
 
 __all__ = ["run_study"]
 
@@ -243,8 +244,12 @@ def _stack_for(plan: StudyPlan, trainable: Any, storage: ResolvedStorage, experi
         return 1
     stack = max(1, int(plan.stack)) if trainable is None else 1
     fs.create_dir(experiment_path, recursive=True)
-    with fs.open_output_stream(record) as out:
-        out.write(json.dumps({"stack": stack}).encode())
+    body = json.dumps({"stack": stack}).encode()
+    if is_local(fs):  # a part of it would resume the study unstacked
+        write_whole(record, body)
+    else:
+        with fs.open_output_stream(record) as out:
+            out.write(body)
     return stack
 
 

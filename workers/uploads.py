@@ -25,7 +25,7 @@ import shutil
 import uuid
 from typing import Any
 
-__all__ = ["PARTIAL_SUFFIX", "is_local", "upload", "upload_tree"]
+__all__ = ["PARTIAL_SUFFIX", "is_local", "upload", "upload_tree", "write_whole"]
 
 # A temporary copy a killed upload leaves behind ends so: Tune's ``sync_down_experiment_state`` (which
 # takes ``.json`` and ``.pkl`` files only) and the study's readers (``experiment_state-*.json``,
@@ -55,13 +55,32 @@ def _same_bytes(src: str, dst: str) -> bool:
         return False
 
 
+def _temporary(dst: str) -> str:
+    directory, name = os.path.split(dst)
+    return os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}{PARTIAL_SUFFIX}")
+
+
+def write_whole(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write a local file whole: a temporary file next to it, renamed over it. A reader (or the next
+    driver after a SIGKILL) sees the old bytes or the new ones, never a part."""
+    dst = os.fspath(path)
+    tmp = _temporary(dst)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def _replace(src: str, dst: str) -> bool:
     """Copy ``src`` to ``dst`` through a temporary file renamed over it; False when ``dst`` already
     held the same bytes (nothing written)."""
     if _same_bytes(src, dst):
         return False
-    directory, name = os.path.split(dst)
-    tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}{PARTIAL_SUFFIX}")
+    tmp = _temporary(dst)
     try:
         shutil.copyfile(src, tmp)
         os.replace(tmp, dst)

@@ -132,3 +132,32 @@ def test_a_file_of_the_same_size_and_time_but_other_bytes_is_written(tmp_path: P
     os.utime(dst / "experiment_state-1.json", ns=(stamp, stamp))
     assert upload_tree(str(src), str(dst)) == 1
     assert (dst / "experiment_state-1.json").read_bytes() == b'{"n": 2}'
+
+
+def test_a_study_file_is_written_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # study_spec.yaml is written again by every run and compared with the next one's: a SIGKILL
+    # mid-write must leave the old spec, not a part that reads as a changed spec.
+    from studies.reporting import write_json
+    from studies.study_dir import StudyDir
+    from workers.plan import StorageConfig
+    from workers.storage import resolve_storage
+
+    config = StorageConfig(path=str(tmp_path))
+    study = StudyDir(resolve_storage(config), config, "s")
+    study.write_text("study_spec.yaml", "name: s\nseeds: [1, 2]\n")
+    spec = tmp_path / "s" / "study_spec.yaml"
+    (tmp_path / "old").hardlink_to(spec)
+    study.write_text("study_spec.yaml", "name: s\nseeds: [1, 2, 3]\n")
+    assert study.read_text("study_spec.yaml") == "name: s\nseeds: [1, 2, 3]\n"
+    assert (tmp_path / "old").read_text() == "name: s\nseeds: [1, 2]\n"  # renamed over, not rewritten
+
+    def killed(*args: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        study.write_text("study_spec.yaml", "name: s\nseeds: [1, 2, 3, 4, 5, 6, 7, 8]\n")
+    with pytest.raises(KeyboardInterrupt):
+        write_json(tmp_path / "s" / "verdict.json", {"verdict": "supported"})
+    assert study.read_text("study_spec.yaml") == "name: s\nseeds: [1, 2, 3]\n"
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["study_spec.yaml"]
