@@ -333,3 +333,22 @@ def test_a_stacked_phase_is_priced_per_group_from_its_stacked_step() -> None:
         (p["trials"] - p["groups"]) * start + (p["stacks"] - p["groups"]) * 3 * report for p in counted
     )
     assert plain["cpu_hours"] == pytest.approx(separate["cpu_hours"] - saved / 3600)
+
+
+def test_each_member_of_a_stacked_group_adds_its_result_to_every_round() -> None:
+    # A group's round reports every member it trains (checkpoint share, the driver's MLflow work):
+    # priced per member and epoch in a stacked phase, not at all for one trial per process.
+    spec = load_study(BATCHSIZE, preset="smoke")
+    off = load_study(BATCHSIZE, ["execution.stack=off"], preset="smoke")
+    stacked_cal = {**CAL, "stacked": {"*": {"step_s": 0.02, "eval_s": 0.2, "members": 8}}}
+
+    def cpu_s(s: Any, per_member: float) -> float:
+        cal = {**stacked_cal, "member_result_s": per_member}
+        return 3600 * plan_study(s, kind_for(s), calibration=cal, calibrate=False, cpus=2)["cpu_hours"]
+
+    base, one, two = (cpu_s(spec, x) for x in (0.0, 0.1, 0.2))
+    assert one > base and two - base == pytest.approx(2 * (one - base))
+    # the smoke's counted trials all run 3 epochs (both budgets): 0.1 s x 3 epochs per trial
+    trials = plan_study(spec, kind_for(spec), calibration=stacked_cal, calibrate=False, cpus=2)["trials"]
+    assert one - base == pytest.approx(0.1 * 3 * trials)
+    assert cpu_s(off, 0.0) == cpu_s(off, 0.2)
