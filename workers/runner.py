@@ -220,7 +220,6 @@ def _unreadable_tuner_state(experiment_path: str, storage: ResolvedStorage) -> s
     except Exception as exc:
         return f"cut short: {exc}"
     return None
-    return None
 
 
 def _stack_for(plan: StudyPlan, trainable: Any, storage: ResolvedStorage, experiment_path: str) -> int:

@@ -1,8 +1,8 @@
-"""Process-wide changes to Ray Tune's own machinery, made once per driver (private Ray API, pinned by tests):
-no credentials in the trial actors' runtime_env, no experiment snapshot when nothing changed, no
-error for an old checkpoint that is already gone, no staging folder shared by two studies, no file
-half written on local storage by a killed driver, and a snapshot that costs the driver less per result (compact JSON, no statistics of stacked members' keys,
-no TensorBoard event files)."""
+"""Process-wide changes to Ray Tune's own machinery, made once per driver (private Ray API, pinned by
+tests): no credentials in the trial actors' runtime_env, no experiment snapshot when nothing changed,
+no error for an old checkpoint that is already gone, no staging folder shared by two studies, no file
+half written on local storage by a killed driver, and a snapshot that costs the driver less per
+result (compact JSON, no statistics of stacked members' keys, no TensorBoard event files)."""
 
 from __future__ import annotations
 
