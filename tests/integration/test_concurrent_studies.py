@@ -14,7 +14,7 @@ What must hold:
   Tune trial, each FINISHED with every epoch its trial reported, none attributed to another study;
 * each study's Optuna storage and Tune state are its own (separate files under its own directory);
 * the slots are shared: every study has a trial running within a minute of its job's start, trials of
-  two studies run side by side for at least a quarter of the span, and the span from the first
+  two studies run side by side for at least 15 % of the span (0 when queued), and the span from the first
   trial's start to the last trial's end, over Σ trial time / slots (a trial's time measured inside
   its worker: ``wall_started`` → last ``wall_reported`` in Tune's result rows, as
   ``bench/study_scaling.py`` measures it), is recorded. The issue's 1.25 is not asserted at this
@@ -60,7 +60,11 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
 SLOTS = 2  # the head's CPUs; every trial asks for one
 OUTAGE_S = 5.0
-SHARED_FRACTION = 0.25
+# Trials of two or more studies at once, as a share of the span from the first trial to the last:
+# 0 for studies queued one after another. Measured 38 % alone on a quiet machine and 22 % in a full
+# suite on a slower one (the fault chain running beside it: first trials 26-49 s after their jobs'
+# start, against 18-27 s alone), so the share moves with load; 15 % keeps sharing apart from queueing.
+SHARED_FRACTION = 0.15
 FIRST_TRIAL_S = 60.0
 
 # Batch-size studies: 2 arms x 2 batch sizes x 2 seeds (8 confirmatory trials) after a 3-point rate grid
@@ -102,7 +106,7 @@ STUDIES: dict[str, tuple[str, list[str]]] = {
     "batchsize_a": ("studies/specs/batchsize_correlation.yaml", _BATCHSIZE),
     # A lab runs both modes: one batch-size study stacked (a phase is then one Tune trial per slot),
     # the other one trial per process. With both stacked, the four studies had 10 Tune trials of 1-4 s
-    # between phase starts of 2-5 s, too few for "side by side for a quarter of the span" to say
+    # between phase starts of 2-5 s, too few for the "side by side" share of the span to say
     # anything (measured 12-22 %, with or without sharing the slots fairly).
     "batchsize_b": ("studies/specs/batchsize_correlation.yaml", [*_BATCHSIZE, "execution.stack=off"]),
 }
