@@ -231,11 +231,16 @@ class TunedDesign(ABC):
 
 
 def all_decided(verdict: Mapping[str, Any]) -> bool:
-    """Every sequential hypothesis of the last look is decided (rejected or futile)."""
+    """Every claimed sequential hypothesis of the last look is decided (rejected or futile); a
+    reported one (``reported: true``, tested alone) never keeps a study launching seeds."""
     looks = verdict.get("looks") or []
     if not looks:
         return False
-    return all(h["decision"] in ("reject", "futile") for h in looks[-1]["hypotheses"].values())
+    return all(
+        h["decision"] in ("reject", "futile")
+        for h in looks[-1]["hypotheses"].values()
+        if not h.get("reported")
+    )
 
 
 def _n_looks(spec: Any) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -246,6 +246,7 @@ def sequential_family(
     min_effect: float | Mapping[str, float | None] | None = None,
     prior_scale: float = 1.0,
     n_seeds: int | None = None,
+    reported: Collection[str] = (),
 ) -> dict[str, dict[str, Any]]:
     """Decisions for a family of hypotheses at one look, Holm over their anytime p-values.
 
@@ -266,6 +267,8 @@ def sequential_family(
         prior_scale: the mixture's g.
         n_seeds: the look's seed count (default: the longest list); the look is the last when it
             reaches ``looks[-1]``, and there the undecided are ``inconclusive``.
+        reported: hypotheses that are reported, not claimed (the protocol's §5): each is tested alone
+            at ``alpha`` (its ``p_value_holm`` is its ``p_value``) and none enters the others' Holm.
 
     Returns:
         hypothesis -> ``{"decision", "p_value", "p_value_holm", "ci", "estimate", "n"}``.
@@ -295,7 +298,11 @@ def sequential_family(
                 estimate=float(x.mean()),
             )
         raw[name] = r
-    adjusted = holm({name: r["p_value"] for name, r in raw.items()})
+    unknown = sorted(set(reported) - set(raw))
+    if unknown:
+        raise ValueError(f"reported hypotheses {unknown} are not in the family {sorted(raw)}")
+    adjusted = holm({name: r["p_value"] for name, r in raw.items() if name not in reported})
+    adjusted.update({name: raw[name]["p_value"] for name in reported})
     out: dict[str, dict[str, Any]] = {}
     for name, r in raw.items():
         p_holm = adjusted[name]
@@ -317,37 +324,85 @@ def sequential_looks(
     *,
     looks: Sequence[int],
     stop_early: bool = True,
+    reported: Collection[str] = (),
     **family: Any,
 ) -> list[dict[str, Any]]:
     """Replay a sequential study's looks from its per-seed values (in seed order).
 
     Look j uses the first ``looks[j]`` values of every hypothesis, decided by
     :func:`sequential_family` (``family``: its ``alpha``, ``alternatives``, ``min_effect``,
-    ``prior_scale``); the replay ends at the first look where every hypothesis is decided
-    (``reject`` or ``futile``) — the study stops launching seeds there — or at the last look the
-    values reach (``stop_early=False``: always the latter, for a study that went on, e.g. extended,
-    after a decided look). Deterministic, so a report regenerated from the trials repeats the
-    study's own looks.
+    ``prior_scale``), and then made final (the protocol's §5):
+
+    - the interval of each hypothesis is the running intersection of its confidence sequences,
+      ``CS*_n = CS_1 ∩ .. ∩ CS_n`` (valid at every n at once, like each ``CS_n``; it can only shrink);
+      futility is read on it;
+    - a hypothesis ``reject``ed or ``futile`` at a look keeps that decision (and its running-minimum
+      Holm p) at every later look, whatever the later values say.
+
+    Because ``reject`` needs ``E_k(0) >= 1/alpha`` at some look k, 0 lies outside ``CS_k`` and so outside
+    the intersection: a rejection's interval always excludes the null on the predicted side.
+
+    The replay ends at the first look where every *claimed* hypothesis (not in ``reported``) is
+    decided — the study stops launching seeds there; a reported one never keeps it going — or at the
+    last look the values reach (``stop_early=False``: always the latter, for a study that went on,
+    e.g. extended, after a decided look). Deterministic, so a report regenerated from the trials
+    repeats the study's own looks.
 
     Returns:
-        ``[{"n_seeds", "hypotheses": {name: {decision, p_value, p_value_holm, ci, estimate, n}},
-        "stop": bool}, ...]``; ``stop`` is true on a look where every hypothesis is decided or the
-        last planned look.
+        ``[{"n_seeds", "hypotheses": {name: {decision, p_value, p_value_holm, ci, estimate, n,
+        decided_at, reported}}, "stop": bool}, ...]``; ``decided_at`` is the seed count of the look
+        that decided it (``None`` while undecided); ``stop`` is true on a look where every claimed
+        hypothesis is decided or the last planned look.
     """
     planned = _check_looks(looks)
     arrays = {k: (None if v is None else np.asarray(v, dtype=float).ravel()) for k, v in values.items()}
     have = max((a.size for a in arrays.values() if a is not None), default=0)
+    claimed = [k for k in arrays if k not in reported]
     out: list[dict[str, Any]] = []
+    previous: dict[str, dict[str, Any]] = {}
     for n in planned:
         if n > have:
             break
         prefix = {k: (None if a is None else a[:n]) for k, a in arrays.items()}
-        decided = sequential_family(prefix, looks=planned, n_seeds=n, **family)
-        stop = n == planned[-1] or all(h["decision"] in ("reject", "futile") for h in decided.values())
+        decided = sequential_family(prefix, looks=planned, n_seeds=n, reported=reported, **family)
+        for name, h in decided.items():
+            _make_final(name, h, previous.get(name), n, family)
+            h["reported"] = name in reported
+        previous = decided
+        stop = n == planned[-1] or all(decided[k]["decision"] in ("reject", "futile") for k in claimed)
         out.append({"n_seeds": n, "hypotheses": decided, "stop": stop})
         if stop and stop_early:
             break
     return out
+
+
+def _make_final(
+    name: str, h: dict[str, Any], before: Mapping[str, Any] | None, n: int, family: Mapping[str, Any]
+) -> None:
+    """Intersect ``h``'s interval with the running one and keep a decision made at an earlier look."""
+    lo, hi = float(h["ci"][0]), float(h["ci"][1])
+    if before is not None:
+        b_lo, b_hi = (-math.inf if v is None else float(v) for v in before["ci"])
+        # Disjoint intervals (a confidence sequence that missed, probability <= alpha): keep the
+        # running one rather than report an empty set.
+        if max(lo, b_lo) <= min(hi, b_hi):
+            lo, hi = max(lo, b_lo), min(hi, b_hi)
+        else:
+            lo, hi = b_lo, b_hi
+    h["ci"] = [lo, hi]
+    if before is not None and before["decision"] in ("reject", "futile"):
+        h["decision"] = before["decision"]
+        h["decided_at"] = before["decided_at"]
+        if before.get("p_value_holm") is not None and h.get("p_value_holm") is not None:
+            h["p_value_holm"] = min(float(h["p_value_holm"]), float(before["p_value_holm"]))
+        return
+    if h["decision"] in ("continue", "inconclusive"):
+        effect = family.get("min_effect")
+        effect = effect.get(name) if isinstance(effect, Mapping) else effect
+        alternative = family["alternatives"][name]
+        if _futile((lo, hi), alternative, effect):
+            h["decision"] = "futile"
+    h["decided_at"] = n if h["decision"] in ("reject", "futile") else None
 
 
 def expected_seeds(

@@ -187,6 +187,78 @@ def test_looks_stop_when_every_hypothesis_is_decided() -> None:
     assert [look["n_seeds"] for look in partial] == [4, 6, 8]
 
 
+def test_a_rejection_stays_decided_and_its_interval_only_shrinks() -> None:
+    # Strong early evidence, then seeds that alone would not reject (the c_attn pattern: rejected at
+    # 16 seeds, a 24-seed confidence sequence that includes 0).
+    early = [0.03, 0.025, 0.035, 0.028, 0.032, 0.027, 0.031, 0.029]
+    late = [-0.04, 0.05, -0.03, 0.06, -0.05, 0.04, -0.06, 0.05, -0.04, 0.03, -0.05, 0.06]
+    values = {"h": np.array(early + late)}
+    looks = sequential_looks(
+        values, looks=LOOKS, alpha=ALPHA, alternatives={"h": "greater"}, stop_early=False
+    )
+    decisions = [look["hypotheses"]["h"]["decision"] for look in looks]
+    first = decisions.index("reject")
+    assert first < len(looks) - 1  # rejected before the last look ...
+    assert all(d == "reject" for d in decisions[first:])  # ... and rejected at every later look
+    # The plain confidence sequence of all 20 values includes 0: only the intersection keeps the
+    # rejection and its interval consistent.
+    alone = confidence_sequence(values["h"], alpha=ALPHA)
+    assert alone[0] < 0 < alone[1]
+    for look in looks[first:]:
+        h = look["hypotheses"]["h"]
+        assert h["ci"][0] > 0  # excludes the null on the predicted side
+        assert h["decided_at"] == looks[first]["n_seeds"]
+    widths = [look["hypotheses"]["h"]["ci"][1] - look["hypotheses"]["h"]["ci"][0] for look in looks]
+    finite = [w for w in widths if math.isfinite(w)]
+    assert all(b <= a for a, b in itertools.pairwise(finite))  # the running intersection only shrinks
+
+
+def test_futility_stays_decided() -> None:
+    flat = [0.0, 0.01, -0.01, 0.0, 0.005, -0.005, 0.0, 0.01]
+    later = [0.9, 1.1, 1.0, 0.95, 1.05, 1.0, 0.9, 1.1, 1.0, 1.0, 0.95, 1.05]
+    looks = sequential_looks(
+        {"h": flat + later},
+        looks=LOOKS,
+        alpha=ALPHA,
+        alternatives={"h": "greater"},
+        min_effect=0.5,
+        stop_early=False,
+    )
+    decisions = [look["hypotheses"]["h"]["decision"] for look in looks]
+    first = decisions.index("futile")
+    assert all(d == "futile" for d in decisions[first:])
+
+
+def test_a_reported_hypothesis_is_tested_alone_and_keeps_no_study_running() -> None:
+    rng = np.random.default_rng(11)
+    claimed = {"a": rng.normal(-1.2, 1, 20), "b": rng.normal(-0.8, 1, 20)}
+    e = rng.normal(0.05, 1, 20)  # a reported contrast, undecided for long
+    alternatives = {"a": "less", "b": "less", "e": "two-sided"}
+    common = {"looks": LOOKS, "alpha": ALPHA, "stop_early": False}
+    without = sequential_looks(claimed, alternatives=alternatives, **common)  # type: ignore[arg-type]
+    withe = sequential_looks(  # type: ignore[arg-type]
+        {**claimed, "e": e}, alternatives=alternatives, reported={"e"}, **common
+    )
+    as_claim = sequential_looks({**claimed, "e": e}, alternatives=alternatives, **common)  # type: ignore[arg-type]
+    for one, two, three in zip(without, withe, as_claim, strict=True):
+        for k in claimed:  # the reported contrast changes no other Holm p ...
+            assert two["hypotheses"][k]["p_value_holm"] == pytest.approx(one["hypotheses"][k]["p_value_holm"])
+        h = two["hypotheses"]["e"]  # ... and is tested alone
+        assert h["p_value_holm"] == pytest.approx(h["p_value"])
+        # the same contrast claimed would have diluted the others (Holm over three)
+        assert three["hypotheses"]["a"]["p_value_holm"] >= one["hypotheses"]["a"]["p_value_holm"]
+    # the study stops when the claimed hypotheses are decided, whatever e says
+    stopped = sequential_looks(
+        {**claimed, "e": e}, alternatives=alternatives, reported={"e"}, looks=LOOKS, alpha=ALPHA
+    )  # type: ignore[arg-type]
+    last = stopped[-1]
+    assert last["stop"] and all(last["hypotheses"][k]["decision"] == "reject" for k in claimed)
+    assert last["hypotheses"]["e"]["decision"] not in ("reject", "futile")
+    assert last["n_seeds"] < LOOKS[-1]
+    with pytest.raises(ValueError, match="reported"):
+        sequential_family(claimed, looks=LOOKS, alpha=ALPHA, alternatives=alternatives, reported={"zz"})  # type: ignore[arg-type]
+
+
 # -- simulations: the guarantees -----------------------------------------------------------------------------
 
 

@@ -65,6 +65,7 @@ __all__ = [
     "CLAIMS",
     "COMPLETED_STATUSES",
     "CONFIRM_COLUMNS",
+    "REPORTED",
     "VERDICTS",
     "autonorm_claims",
     "paired_contrast",
@@ -116,6 +117,9 @@ _CONTRASTS: tuple[tuple[str, str, str, Alternative], ...] = (
     ("b", "autonorm_s", "autonorm", "greater"),
     ("e", "autonorm_s", "frozen_ln", "two-sided"),
 )
+#: Contrasts reported, not claimed by the papers: each tested alone at alpha (its Holm p is its p),
+#: outside the others' Holm family, and never a reason to run more seeds (PROTOCOL §5).
+REPORTED: frozenset[str] = frozenset({"e"})
 _APPLIES: dict[str, frozenset[str]] = {
     "a": frozenset({"vision"}),
     "b": frozenset({"vision", "text"}),
@@ -453,7 +457,8 @@ def autonorm_claims(
             ``ln_weight/layer_<i>`` when logged, else ``1 − dyt_weight`` (candidates dyt, layernorm).
         data_kind: ``"vision"`` (stationary images) or ``"text"``; decides which claims apply.
         min_seeds: fewer paired seeds → ``inconclusive`` (``underpowered``).
-        alpha: significance level; contrasts a, b, e are Holm-adjusted over the family tested here.
+        alpha: significance level; contrasts a and b are Holm-adjusted over the family tested here;
+            e (:data:`REPORTED`) is tested alone at ``alpha`` (its ``p_value_holm`` is its ``p_value``).
         eps: gate-entropy threshold of claim d.
         confidence: level of every CI.
         metric: column of ``confirm_table`` compared by the contrasts.
@@ -465,7 +470,7 @@ def autonorm_claims(
         n_mc: Monte-Carlo sign patterns above 2^20 (more than 20 seeds).
         seed: seeds the Monte-Carlo draws.
         sequential: a sequential design (``{"looks", "seed_order", "min_effect", "prior_scale"}``,
-            the protocol's §4): the contrasts' per-seed differences (Holm over a, b, e as above) and
+            the protocol's §4): the contrasts' per-seed differences (Holm over a, b as above) and
             claim c's per-seed depth slopes (each sub-layer type at ``alpha`` on its own, as above)
             are tested anytime-validly at every look the data reach, in ``seed_order``; their
             sequential p and confidence sequence replace the fixed-design ones (kept in
@@ -511,8 +516,15 @@ def autonorm_claims(
             n_mc=n_mc,
             seed=seed,
         )
-    tested = {c[0]: results[c[0]]["p_value"] for c in family if results[c[0]]["p_value"] is not None}
-    adjusted = holm(tested) if tested else {}
+    # Holm over the claimed contrasts; a reported one (e) is tested alone at alpha (PROTOCOL §5).
+    tested = {
+        c[0]: results[c[0]]["p_value"]
+        for c in family
+        if results[c[0]]["p_value"] is not None and c[0] not in REPORTED
+    }
+    adjusted: dict[str, float | None] = dict(holm(tested)) if tested else {}
+    adjusted.update({c[0]: results[c[0]]["p_value"] for c in family if c[0] in REPORTED})
+    claimed = [c for c in family if c[0] not in REPORTED]
     for claim, _, _, alternative in family:
         res = results[claim]
         reasons = res["reasons"]
@@ -520,7 +532,8 @@ def autonorm_claims(
         k = res["n_seeds"]
         if res["p_value"] is None:
             continue
-        if k < min_seeds or min_sign_flip_p(k, alternative) * len(family) >= alpha:
+        size = 1 if claim in REPORTED else len(claimed)
+        if k < min_seeds or min_sign_flip_p(k, alternative) * size >= alpha:
             if "underpowered" not in reasons:
                 reasons.append("underpowered")
             res["verdict"] = "inconclusive"
@@ -612,7 +625,12 @@ def _sequential_claims(
         values = {c: per_seed(c) for c in group}
         if not any(values.values()):
             continue
-        looks = sequential_looks(values, alternatives={c: alternatives[c] for c in group}, **common)
+        looks = sequential_looks(
+            values,
+            alternatives={c: alternatives[c] for c in group},
+            reported=[c for c in group if c in REPORTED],
+            **common,
+        )
         for j, look in enumerate(looks):
             if j == len(merged):
                 merged.append({"n_seeds": look["n_seeds"], "hypotheses": {}})
