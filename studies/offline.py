@@ -37,6 +37,7 @@ __all__ = [
     "compare_offline",
     "read_gate_logs",
     "reanalyse_tables",
+    "rewrite_stored",
     "write_gate_logs",
 ]
 
@@ -188,3 +189,49 @@ def compare_offline(logged: Mapping[str, Any], recomputed: Mapping[str, Any]) ->
         else:
             view[key] = logged[key]
     return list(compare_verdicts(view, recomputed))
+
+
+#: The leaves of a verdict that are decisions (what ``results --reanalyse`` prints when they change).
+_DECISION_FIELDS = ("verdict", "label", "study_verdict")
+
+
+def rewrite_stored(directory: Path) -> list[Any]:
+    """Re-analyse a stored study from its own tables under today's rules and rewrite its
+    ``verdict.json`` (``autonorm-study results --reanalyse``): the analysis's fields replaced, what only
+    the run could record (``resources``, the rest of ``scope``) kept. Uses the seeds the tables hold
+    (no truncation). A rule that needs trials the study lacks (the adequacy budget check) leaves
+    ``adequacy`` as ``"not measured"``.
+
+    Returns:
+        the differences whose field is a decision (a hypothesis's ``verdict`` or ``label``, the
+        ``study_verdict``), old against new (:class:`studies.verdict_diff.Difference`).
+
+    Raises:
+        OfflineError: no study, no ``verdict.json`` or a file the analysis needs is missing.
+    """
+    from studies.reporting import write_json
+    from studies.reproduce import ReproduceError, stored_study
+
+    try:
+        spec, kind = stored_study(directory)
+    except ReproduceError as exc:
+        raise OfflineError(str(exc)) from None
+    verdict_file = directory / "verdict.json"
+    if not verdict_file.is_file():
+        raise OfflineError(f"no verdict.json in {directory} (did the study finish?)")
+    logged = json.loads(verdict_file.read_text(encoding="utf-8"))
+    recomputed = reanalyse_tables(spec, kind, directory, logged)
+    merged = dict(logged)
+    for key, value in recomputed.items():
+        if key == "scope" and isinstance(logged.get("scope"), Mapping):
+            merged["scope"] = {**logged["scope"], **value}
+        else:
+            merged[key] = value
+    merged.setdefault("adequacy", "not measured")
+    changed = [
+        d
+        for d in compare_offline(logged, recomputed)
+        if d.field.split(".")[-1] in _DECISION_FIELDS and not d.field.startswith(("looks", "budgets"))
+    ]
+    write_json(verdict_file, merged)
+    return changed

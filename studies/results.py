@@ -563,14 +563,19 @@ def main(
     export: Sequence[str] = (),
     to: str | None = None,
     tracking_uri: str | None = None,
+    reanalyse: bool = False,
 ) -> int:
-    """The CLI command: export ``export`` into ``to`` (default ``results``), then print one row per
-    hypothesis of the stored studies in ``paths`` (default: ``to``) and write ``output`` (default
+    """The CLI command: export ``export`` into ``to`` (default ``results``), with ``reanalyse`` rewrite
+    each stored study's ``verdict.json`` from its own tables under today's rules
+    (:func:`studies.offline.rewrite_stored`, printing every verdict that changed), then print one row
+    per hypothesis of the stored studies in ``paths`` (default: ``to``) and write ``output`` (default
     ``docs/results.md``) from them. Exit 2 for a directory that is no study."""
     import sys
 
     root = Path(to) if to else DEFAULT_ROOT
     try:
+        if reanalyse:
+            _reanalyse(study_dirs([Path(p) for p in paths] or [root]))
         for source in export:
             out, notes = export_study(Path(source), root, tracking_uri=tracking_uri)
             print(f"exported {source} -> {out}")
@@ -588,6 +593,26 @@ def main(
     return 0
 
 
+def _reanalyse(dirs: Sequence[Path]) -> None:
+    """``--reanalyse``: every stored study's verdict again under today's rules; the changes printed."""
+    from studies.offline import OfflineError, rewrite_stored
+
+    for directory in dirs:
+        try:
+            changed = rewrite_stored(directory)
+        except OfflineError as exc:
+            raise ResultsError(str(exc)) from None
+        name = display_path(directory)
+        if not changed:
+            print(f"{name}: re-analysed, no verdict changed")
+        seen: set[tuple[str, str, str]] = set()
+        for d in changed:  # a verdict shown twice in verdict.json (claims.c, hypotheses.c) once
+            key = (d.what, str(d.logged), str(d.recomputed))
+            if key not in seen:
+                seen.add(key)
+                print(f"{name}: {d.what}: {d.logged} -> {d.recomputed}")
+
+
 def add_arguments(p: ArgumentParser) -> None:
     """The ``results`` subcommand's arguments (its parser is the CLI's)."""
     p.add_argument(
@@ -598,6 +623,12 @@ def add_arguments(p: ArgumentParser) -> None:
         help="stored study directories, or folders of them (default: the --to folder, results/)",
     )
     p.add_argument("--output", default=None, metavar="PATH", help="the page (default: docs/results.md)")
+    p.add_argument(
+        "--reanalyse",
+        action="store_true",
+        help="first rewrite each stored study's verdict.json from its own tables under today's rules "
+        "(prints every verdict that changed)",
+    )
     p.add_argument(
         "--export",
         action="append",
@@ -618,4 +649,11 @@ def add_arguments(p: ArgumentParser) -> None:
 
 def command(args: Namespace) -> int:
     """``autonorm-study results`` (:func:`main`)."""
-    return main(args.dirs, output=args.output, export=args.export, to=args.to, tracking_uri=args.tracking_uri)
+    return main(
+        args.dirs,
+        output=args.output,
+        export=args.export,
+        to=args.to,
+        tracking_uri=args.tracking_uri,
+        reanalyse=args.reanalyse,
+    )

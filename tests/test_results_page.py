@@ -40,3 +40,38 @@ def test_every_stored_study_reproduces_from_its_tables(
 
 def test_the_readme_links_the_results_page() -> None:
     assert "](docs/results.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_reanalyse_rewrites_a_stored_verdict_under_todays_rules(
+    tmp_path: Path, clean_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import shutil
+
+    study = RESULTS / "autonorm_claims_text"
+    if not study.is_dir():
+        pytest.fail("results/autonorm_claims_text is the stored study this test re-analyses")
+    copy = tmp_path / study.name
+    shutil.copytree(study, copy)
+    verdict_file = copy / "verdict.json"
+    old = json.loads(verdict_file.read_text(encoding="utf-8"))
+    # Roll the verdict back to a rule this code no longer applies: c_attn taken back to
+    # inconclusive after a rejection at an earlier look, e inside the claims' Holm family.
+    old["hypotheses"]["c_attn"]["verdict"] = "inconclusive"
+    old["hypotheses"]["e"]["p_value_holm"] = 1.0
+    old.pop("adequacy", None)
+    verdict_file.write_text(json.dumps(old), encoding="utf-8")
+    code = main(["results", "--reanalyse", str(copy), "--output", str(tmp_path / "page.md")])
+    out = capsys.readouterr().out
+    assert code == 0
+    new = json.loads(verdict_file.read_text(encoding="utf-8"))
+    decisions = [look["hypotheses"]["c_attn"]["decision"] for look in new["looks"]]
+    assert "reject" in decisions
+    # the verdict follows its looks: rejected once, rejected for good, and printed as a change
+    assert decisions[decisions.index("reject") :] == ["reject"] * (len(decisions) - decisions.index("reject"))
+    assert new["hypotheses"]["c_attn"]["verdict"] == "supported"
+    assert f"{copy.name}: c_attn: inconclusive -> supported" in out.replace(str(copy), copy.name)
+    assert new["hypotheses"]["e"]["p_value_holm"] == new["hypotheses"]["e"]["p_value"]
+    assert new["resources"] == old["resources"]  # what only the run could record is kept
+    assert new.get("adequacy") is not None  # measured, or said "not measured"
+    assert main(["reproduce", str(copy)]) == 0  # the rewritten verdict reproduces from its tables
