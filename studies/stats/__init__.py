@@ -10,7 +10,8 @@ names from here (``from studies.stats import holm``), its submodules hold the jo
 * **Fixed designs**: paired contrasts with an exact sign-flip p (:func:`paired_contrast`), the
   within-seed permutation test of a trend (:func:`permutation_p_value`; both in
   :mod:`~studies.stats.randomisation`), t-intervals and a seed bootstrap (:func:`t_interval`,
-  :func:`seed_interval`), one-sample t-tests (:func:`t_test_p`; in :mod:`~studies.stats.intervals`)
+  :func:`seed_interval`), the interval of a mean correlation on the Fisher-z scale
+  (:func:`fisher_z_interval`, always inside [-1, 1]), one-sample t-tests (:func:`t_test_p`; in :mod:`~studies.stats.intervals`)
   and their power (:func:`power_of_t_test`, :func:`seeds_needed`; in :mod:`~studies.stats.power`).
 * **Sequential designs** (the protocol's §4; :mod:`~studies.stats.anytime`): the normal-mixture
   t-test, anytime-valid for unknown variance (Wang & Ramdas, arXiv 2310.03722, Thm 4.9; the
@@ -32,7 +33,14 @@ from studies.stats.anytime import (
     sequential_looks,
     sequential_test,
 )
-from studies.stats.intervals import mean_interval, ols_slope, seed_interval, t_interval, t_test_p
+from studies.stats.intervals import (
+    fisher_z_interval,
+    mean_interval,
+    ols_slope,
+    seed_interval,
+    t_interval,
+    t_test_p,
+)
 from studies.stats.multiplicity import holm, holm_into
 from studies.stats.power import power_of_t_test, seeds_needed
 from studies.stats.randomisation import (
@@ -50,6 +58,7 @@ __all__ = [
     "Alternative",
     "confidence_sequence",
     "expected_seeds",
+    "fisher_z_interval",
     "holm",
     "holm_into",
     "log_n_permutations",

@@ -1,5 +1,5 @@
 """Intervals and t-tests over per-seed values: OLS slope, t-intervals, the seed bootstrap, the
-one-sample t-test."""
+interval of a mean correlation on the Fisher-z scale, the one-sample t-test."""
 
 from __future__ import annotations
 
@@ -10,9 +10,22 @@ import numpy as np
 
 from studies.stats._checks import _scipy_stats
 
-__all__ = ["mean_interval", "ols_slope", "seed_interval", "t_interval", "t_test_p"]
+__all__ = [
+    "FISHER_Z_CLIP",
+    "FISHER_Z_MIN_SEEDS",
+    "fisher_z_interval",
+    "mean_interval",
+    "ols_slope",
+    "seed_interval",
+    "t_interval",
+    "t_test_p",
+]
 
 _BOOTSTRAP_MIN_SEEDS = 10
+FISHER_Z_CLIP = 0.999
+"""A correlation of exactly ±1 is taken as ±0.999 before ``atanh`` (whose value there is infinite)."""
+FISHER_Z_MIN_SEEDS = 3
+"""Below this many per-seed correlations there is no interval (``None``)."""
 
 
 def ols_slope(x: np.ndarray, y: np.ndarray) -> float:
@@ -73,6 +86,28 @@ def seed_interval(
     a = 1.0 - confidence
     lo, hi = np.quantile(boot, [a / 2.0, 1.0 - a / 2.0])
     return est, [float(lo), float(hi)], "bootstrap"
+
+
+def fisher_z_interval(values: Sequence[float] | np.ndarray, *, confidence: float) -> list[float] | None:
+    """The interval of the mean of per-seed correlations on the Fisher-z scale, back-transformed.
+
+    Each finite value ``r`` (a correlation, in [-1, 1]; ``±1`` taken as ``±``:data:`FISHER_Z_CLIP`)
+    becomes ``z = atanh(r)``; the two-sided t-interval of the mean of the K values of ``z`` (K - 1 df,
+    level ``confidence``) is mapped back with ``tanh``. So the interval always lies inside [-1, 1],
+    whatever the spread or the number of seeds. ``None`` below :data:`FISHER_Z_MIN_SEEDS` values.
+
+    Raises:
+        ValueError: a value outside [-1, 1].
+    """
+    v = np.asarray(values, dtype=float).ravel()
+    v = v[np.isfinite(v)]
+    if np.any(np.abs(v) > 1.0 + 1e-12):
+        raise ValueError(f"correlations must lie in [-1, 1], got {v[np.abs(v) > 1.0].tolist()}")
+    if v.size < FISHER_Z_MIN_SEEDS:
+        return None
+    z = np.arctanh(np.clip(v, -FISHER_Z_CLIP, FISHER_Z_CLIP))
+    lo, hi = t_interval(z, confidence)
+    return [float(np.tanh(lo)), float(np.tanh(hi))]
 
 
 def t_test_p(values: np.ndarray, *, negative: bool) -> float | None:

@@ -416,8 +416,9 @@ def batchsize_trend(
 
     * ``slope``: mean over seeds of the per-seed OLS slope of the metric vs ``log2 B``; ``slope_ci``:
       t-interval over the K per-seed slopes (K - 1 df) when K < 10, else a percentile bootstrap over
-      seeds (``n_boot``); ``ci_method`` says which. ``spearman_rho`` (+ ``spearman_rho_ci``): mean of
-      the per-seed Spearman rho vs B, same CI rule.
+      seeds (``n_boot``); ``ci_method`` says which. ``spearman_rho``: mean of the per-seed Spearman
+      rho vs B; ``spearman_rho_ci``: its interval on the Fisher-z scale (rho = +-1 taken as +-0.999,
+      t-interval of the mean atanh(rho), back-transformed), inside [-1, 1]; ``None`` below 3 seeds.
     * ``interaction`` (every arm but ``control``): the same per-seed slope of the paired differences
       ``arm - control`` per ``(B, seed)`` cell -> d_1..d_K; in a balanced design it equals the OLS slope
       of the pooled differences. ``p_value`` = max(within-seed permutation p, one-sided t-test p of
@@ -489,10 +490,12 @@ def batchsize_trend(
         ``{"hypothesis", "metric", "control", "control_arms", "fix_arms", "higher_is_better",
         "direction", "alpha", "delta", "min_seeds", "chance_metric", "chance_loss", "confidence",
         "n_boot", "n_perm", "seed", "batch_sizes", "seeds", "arms", "verdict", "controls",
-        "study_verdict", "study_reasons", "exploratory", "sensitivity", "budgets"}``. ``sensitivity``
-        holds ``verdict``, ``controls``, ``study_verdict``, ``study_reasons`` of the analysis with
-        failures dropped; each arm's own ``sensitivity`` its statistics there. Undefined numbers are
-        ``None``; the result is strict JSON.
+        "study_verdict", "study_reasons", "exploratory", "test", "sensitivity", "budgets"}``. ``test``
+        is ``"sequential"`` with a ``sequential`` design, else ``"fixed"``. ``sensitivity`` holds
+        ``test`` (always the primary's: the sensitivity analysis replays the same design, so with
+        no failure it equals the primary), ``verdict``, ``controls``, ``study_verdict``,
+        ``study_reasons`` of the analysis with failures dropped; each arm's own ``sensitivity`` its
+        statistics there (and ``test``). Undefined numbers are ``None``; the result is strict JSON.
 
     Raises:
         ValueError: a required column is missing, ``control`` or a listed control is not in the
@@ -550,8 +553,11 @@ def batchsize_trend(
     }
 
     def one(sub: pd.DataFrame, budget: str) -> dict[str, Any]:
+        # The sensitivity analysis uses the primary's test (sequential or fixed): with no failure
+        # dropped it is the primary analysis, so the two can differ only by the failures.
+        test = "fixed" if sequential is None else "sequential"
         primary = _analyse(sub, drop_failed=False, salt=budget, sequential=sequential, **common)
-        dropped = _analyse(sub[sub["ok"]], drop_failed=True, salt=budget, **common)
+        dropped = _analyse(sub[sub["ok"]], drop_failed=True, salt=budget, sequential=sequential, **common)
         keys = (
             "n",
             "n_seeds",
@@ -571,6 +577,7 @@ def batchsize_trend(
             r["sensitivity"] = {k: s[k] for k in keys} | (
                 {"verdict": s["verdict"]} if "verdict" in s else {"label": s["label"]}
             )
+            r["sensitivity"]["test"] = test
         return {
             **header,
             "budget": budget or None,
@@ -583,7 +590,9 @@ def batchsize_trend(
             "study_reasons": primary["study_reasons"],
             "exploratory": primary["exploratory"],
             "looks": primary["looks"],
+            "test": test,
             "sensitivity": {
+                "test": test,
                 "verdict": dropped["verdict"],
                 "controls": dropped["controls"],
                 "study_verdict": dropped["study_verdict"],
@@ -597,4 +606,6 @@ def batchsize_trend(
         reading = claim_reading(single["verdict"], single["controls"])
         return {**single, "claim_by_budget": {single["budget"] or "": reading}, "budgets": None}
     per = {b: one(df[df["budget"] == b], b) for b in budgets}
-    return {**header, **combine_budgets(per, fix_arms, control_arms), "budgets": per}
+    combined = combine_budgets(per, fix_arms, control_arms)
+    combined["sensitivity"]["test"] = "fixed" if sequential is None else "sequential"
+    return {**header, "test": combined["sensitivity"]["test"], **combined, "budgets": per}

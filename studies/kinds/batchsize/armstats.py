@@ -16,6 +16,7 @@ import numpy as np
 from studies.kinds.batchsize.seedstats import arm_rng, none_if_nan, row_slopes, row_spearman
 from studies.stats import (
     EXACT_PERMUTATION_LIMIT,
+    fisher_z_interval,
     log_n_permutations,
     permutation_p_value,
     seed_interval,
@@ -43,14 +44,19 @@ def arm_statistics(
     seed: int,
     salt: str,
 ) -> dict[str, Any]:
-    """Slope, Spearman and (with paired differences ``d``) interaction statistics of one arm."""
+    """Slope, Spearman and (with paired differences ``d``) interaction statistics of one arm.
+
+    ``spearman_rho`` is the mean per-seed rho, ``spearman_rho_ci`` its interval on the Fisher-z scale
+    (:func:`studies.stats.fisher_z_interval`: inside [-1, 1], ``None`` below 3 seeds)."""
     slopes = row_slopes(x, v)
     slope, slope_ci, ci_method = seed_interval(
         slopes, confidence=confidence, n_boot=n_boot, rng=arm_rng(seed, salt, 0)
     )
-    rho, rho_ci, _ = seed_interval(
-        row_spearman(v), confidence=confidence, n_boot=n_boot, rng=arm_rng(seed, salt, 1)
-    )
+    rhos = row_spearman(v)
+    finite_rhos = rhos[np.isfinite(rhos)]
+    rho = float(finite_rhos.mean()) if finite_rhos.size else math.nan
+    # On the Fisher-z scale, back-transformed: always inside [-1, 1]; None below 3 seeds.
+    rho_ci = fisher_z_interval(finite_rhos, confidence=confidence)
     out: dict[str, Any] = {
         "n_seeds": int(np.isfinite(slopes).sum()),
         "slope": none_if_nan(slope),
