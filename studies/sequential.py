@@ -98,15 +98,18 @@ def sequential_fields(
     *,
     max_seeds: int,
     trials_per_seed: int,
+    trials_run: int | None = None,
 ) -> dict[str, Any]:
     """``verdict.json``'s sequential fields from a replay of the looks (:func:`studies.stats.sequential_looks`).
 
     Returns:
         ``{"looks": [{n_seeds, seeds, hypotheses: {name: {decision, p_value, p_value_holm, ci,
         estimate, n}}}], "seeds_used", "max_seeds", "trials_saved"}``; ``trials_saved`` = the fixed
-        design's trials at ``max_seeds`` minus those run (``trials_per_seed`` per seed).
+        design's trials at ``max_seeds`` minus those run: ``trials_run`` when given (per-arm
+        stopping: arms stop at different looks), else ``trials_per_seed`` per seed used.
     """
     used = int(looks[-1]["n_seeds"]) if looks else 0
+    run = used * trials_per_seed if trials_run is None else int(trials_run)
     return {
         "looks": [
             {
@@ -118,7 +121,7 @@ def sequential_fields(
         ],
         "seeds_used": used,
         "max_seeds": int(max_seeds),
-        "trials_saved": int(max(0, max_seeds - used) * trials_per_seed),
+        "trials_saved": int(max(0, max_seeds * trials_per_seed - run)),
     }
 
 

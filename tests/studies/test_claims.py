@@ -380,3 +380,22 @@ def test_the_search_pilot_plans_the_depth_slope_claims_from_the_verdict(tmp_path
     assert list(found) == ["c_attn"]  # one seed is no spread: c_mlp cannot be planned from it
     assert found["c_attn"] == [slopes[k] for k in sorted(slopes)]
     assert _depth_slopes(tmp_path / "missing") == {}
+
+
+def test_an_arm_stops_when_every_claim_on_it_is_decided() -> None:
+    from studies.kinds.search.claims import arms_needed, hypothesis_arms
+
+    arms = ["frozen_ln", "frozen_dyt", "random_selector", "autonorm", "autonorm_s"]
+    assert hypothesis_arms("a") == ("random_selector", "autonorm")
+    assert hypothesis_arms("c_attn", gate_arm="autonorm") == ("autonorm",)
+    look = {
+        "a": {"decision": "reject", "reported": False},
+        "b": {"decision": "continue", "reported": False},
+        "e": {"decision": "continue", "reported": True},  # reported: keeps no arm running
+    }
+    # a decided: random_selector stops; b open: autonorm and autonorm_s go on; FrozenLN only served e
+    assert arms_needed(look, arms) == ["autonorm", "autonorm_s"]
+    look["b"]["decision"] = "futile"
+    assert arms_needed(look, arms) == []  # every claimed hypothesis decided: the study stops
+    with pytest.raises(ValueError, match="unknown claim"):
+        hypothesis_arms("z")

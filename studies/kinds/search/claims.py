@@ -67,7 +67,9 @@ __all__ = [
     "CONFIRM_COLUMNS",
     "REPORTED",
     "VERDICTS",
+    "arms_needed",
     "autonorm_claims",
+    "hypothesis_arms",
     "paired_contrast",
 ]
 
@@ -129,6 +131,31 @@ _APPLIES: dict[str, frozenset[str]] = {
     "c_mlp": frozenset({"text"}),
     "d": frozenset({"vision"}),
 }
+
+
+def hypothesis_arms(claim: str, *, gate_arm: str = "autonorm") -> tuple[str, ...]:
+    """The confirmatory arms a claim rests on: a contrast's two arms, the gate claims' gate arm."""
+    for name, arm_a, arm_b, _ in _CONTRASTS:
+        if name == claim:
+            return (arm_a, arm_b)
+    if claim in ("c", "c_attn", "c_mlp", "d"):
+        return (gate_arm,)
+    raise ValueError(f"unknown claim {claim!r}; known: {sorted(CLAIMS)}")
+
+
+def arms_needed(
+    hypotheses: Mapping[str, Mapping[str, Any]], arms: Sequence[str], *, gate_arm: str = "autonorm"
+) -> list[str]:
+    """Per-arm stopping (PROTOCOL §5): of ``arms``, those a claimed hypothesis still undecided at
+    the last look (``hypotheses``: a look's ``{claim: {decision, reported, ...}}``) rests on. An arm
+    whose every claimed hypothesis is decided (rejected or futile) gets no more seeds; decisions are
+    final, so it never needs them again. A reported hypothesis needs no arm."""
+    needed: set[str] = set()
+    for claim, h in hypotheses.items():
+        if h.get("reported") or claim in REPORTED or h.get("decision") in ("reject", "futile"):
+            continue
+        needed.update(hypothesis_arms(claim, gate_arm=gate_arm))
+    return [arm for arm in arms if arm in needed]
 
 
 # ------------------------------------------------------------------------------- confirm table

@@ -191,7 +191,7 @@ def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
         chance=_chance(spec),
         sequential=sequential_design(spec.sequential, confirm.seeds),
     )
-    sequential = _sequential_fields(spec, claims.pop("_looks", None))
+    sequential = _sequential_fields(spec, claims.pop("_looks", None), trials_run=len(table))
     gate_lr_edges(claims, inputs.get("tuned") or {})
     if not inputs.get("searched", True):
         for claim in claims.values():
@@ -207,8 +207,11 @@ def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
     }
 
 
-def _sequential_fields(spec: StudySpec, looks: Any) -> dict[str, Any] | None:
-    """``looks``, ``seeds_used``, ``max_seeds``, ``trials_saved`` of a sequential claims study."""
+def _sequential_fields(
+    spec: StudySpec, looks: Any, *, trials_run: int | None = None
+) -> dict[str, Any] | None:
+    """``looks``, ``seeds_used``, ``max_seeds``, ``trials_saved`` of a sequential claims study
+    (``trials_run``: the confirmatory trials its table holds; arms stop at different looks)."""
     if spec.sequential is None or spec.confirm is None:
         return None
     from studies.sequential import sequential_fields
@@ -218,6 +221,7 @@ def _sequential_fields(spec: StudySpec, looks: Any) -> dict[str, Any] | None:
         spec.confirm.seeds,
         max_seeds=spec.sequential.max_seeds,
         trials_per_seed=len(spec.confirm.arms),
+        trials_run=trials_run,
     )
 
 
@@ -267,10 +271,13 @@ def _run_looks(
     run_ids: dict[str, str],
     tuned: Mapping[str, Any],
 ) -> None:
-    """The confirmatory seeds in looks (every arm per look), the claims tested anytime-validly after
-    each; no more seeds once every sequential claim is decided. A look already in the study
-    directory and every look of an explicit ``sequential.looks`` schedule (``extend``) run whatever
-    the decisions."""
+    """The confirmatory seeds in looks, the claims tested anytime-validly after each. Per-arm
+    stopping: a look runs only the arms a claimed hypothesis still undecided rests on
+    (:func:`studies.kinds.search.claims.arms_needed`; a reported claim such as e keeps no arm
+    running), and no more seeds once every claimed hypothesis is decided. An arm's look already in the
+    study directory runs whatever the decisions (a rerun repeats the study), and so does every look of
+    an explicit ``sequential.looks`` schedule (``extend``) for the arms still needed."""
+    from studies.kinds.search.claims import arms_needed
     from studies.sequential import look_seeds
     from studies.study_dir import StudyDir
 
@@ -279,8 +286,9 @@ def _run_looks(
     where = StudyDir.of(spec)
     plans = look_seeds(spec.confirm.seeds, schedule)
     arms = [arm for arm in spec.confirm.arms if arm in bases]
+    running = list(arms)
     for j, _ in plans:
-        for arm in arms:
+        for arm in running:
             confirmed = runner.run(confirm_plan(spec, plan, bases[arm], arm, look=j))
             _log_epoch_summaries(runner, look_plan_name(arm, j), arm)
             run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
@@ -291,12 +299,21 @@ def _run_looks(
         looks = verdict.get("looks") or []
         state = {k: h["decision"] for k, h in (looks[-1]["hypotheses"] if looks else {}).items()}
         print(f"[{spec.name}] look {j} ({schedule[j - 1]} seeds): {state}", flush=True)
-        ran_before = bool(read_trials(where.phase_plan(look_plan_name(arms[0], j + 1)), history=False))
-        decided = bool(state) and all(v in ("reject", "futile") for v in state.values())
-        if decided and not ran_before and spec.sequential.looks is None:
+        ran_before = [
+            arm for arm in arms if read_trials(where.phase_plan(look_plan_name(arm, j + 1)), history=False)
+        ]
+        needed = arms_needed(looks[-1]["hypotheses"], arms) if looks else list(arms)
+        running = [arm for arm in arms if arm in needed or arm in ran_before]
+        if not running and spec.sequential.looks is None:
             print(f"[{spec.name}] every claim decided after {schedule[j - 1]} seeds: stop", flush=True)
             break
-        runner.set_expected_trials(runner.expected_trials + len(plans[j][1]) * len(arms))
+        stopped = [arm for arm in arms if arm not in running]
+        if stopped:
+            print(
+                f"[{spec.name}] no more seeds for {', '.join(stopped)}: every claim on them is decided",
+                flush=True,
+            )
+        runner.set_expected_trials(runner.expected_trials + len(plans[j][1]) * len(running))
 
 
 _EPOCH_SUMMARY_METRICS = ("test_accuracy", "val_accuracy", "train_loss")
@@ -367,7 +384,7 @@ def _confirm_and_claims(
     else:
         searched_lr = float(best.config["training"]["lr"])
         for arm in confirm.arms:
-            base = arm_config(best.config, arm)
+            base = arm_config(best.config, arm, confirm.freeze)
             lr = searched_lr
             if confirm.lr_tuning is not None:
                 tplan = tune_plan(spec, plan, base, arm, searched_lr)
