@@ -113,6 +113,12 @@ class TunedDesign(ABC):
 
     # ---- tuning, the confirmatory table, the analysis
 
+    def look_arms(self, spec: Any, verdict: Mapping[str, Any], budget: str) -> list[str] | None:
+        """Per-arm stopping (PROTOCOL §5): the arms the next look of ``budget`` runs, given the
+        ``verdict`` of the looks so far; ``None``: every arm (the default: a kind whose hypotheses
+        share every arm)."""
+        return None
+
     def cell_of(self, spec: Any, trial: Any) -> str:
         """The tuning cell (one of ``spec.tuning_cells``) a tuning trial belongs to: its arm."""
         return arm_of(trial)
@@ -184,10 +190,12 @@ class TunedDesign(ABC):
     def opening_line(self, spec: Any) -> str:
         """Before the first phase: the design (:meth:`design_size`), its trial counts (the
         confirmatory ones through a sequential design's first look), then :meth:`design_note`."""
-        confirmatory = spec.total_trials - spec.tuning_trials
+        check = spec.adequacy_trials
+        confirmatory = spec.total_trials - spec.tuning_trials - check
+        adequacy = f" + {check} adequacy-check" if check else ""
         return (
             f"study {spec.name!r}: {self.design_size(spec)} = {confirmatory} confirmatory + "
-            f"{spec.tuning_trials} lr-tuning trials ({spec.total_trials} total){self.design_note(spec)}"
+            f"{spec.tuning_trials} lr-tuning{adequacy} trials ({spec.total_trials} total){self.design_note(spec)}"
         )
 
     @abstractmethod
@@ -243,9 +251,76 @@ def all_decided(verdict: Mapping[str, Any]) -> bool:
     )
 
 
+def _inputs(d: TunedDesign, records: Mapping[str, Any], checks: Mapping[str, Any]) -> dict[str, Any]:
+    """What :meth:`TunedDesign.analyse` is handed besides the table: the kind's own inputs and
+    ``adequacy``, the training-adequacy check's entries per budget (:mod:`studies.adequacy`)."""
+    return {**d.analysis_inputs(records), "adequacy": dict(checks)}
+
+
+def _stored_check(spec: Any, budget: str, lr: Rates, phases: Mapping[str, Sequence[Any]]) -> Any:
+    """The budget's adequacy check read back from the study directory (``report``):
+    :data:`studies.adequacy.NOT_MEASURED` when the spec has it off or its phase holds no trial."""
+    from studies import adequacy
+
+    trials = phases.get(adequacy.phase_of(budget)) or []
+    if not adequacy.enabled(spec) or not trials:
+        return adequacy.NOT_MEASURED
+    return adequacy.measure(spec, budget, lr, trials, _tuning_of(phases, budget))
+
+
 def _n_looks(spec: Any) -> int:
     """How many confirmatory looks the spec's design has (1 without ``sequential:``)."""
     return len(spec.sequential.schedule()) if getattr(spec, "sequential", None) is not None else 1
+
+
+def _recording(run: Any, ran: list[Any]) -> Any:
+    """``run`` (a ``run_points`` / ``run_refine``), its trials also added to ``ran``."""
+
+    def recorded(*args: Any) -> Any:
+        trials = list(run(*args))
+        ran.extend(trials)
+        return trials
+
+    return recorded
+
+
+def adequacy_line(spec: Any, budget: str, plan: StudyPlan) -> str:
+    """Before the adequacy check's phase."""
+    from studies.adequacy import FACTOR, check_seeds
+
+    cells = len(dict(plan.grid)["@"])
+    return (
+        f"phase {plan.name}: {cells} cells at their tuned lr, {FACTOR}x the budget (and 1x where the "
+        f"tuning lacks it) x {len(check_seeds(spec))} tuning seed(s): training adequacy"
+    )
+
+
+def adequacy_lines(entries: Any) -> list[str]:
+    """One line per cell of the adequacy check: reached, gain, passed or under-trained."""
+    if not isinstance(entries, Mapping):
+        return [f"  training adequacy: {entries}"]
+    out = []
+    for cell, e in entries.items():
+        if not isinstance(e, Mapping):
+            out.append(f"  {cell}: adequacy {e}")
+            continue
+        reached = "n/a" if e.get("reached") is None else f"{e['reached']:.4g}"
+        gain = "n/a" if e.get("gain") is None else f"{e['gain']:+.4g}"
+        state = "passed" if e.get("passed") else str(e.get("reason"))
+        out.append(f"  {cell}: reached {reached}, {gain} at twice the budget -> {state}")
+    return out
+
+
+def _tuning_of(phases: Mapping[str, Sequence[Any]], budget: str) -> list[Any]:
+    """The budget's tuning trials (``tune[-<budget>]``, its extension rounds and refinement) among
+    ``phases`` (read back from the study directory)."""
+    tune = phase_name("tune", budget)
+    return [
+        t
+        for name, ts in phases.items()
+        if name == tune or name.startswith(f"{tune}-ext") or name == f"{tune}-refine"
+        for t in ts
+    ]
 
 
 def _concat(tables: Sequence[Any]) -> Any:
@@ -265,10 +340,14 @@ class _Running:
     runner: Any
     environ: Environ
 
-    def tuning_rounds(self, budget: str) -> dict[str, Any]:
+    def tuning_rounds(self, budget: str, ran: list[Any]) -> dict[str, Any]:
         """The budget's range-extension rounds and refinement, each run as its own tuning phase: the
-        ``run_points`` and ``run_refine`` of :meth:`TunedDesign.select_learning_rates`."""
+        ``run_points`` and ``run_refine`` of :meth:`TunedDesign.select_learning_rates`; their trials
+        are added to ``ran``."""
         d, spec, seeds = self.d, self.spec, len(self.spec.lr_tuning.seeds)
+        return {key: _recording(run, ran) for key, run in self._rounds(budget, d, spec, seeds).items()}
+
+    def _rounds(self, budget: str, d: TunedDesign, spec: Any, seeds: int) -> dict[str, Any]:
         return {
             "run_points": extension_runner(
                 self.runner,
@@ -286,10 +365,35 @@ class _Running:
             ),
         }
 
-    def confirm(self, budget: str, lr: Rates, record: Mapping[str, Any], *, look: int) -> Any:
-        """One confirmatory phase (a look of a sequential design) as a trials table."""
+    def adequacy(self, budget: str, lr: Rates, tuning: Sequence[Any]) -> Any:
+        """The budget check (:mod:`studies.adequacy`), run as the phase ``tune[-<budget>]-adequacy``:
+        each cell's entry, one line per cell printed; :data:`studies.adequacy.NOT_MEASURED` when the
+        spec switches it off."""
+        from studies import adequacy
+
+        if not adequacy.enabled(self.spec):
+            return adequacy.NOT_MEASURED
+        plan = adequacy.adequacy_plan(self.spec, budget, lr, environ=self.environ)
+        say(self.d.TAG, adequacy_line(self.spec, budget, plan))
+        entries = adequacy.measure(self.spec, budget, lr, self.runner.run(plan).trials, tuning)
+        for line in adequacy_lines(entries):
+            say(self.d.TAG, line)
+        return entries
+
+    def confirm(
+        self,
+        budget: str,
+        lr: Rates,
+        record: Mapping[str, Any],
+        *,
+        look: int,
+        arms: Sequence[str] | None = None,
+    ) -> Any:
+        """One confirmatory phase (a look of a sequential design) as a trials table; ``arms``: only
+        these (per-arm stopping), ``None``: every arm."""
         d, spec = self.d, self.spec
-        plan = spec.confirmatory_plan(budget, lr, look=look, environ=self.environ)
+        only = {} if arms is None else {"arms": list(arms)}
+        plan = spec.confirmatory_plan(budget, lr, look=look, environ=self.environ, **only)
         say(d.TAG, d.confirm_line(spec, budget, plan))
         confirmed = self.runner.run(plan)
         table = d.confirm_table(spec, confirmed.trials, budget, record)
@@ -313,6 +417,8 @@ class TunedDesignKind(FolderKind):
         ``confirm[-<budget>]`` and a sequential design's optional later looks
         ``confirm[-<budget>]-look<j>``. The spec's η stands in for the tuned one (and the grid's top
         for an edge winner): the trial counts do not depend on them."""
+        from studies import adequacy
+
         tuning = spec.lr_tuning
         grid = tuning.lr_grid()
         rounds = tuning.max_extensions if grid.extendable else 0
@@ -327,6 +433,8 @@ class TunedDesignKind(FolderKind):
             ]
             if around:
                 out.append(Phase.of(spec.refine_plan(budget, dict.fromkeys(cells, around)), refine=True))
+            if adequacy.enabled(spec):
+                out.append(Phase.of(adequacy.adequacy_plan(spec, budget, placeholder)))
             out.append(Phase.of(spec.confirmatory_plan(budget, placeholder)))
             looks = range(2, _n_looks(spec) + 1)  # a sequential design's looks after the first
             out += [Phase.of(spec.confirmatory_plan(budget, placeholder, look=j), look=True) for j in looks]
@@ -355,6 +463,7 @@ class TunedDesignKind(FolderKind):
         study = spec.study_plan(environ=environ)
         say(d.TAG, d.opening_line(spec))
         records: dict[str, Any] = {}
+        checks: dict[str, Any] = {}
         tuned: dict[str, dict[str, float]] = {}
         tables: list[Any] = []
         sequential = getattr(spec, "sequential", None)
@@ -363,20 +472,21 @@ class TunedDesignKind(FolderKind):
             for budget in spec.budget_names:
                 plan = spec.tuning_plan(budget, environ=environ)
                 say(d.TAG, d.tuning_line(spec, budget, plan))
-                trials = runner.run(plan).trials
-                lr, record = d.select_learning_rates(spec, trials, **r.tuning_rounds(budget))
+                trials = list(runner.run(plan).trials)
+                lr, record = d.select_learning_rates(spec, trials, **r.tuning_rounds(budget, trials))
                 records[budget] = record
                 for line in tuned_lines(record):
                     say(d.TAG, line)
                 d.check_tuned(spec, lr)
                 tuned[budget] = lr
+                checks[budget] = r.adequacy(budget, lr, trials)
                 if sequential is None:
                     tables.append(r.confirm(budget, lr, record, look=1))
             if sequential is not None:
-                tables = self._run_looks(r, tuned, records)
+                tables = self._run_looks(r, tuned, records, checks)
             say(d.TAG, d.ANALYSIS_LINE)
             table = _concat(tables)
-            verdict = d.analyse(table, spec, **d.analysis_inputs(records))
+            verdict = d.analyse(table, spec, **_inputs(d, records, checks))
             cpu_h, gpu_h = runner.resource_hours()
             cost = (runner.wall_time_s, cpu_h, gpu_h)
             files = self._outputs(d, spec, verdict, table, runner.local_dir(), records, cost)
@@ -395,7 +505,11 @@ class TunedDesignKind(FolderKind):
         return study_outcome(spec, runner, verdict, table, files, verdicts=verdicts, tuned_lr=tuned_lr)
 
     def _run_looks(
-        self, r: _Running, tuned: Mapping[str, Mapping[str, float]], records: Mapping[str, Any]
+        self,
+        r: _Running,
+        tuned: Mapping[str, Mapping[str, float]],
+        records: Mapping[str, Any],
+        checks: Mapping[str, Any],
     ) -> list[Any]:
         """The confirmatory seeds in looks (every budget per look): after each, the anytime-valid
         test of every hypothesis; no more seeds once every one is decided. A look already in the study
@@ -411,12 +525,15 @@ class TunedDesignKind(FolderKind):
         where = StudyDir.of(spec)
         budgets = list(spec.budget_names)
         tables: list[Any] = []
+        arms: dict[str, list[str] | None] = dict.fromkeys(budgets)
         for j in range(1, len(schedule) + 1):
             for budget in budgets:
-                tables.append(r.confirm(budget, tuned[budget], records[budget], look=j))
+                if arms[budget] == []:
+                    continue  # every hypothesis of this budget decided: no arm needs the seeds
+                tables.append(r.confirm(budget, tuned[budget], records[budget], look=j, arms=arms[budget]))
             if j == len(schedule):
                 break
-            verdict = d.analyse(_concat(tables), spec, **d.analysis_inputs(records))
+            verdict = d.analyse(_concat(tables), spec, **_inputs(d, records, checks))
             state = {
                 k: h["decision"] for k, h in (verdict.get("looks") or [{}])[-1].get("hypotheses", {}).items()
             }
@@ -433,9 +550,18 @@ class TunedDesignKind(FolderKind):
                     f"every hypothesis decided after {schedule[j - 1]} of {spec.sequential.max_seeds} seeds: stop",
                 )
                 break
+            # The next look: a look already on disk runs as it ran (every arm); else per-arm stopping.
+            arms = {b: None if ran_before else d.look_arms(spec, verdict, b) for b in budgets}
+            per_budget = spec.trials_per_seed // len(budgets)
+            per_arm = per_budget // len(spec.arm_names)
+            per_seed = sum(per_budget if a is None else per_arm * len(a) for a in arms.values())
+            stopped = sorted(
+                {a for b, run in arms.items() if run is not None for a in spec.arm_names if a not in run}
+            )
+            if stopped:
+                say(d.TAG, f"no more seeds for {', '.join(stopped)}: every hypothesis on them is decided")
             runner.set_expected_trials(
-                runner.expected_trials
-                + len(dict(look_seeds(spec.seeds, schedule))[j + 1]) * spec.trials_per_seed
+                runner.expected_trials + len(dict(look_seeds(spec.seeds, schedule))[j + 1]) * per_seed
             )
         return tables
 
@@ -510,21 +636,23 @@ class TunedDesignKind(FolderKind):
             }
         n_looks = _n_looks(spec)
         records: dict[str, Any] = {}
+        checks: dict[str, Any] = {}
         tables = []
         for budget in spec.budget_names:
             tune = phase_name("tune", budget)
-            _, record = d.select_learning_rates(
+            lr, record = d.select_learning_rates(
                 spec,
                 phases[tune],
                 run_points=stored_rounds(spec, f"{tune}-ext"),
                 run_refine=stored_refinement(spec, f"{tune}-refine"),
             )
             records[budget] = record
+            checks[budget] = _stored_check(spec, budget, lr, phases)
             looks = {phase_name("confirm", budget, j) for j in range(1, n_looks + 1)}
             trials = [t for name, ts in phases.items() if name in looks for t in ts]
             tables.append(d.confirm_table(spec, trials, budget, record))
         table = _concat(tables)
-        verdict = d.analyse(table, spec, **d.analysis_inputs(records))
+        verdict = d.analyse(table, spec, **_inputs(d, records, checks))
         out_dir.mkdir(parents=True, exist_ok=True)
         files = self._outputs(d, spec, verdict, table, out_dir, records, spent(spec, phases, wall_time_s))
         return files.get("markdown", out_dir / "report.md")

@@ -709,3 +709,30 @@ def _folder(run: Any) -> str:
     # a group (several cells' stacks) is named after its first member, with the count of the others
     assert re.fullmatch(r"[a-z_]+-B\d+-(lr[0-9.e+-]+-)?s\d+\+\d+", group), (group, run.info.run_name)
     return str(group)
+
+
+def test_a_decided_fix_arm_gets_no_more_seeds() -> None:
+    from studies.kinds.batchsize.workflow import look_arms
+
+    spec = load_spec(DEFAULT_SPEC, preset="local", model=BatchSizeStudySpec)
+    assert spec.sequential is not None and len(spec.fix_arms) >= 2
+    first, second, *rest = spec.fix_arms
+    hypotheses = {first: {"decision": "reject"}, second: {"decision": "futile"}}
+    hypotheses.update({arm: {"decision": "continue"} for arm in rest})
+    verdict = {"budgets": {"epochs": {"looks": [{"n_seeds": 6, "hypotheses": hypotheses}]}}}
+    arms = look_arms(spec, verdict, "epochs")
+    assert arms is not None
+    assert first not in arms and second not in arms  # decided: stopped
+    assert set(rest) <= set(arms) and set(spec.control_arms) <= set(arms)  # open ones and controls go on
+    assert look_arms(spec, {"budgets": {"epochs": {"looks": []}}}, "epochs") is None  # before a look
+    done = {arm: {"decision": "reject"} for arm in spec.fix_arms}
+    assert look_arms(spec, {"budgets": {"epochs": {"looks": [{"hypotheses": done}]}}}, "epochs") == []
+    # the next look's plan holds just those arms, at every batch size
+    lr = (
+        {arm: 0.1 for arm in spec.arms}
+        if spec.lr_policy != "tuned"
+        else {cell_key(a, b): 0.1 for a in spec.arms for b in spec.batch_sizes}
+    )
+    plan = spec.confirmatory_plan(spec.budget_names[0], lr, look=2, arms=arms)
+    planned = {c["model"]["layer"]["type"] for c in _configs(plan)}
+    assert planned == set(arms)

@@ -25,6 +25,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, StrictBool
 
+from studies.adequacy import AdequacySpec
 from studies.kinds.batchsize.hypothesis import HYPOTHESIS
 from studies.schema import (
     NonNegInt,
@@ -112,6 +113,9 @@ class AnalysisSpec(BaseModel):
     n_perm: Annotated[int, Field(strict=True, ge=99)] = 9999  # >= 9,999 for a confirmatory claim
     seed: NonNegInt = 0
     confidence: Annotated[float, Field(strict=True, gt=0, lt=1)] = 0.95
+    adequacy: AdequacySpec = (
+        AdequacySpec()
+    )  # training adequacy: each (arm, B) cell at twice the budget, a floor
 
 
 Budget = Literal["epochs", "updates"]
@@ -143,6 +147,13 @@ class BatchSizeStudySpec(ArmStudySpec):
     grid: ClassVar[Mapping[str, str]] = {"arms": "model.layer.type", "batch_sizes": "training.batch_size"}
     # Readable trial names (MLflow legends, run lists): the arm, the batch size (then the seed).
     trial_name: ClassVar[str] = "{model.layer.type}-B{training.batch_size}"
+    adequacy_seed_count: ClassVar[int] = 1  # the adequacy check runs each (arm, B) cell on one tuning seed
+    stored_defaults: ClassVar[Mapping[str, Any]] = {
+        **ArmStudySpec.stored_defaults,
+        "analysis.adequacy": {"check": False},
+    }
+    """:attr:`ArmStudySpec.stored_defaults`, and a study stored before the training-adequacy check
+    existed ran without it (its verdict says ``"adequacy": "not measured"``)."""
 
     def design_issues(self) -> list[SpecIssue]:
         """The control and the controls among the arms, at least one fix arm; distinct batch sizes and
@@ -276,6 +287,7 @@ class BatchSizeStudySpec(ArmStudySpec):
         *,
         look: int = 1,
         environ: Mapping[str, str] | None = None,
+        arms: Sequence[str] | None = None,
     ) -> StudyPlan:
         """Phase 2: every arm x batch size x seed with the tuned learning rates (FIFO, full budget).
 
@@ -283,9 +295,12 @@ class BatchSizeStudySpec(ArmStudySpec):
             lr: ``cell_key(arm, B) -> lr`` for ``tuned``; else ``arm -> lr`` (the η at the reference
                 batch size, scaled with B by the trial for ``linear`` / ``sqrt``).
             look: a sequential design's look (1-based): the plan runs the seeds that look adds.
+            arms: only these arms (a later look under per-arm stopping); ``None``: every arm.
         """
         cells = []
         for arm in self.arms:
+            if arms is not None and arm not in arms:
+                continue
             for b in self.batch_sizes:
                 key = cell_key(arm, b) if self.lr_policy == "tuned" else arm
                 if key not in lr:

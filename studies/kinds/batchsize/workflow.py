@@ -141,9 +141,37 @@ def _sequential_summary(spec: BatchSizeStudySpec, verdict: Mapping[str, Any]) ->
                 merged.append({"n_seeds": look["n_seeds"], "hypotheses": {}})
             prefix = f"{budget}/" if len(budgets) > 1 else ""
             merged[j]["hypotheses"].update({f"{prefix}{arm}": h for arm, h in look["hypotheses"].items()})
-    return sequential_fields(
-        merged, spec.seeds, max_seeds=spec.sequential.max_seeds, trials_per_seed=spec.trials_per_seed
+    run = sum(
+        int(r.get("n") or 0) for result in budgets.values() for r in (result.get("arms") or {}).values()
     )
+    return sequential_fields(
+        merged,
+        spec.seeds,
+        max_seeds=spec.sequential.max_seeds,
+        trials_per_seed=spec.trials_per_seed,
+        trials_run=run or None,
+    )
+
+
+def look_arms(spec: BatchSizeStudySpec, verdict: Mapping[str, Any], budget: str) -> list[str] | None:
+    """Per-arm stopping (PROTOCOL §5) for ``budget``'s next look: a fix arm whose hypothesis (its
+    interaction against the control) is decided gets no more seeds; the controls go on while any fix
+    arm's hypothesis is open (the control pairs with every fix arm, and the control labels are the
+    claim's second half); ``[]`` once every fix arm is decided. ``None`` before the first look."""
+    budgets = verdict.get("budgets") or {"": verdict}
+    result = budgets.get(budget) or (budgets.get("") if len(budgets) == 1 else None)
+    looks = (result or {}).get("looks") or []
+    if not looks:
+        return None
+    hypotheses = looks[-1]["hypotheses"]
+    open_fix = [
+        arm
+        for arm in spec.fix_arms
+        if (hypotheses.get(arm) or {}).get("decision") not in ("reject", "futile")
+    ]
+    if not open_fix:
+        return []
+    return [arm for arm in spec.arms if arm in open_fix or arm in spec.control_arms]
 
 
 _VERDICT_NUMBERS = (
@@ -208,6 +236,13 @@ def _num(v: Any) -> str:
     )
 
 
+def _p(v: Any) -> str:
+    """A p-value: a probability, never signed."""
+    return (
+        f"{v:.4g}" if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else "n/a"
+    )
+
+
 def _ci(ci: Any) -> str:
     if isinstance(ci, list | tuple) and len(ci) == 2 and all(isinstance(x, int | float) for x in ci):
         return f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
@@ -222,6 +257,11 @@ class BatchSizeDesign(TunedDesign):
     TAG = "batchsize"
     ANALYSIS_LINE = "phase analysis: statistics, verdict, report"
     REPORT_READS_RUN = True
+
+    def look_arms(
+        self, spec: BatchSizeStudySpec, verdict: Mapping[str, Any], budget: str
+    ) -> list[str] | None:
+        return look_arms(spec, verdict, budget)
 
     def cell_of(self, spec: BatchSizeStudySpec, trial: TrialRecord) -> str:
         """Its arm, or ``cell_key(arm, B)`` for ``lr_policy: tuned``."""
@@ -329,7 +369,7 @@ class BatchSizeDesign(TunedDesign):
                 lines.append(
                     f"  {arm:<18} n={r.get('n')} failed={r.get('n_failed')} slope={_num(r.get('slope'))} "
                     f"{_ci(r.get('slope_ci'))} interaction={_num(r.get('interaction'))} {_ci(r.get('interaction_ci'))} "
-                    f"p_holm={_num(r.get('p_value_holm'))} -> {labels.get(arm, '?')}"
+                    f"p_holm={_p(r.get('p_value_holm'))} -> {labels.get(arm, '?')}"
                     + (f" ({'; '.join(r.get('reasons') or [])})" if r.get("reasons") else "")
                 )
         if len(budgets) > 1:
