@@ -31,8 +31,10 @@ __all__ = [
     "Section",
     "begin_report",
     "caption",
+    "count",
     "data_uri",
     "draw_contrast_row",
+    "estimate_name",
     "finite",
     "fmt",
     "fmt_ci",
@@ -118,6 +120,30 @@ def fmt(v: Any, digits: int = 3) -> str:
     if isinstance(v, float | np.floating):
         return f"{float(v):.{digits}g}" if math.isfinite(v) else "–"
     return str(v)
+
+
+def count(n: Any, noun: str, plural: str | None = None) -> str:
+    """``1 seed``, ``2 seeds``, ``0 seeds``: a count with its noun in the right number (``plural``
+    when adding an ``s`` is wrong)."""
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"
+
+
+_ESTIMATE_NAMES: dict[str, str] = {"batchsize": "interaction", "compare": "difference"}
+_CLAIM_ESTIMATES: dict[str, str] = {"c": "slope", "d": "median epoch"}
+
+
+def estimate_name(kind: Any, hypothesis: str) -> str:
+    """What a hypothesis's ``estimate`` (the shared ``hypotheses`` view of ``verdict.json``) is, in
+    one word or two, so that no estimate is printed without its name: the batch-size kind's
+    ``interaction`` (the per-seed slope of the paired differences fix − control vs log2 B), the
+    compare kind's ``difference`` (arm − reference), the claims study's ``difference`` (claims a, b,
+    e: paired contrasts), ``slope`` (claim c and its sub-layers: DyT weight vs block index) and
+    ``median epoch`` (claim d: the collapse epoch); ``estimate`` for anything else."""
+    if kind == "search":
+        return next(
+            (n for prefix, n in _CLAIM_ESTIMATES.items() if str(hypothesis).startswith(prefix)), "difference"
+        )
+    return _ESTIMATE_NAMES.get(str(kind), "estimate")
 
 
 def fmt_refinement(refine: Mapping[str, Any] | None) -> str:

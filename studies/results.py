@@ -241,14 +241,16 @@ def _num(v: Any, digits: int = 3) -> str:
     return str(int(v)) if isinstance(v, int) else f"{float(v):.{digits}g}"
 
 
-def _estimate(h: Mapping[str, Any]) -> str:
+def _estimate(h: Mapping[str, Any], name: str = "") -> str:
+    """``difference 0.0036 [-0.00025, 0.0075]``: the estimate after its ``name``
+    (:func:`studies.reporting.estimate_name`), then its interval."""
     est, ci = h.get("estimate"), h.get("ci")
     if _num(est) == NONE:
         return NONE
     interval = ""
     if isinstance(ci, list | tuple) and len(ci) == 2 and all(_num(c) != NONE for c in ci):
         interval = f" [{_num(ci[0])}, {_num(ci[1])}]"
-    return f"{_num(est)}{interval}"
+    return f"{name + ' ' if name else ''}{_num(est)}{interval}"
 
 
 def _equivalence_reason(verdict: Mapping[str, Any], entry: Mapping[str, Any], label: str) -> list[str]:
@@ -308,7 +310,7 @@ def _budget_short(budget: Mapping[str, Any]) -> str:
         value = budget.get(key)
         if value is not None:
             text = "/".join(str(v) for v in value) if isinstance(value, list) else str(value)
-            parts.append(f"{text} {key}")
+            parts.append(f"{text} {key.removesuffix('s') if value == 1 else key}")
     return " or ".join(parts)
 
 
@@ -326,7 +328,9 @@ def scope_short(scope: Any) -> str:
         else "",
         str(model.get("name") or model.get("type") or ""),
         _budget_short(scope.get("budget") or {}),
-        f"{scope['seeds']} seeds" if isinstance(scope.get("seeds"), int) else "",
+        f"{scope['seeds']} seed{'' if scope['seeds'] == 1 else 's'}"
+        if isinstance(scope.get("seeds"), int)
+        else "",
         " ".join(str(scope[k]) for k in ("device", "precision") if scope.get(k)),
     ]
     return ", ".join(p for p in parts if p) or NONE
@@ -354,20 +358,70 @@ _REMEDIES = (
 )
 
 
-def _seed_needs(spec: Any, kind: Any, directory: Path) -> tuple[dict[str, int | None], int, str | None]:
-    """``(seeds needed per test, the spec's minimum seeds, why none)`` at :data:`POWER`, from the
-    directory's confirmatory table (:meth:`studies.contract.StudyKind.power`)."""
+def _seed_needs(
+    spec: Any, kind: Any, directory: Path
+) -> tuple[dict[str, int | None], int, str | None, dict[str, dict[str, Any]]]:
+    """``(seeds needed per test, the spec's minimum seeds, why none, futility per test)`` at
+    :data:`POWER`, from the directory's confirmatory table (:meth:`studies.contract.StudyKind.power`).
+    A test whose estimate lies on the wrong side of its claim is in the last mapping instead of the
+    first: ``{"seeds", "estimate", "rule", "effect"}``, the seeds at which it would be given up
+    (:func:`studies.stats.futility_needs`), not a power count for its ``|effect|``."""
     if kind is None:
-        return {}, 2, "the spec does not load here"
+        return {}, 2, "the spec does not load here", {}
     try:
         result = kind.power(spec, directory, power=POWER, min_effect=None, alpha=kind.alpha(spec))
     except Exception as exc:
-        return {}, 2, f"not estimable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        why = f"not estimable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        return {}, 2, why, {}
     needed = {
         str(k): (int(v) if isinstance(v, int) else None)
         for k, v in (result.get("seeds_needed") or {}).items()
     }
-    return needed, int(result.get("min_seeds") or 2), None
+    futile: dict[str, dict[str, Any]] = {}
+    for name, side in (result.get("wrong_side") or {}).items():
+        if side:
+            k = (result.get("futility_seeds") or {}).get(name)
+            futile[str(name)] = {
+                "seeds": int(k) if isinstance(k, int) else None,
+                "estimate": (result.get("estimate") or {}).get(name),
+                "rule": result.get("futility_rule") or "fixed",
+                "effect": result.get("futility_effect") or 0.0,
+                "min_seeds": int(result.get("min_seeds") or 2),
+            }
+            needed.pop(str(name), None)
+    return needed, int(result.get("min_seeds") or 2), None, futile
+
+
+def _futility_text(futile: Mapping[str, Any], *, seeds_used: int | None, price: Any) -> str:
+    """What decides a test whose estimate points against its claim: where the interval the study
+    decides with would exclude every claimed effect (at the mean and spread it saw)."""
+    est, k, effect = futile.get("estimate"), futile.get("seeds"), float(futile.get("effect") or 0.0)
+    sequential = futile.get("rule") == "sequential"
+    interval = "confidence sequence" if sequential else "t-interval"
+    outcome = "futile" if sequential else "refuted"
+    excludes = (
+        f"excludes every effect of {_num(effect)} or more in the claimed direction"
+        if effect > 0
+        else "lies entirely on the other side of 0"
+    )
+    head = f"{futile.get('name') or 'estimate'} {_num(est)} on the wrong side of the claim"
+    if k is None:
+        return f"{head}: no practical seed count makes its {interval} exclude the claimed effects"
+    floor = int(futile.get("min_seeds") or 2)
+    if seeds_used and max(k, floor) <= seeds_used:
+        return (
+            f"{head}: at the mean and spread seen its {interval} {excludes} from {k} seeds, "
+            f"no more than the {seeds_used} used"
+        )
+    if k < floor:
+        return (
+            f"{head}: {outcome} at ≈{floor} seeds, the design's minimum (its {interval}, at the mean "
+            f"and spread seen, {excludes} from {k}){price(floor)}"
+        )
+    return (
+        f"{head}: {outcome} at ≈{k} seeds, where its {interval}, at the mean and spread seen, "
+        f"{excludes}{price(k)}"
+    )
 
 
 def to_decide(
@@ -378,11 +432,15 @@ def to_decide(
     *,
     seeds_used: int | None,
     cost: tuple[float, float] | None,
+    futile: Mapping[str, Any] | None = None,
 ) -> str:
     """What would decide an inconclusive hypothesis and what that costs (``—`` for a decided one):
     the seeds that reach :data:`POWER` at the effect and spread the study saw (raised to the spec's
     minimum; a lower bound), priced as a rerun with that many seeds at this study's cost per seed,
-    then the remedy of each other reason."""
+    then the remedy of each other reason. An estimate on the wrong side of the claim (``futile``:
+    ``{"seeds", "estimate", "rule", "effect"}`` from :func:`_seed_needs`, and the estimate's
+    ``name``) says so and gives the seeds at which the claim would be given up (futile under a
+    sequential design, refuted under a fixed one) instead of a power count for its ``|effect|``."""
     if verdict_label != "inconclusive":
         return NONE
     if any(str(r).startswith("equivalent:") for r in reasons):
@@ -395,7 +453,9 @@ def to_decide(
         cpu, gpu = (c * n / seeds_used for c in cost)
         return f" (≈{_num(cpu, 2)} CPU-h, {_num(gpu, 2)} GPU-h: a rerun at this study's cost per seed)"
 
-    if seeds is not None and seeds_used and seeds <= seeds_used:
+    if futile is not None and not any(str(r).startswith("equivalent:") for r in reasons):
+        parts.append(_futility_text(futile, seeds_used=seeds_used, price=price))
+    elif seeds is not None and seeds_used and seeds <= seeds_used:
         # The planning t-test is satisfied already: the sequential (anytime-valid) test the study
         # decided with pays for looking at every step with a wider interval, so it needs more.
         parts.append(
@@ -439,6 +499,7 @@ def display_path(path: Path) -> str:
 
 def result_rows(directory: Path) -> list[Row]:
     """The rows of one stored study: its own verdict first, then each hypothesis by name."""
+    from studies.reporting import estimate_name
     from studies.reproduce import ReproduceError, stored_study
 
     verdict = _read_json(directory / VERDICT_FILE)
@@ -448,7 +509,9 @@ def result_rows(directory: Path) -> list[Row]:
     except (ReproduceError, OSError):
         spec, kind = None, None
     name = str(getattr(spec, "name", None) or directory.name)
-    needs, min_seeds, why = _seed_needs(spec, kind, directory) if _undecided(verdict) else ({}, 2, None)
+    needs, min_seeds, why, futility = (
+        _seed_needs(spec, kind, directory) if _undecided(verdict) else ({}, 2, None, {})
+    )
     cost = _cost(verdict, provenance)
     used = _seeds_used(verdict)
     run = provenance.get("study_run") if isinstance(provenance.get("study_run"), Mapping) else None
@@ -466,6 +529,10 @@ def result_rows(directory: Path) -> list[Row]:
         if why is not None:
             return None, why
         values = [v for k, v in needs.items() if test is None or k == test]
+        if not values and test is not None and test in futility:
+            return None, None  # on the wrong side of its claim: the futility count says it
+        if not values and futility:
+            return None, "every estimate points against its claim: each row says when it would be given up"
         if not values:
             return None, "no seed count is planned for it"
         if None in values:
@@ -478,10 +545,19 @@ def result_rows(directory: Path) -> list[Row]:
             hypothesis=hypothesis,
             claim=claim,
             verdict=label,
-            estimate=_estimate(h) if test is not None else NONE,
+            estimate=_estimate(h, estimate_name(verdict.get("kind"), hypothesis))
+            if test is not None
+            else NONE,
             seeds=_num(n) if n is not None else NONE,
             to_decide=to_decide(
-                label, [str(r) for r in reasons or []], *needed(test), seeds_used=used, cost=cost
+                label,
+                [str(r) for r in reasons or []],
+                *needed(test),
+                seeds_used=used,
+                cost=cost,
+                futile={**futility[test], "name": estimate_name(verdict.get("kind"), test)}
+                if test is not None and test in futility
+                else None,
             ),
             **common,
         )
@@ -521,37 +597,105 @@ def table_lines(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
-def render_page(dirs: Sequence[Path], rows: Sequence[Row]) -> str:
-    """``docs/results.md``: what the page is, then the table (or that nothing is stored yet)."""
-    sources = ", ".join(f"`{display_path(d)}`" for d in dirs)
+def render_page(
+    dirs: Sequence[Path], rows: Sequence[Row], claims: Sequence[Any] = (), figure: str | None = None
+) -> str:
+    """``docs/results.md``: one table of the papers' claims (``claims``,
+    :func:`studies.claims_page.claim_rows`) and its ``figure``, then per study its shared scope,
+    cost, run and reproduce command once and one row per hypothesis (or that nothing is stored yet)."""
+    from studies.claims_page import claim_lines
+
     head = [
         "# Results",
         "",
         "<!-- Generated by `autonorm-study results`: edit the stored studies, not this file. "
         "tests/test_results_page.py regenerates it from results/ and fails when they differ. -->",
         "",
-        "Every stored study (`results/<study>/`: its `verdict.json`, `study_spec.yaml`, `provenance.json` and "
-        "trial tables, `autonorm-study results --export STUDY_DIR` copies them from a finished study), one row "
-        "for the study's own verdict and one per hypothesis. `autonorm-study reproduce results/<study>` "
-        "re-analyses a stored study from its own tables, without MLflow, and prints `reproduced` when its "
-        "verdict follows from them. An inconclusive row says what would decide it: the seeds that reach "
-        f"{POWER:.0%} power at the effect and spread the study saw (a lower bound), priced as a rerun at the "
-        "study's cost per seed, and the remedy of each other reason.",
-        "",
     ]
     if not rows:
         return "\n".join([*head, "No study is stored yet.", ""])
-    head += [f"Studies: {sources}.", ""]
-    return "\n".join([*head, *table_lines(rows), ""])
+    out = [
+        *head,
+        "One row per claim of the two papers, read from the stored studies in `results/` (each "
+        "estimate in the claim's units with its 95% interval; a sequential study's interval is the "
+        "running intersection of its confidence sequences). Adequacy says whether the arms learned the "
+        "task (`autonorm-study results --reanalyse` marks a study run before the check `not measured`), "
+        "beside what the paper reports.",
+        "",
+        *claim_lines(claims),
+        "",
+    ]
+    if figure:
+        out += [f"![every claim's estimate and interval, coloured by verdict]({figure})", ""]
+    out += [
+        "## Per study",
+        "",
+        "Each stored study (`results/<study>/`: `verdict.json`, `study_spec.yaml`, `provenance.json`, the "
+        "trial tables; `autonorm-study results --export STUDY_DIR` copies a finished study there) with its "
+        "scope, cost, MLflow run and reproduce command once, then one row per hypothesis. `autonorm-study "
+        "reproduce results/<study>` re-analyses it from its own tables and prints `reproduced`. An "
+        "undecided row says what would decide it: the seeds that reach "
+        f"{POWER:.0%} power at the effect and spread the study saw (a lower bound) or, for an estimate on the "
+        "wrong side of its claim, the seeds at which the claim would be given up, priced as a rerun at the "
+        "study's cost per seed, and the remedy of each other reason.",
+        "",
+    ]
+    for d in dirs:
+        mine = [r for r in rows if r.study == _study_name(d, rows)]
+        if not mine:
+            continue
+        first = mine[0]
+        out += [
+            f"### `{display_path(d)}`",
+            "",
+            f"{first.kind} study, verdict **{_study_verdict(mine)}**. Scope: {first.scope}. Cost: {first.cost}. "
+            f"MLflow run `{first.mlflow_run}`. Reproduce: `{first.reproduce}`.",
+            "",
+            *study_table_lines(mine),
+            "",
+        ]
+    return "\n".join(out)
+
+
+def _study_name(directory: Path, rows: Sequence[Row]) -> str:
+    """The study name its rows carry (the spec's name, else the directory's)."""
+    names = {r.study for r in rows}
+    return (
+        directory.name
+        if directory.name in names
+        else next((r.study for r in rows if r.reproduce.endswith(display_path(directory))), directory.name)
+    )
+
+
+def _study_verdict(rows: Sequence[Row]) -> str:
+    return next((r.verdict for r in rows if r.hypothesis == STUDY_ROW), NONE)
+
+
+STUDY_COLUMNS = ("hypothesis", "claim", "verdict", "estimate [CI]", "seeds", "to decide")
+
+
+def study_table_lines(rows: Sequence[Row]) -> list[str]:
+    """One study's hypotheses as Markdown lines (what :func:`render_page` shows per study)."""
+    lines = ["| " + " | ".join(STUDY_COLUMNS) + " |", "|" + "---|" * len(STUDY_COLUMNS)]
+    for r in rows:
+        if r.hypothesis == STUDY_ROW:
+            continue
+        cells = (r.hypothesis, r.claim, r.verdict, r.estimate, r.seeds, r.to_decide)
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return lines
 
 
 def write_page(paths: Iterable[Path], output: Path) -> tuple[list[Row], str]:
-    """Read every stored study under ``paths`` (:func:`study_dirs`), write the page to ``output``;
-    the rows and the page's text."""
+    """Read every stored study under ``paths`` (:func:`study_dirs`), write the page to ``output`` and
+    its figure beside it (``<output stem>.png``); the rows and the page's text."""
+    from studies.claims_page import claim_rows, plot_claims
+
     dirs = study_dirs(paths)
     rows = [row for d in dirs for row in result_rows(d)]
-    text = render_page(dirs, rows)
+    claims = claim_rows([(d.name, _read_json(d / VERDICT_FILE)) for d in dirs]) if rows else []
     output.parent.mkdir(parents=True, exist_ok=True)
+    figure = plot_claims(claims, output.with_suffix(".png")) if claims else None
+    text = render_page(dirs, rows, claims, figure.name if figure is not None else None)
     output.write_text(text, encoding="utf-8")
     return rows, text
 

@@ -12,7 +12,9 @@ names from here (``from studies.stats import holm``), its submodules hold the jo
   :mod:`~studies.stats.randomisation`), t-intervals and a seed bootstrap (:func:`t_interval`,
   :func:`seed_interval`), the interval of a mean correlation on the Fisher-z scale
   (:func:`fisher_z_interval`, always inside [-1, 1]), one-sample t-tests (:func:`t_test_p`; in :mod:`~studies.stats.intervals`)
-  and their power (:func:`power_of_t_test`, :func:`seeds_needed`; in :mod:`~studies.stats.power`).
+  and their power (:func:`power_of_t_test`, :func:`seeds_needed`; in :mod:`~studies.stats.power`),
+  and for an estimate on the wrong side of its claim the seeds at which it would be given up
+  (:func:`wrong_side`, :func:`seeds_to_futility`, :func:`futility_needs` for a family).
 * **Sequential designs** (the protocol's §4; :mod:`~studies.stats.anytime`): the normal-mixture
   t-test, anytime-valid for unknown variance (Wang & Ramdas, arXiv 2310.03722, Thm 4.9; the
   ``safestats`` R package): :func:`mixture_log_e_values`, :func:`confidence_sequence`,
@@ -42,7 +44,7 @@ from studies.stats.intervals import (
     t_test_p,
 )
 from studies.stats.multiplicity import holm, holm_into
-from studies.stats.power import power_of_t_test, seeds_needed
+from studies.stats.power import futility_needs, power_of_t_test, seeds_needed, seeds_to_futility, wrong_side
 from studies.stats.randomisation import (
     EXACT_PERMUTATION_LIMIT,
     log_n_permutations,
@@ -59,6 +61,7 @@ __all__ = [
     "confidence_sequence",
     "expected_seeds",
     "fisher_z_interval",
+    "futility_needs",
     "holm",
     "holm_into",
     "log_n_permutations",
@@ -71,10 +74,12 @@ __all__ = [
     "power_of_t_test",
     "seed_interval",
     "seeds_needed",
+    "seeds_to_futility",
     "sequential_family",
     "sequential_looks",
     "sequential_test",
     "sign_flip_p",
     "t_interval",
     "t_test_p",
+    "wrong_side",
 ]

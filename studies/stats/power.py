@@ -1,15 +1,18 @@
-"""Power of a fixed design: the one-sample t-test's noncentral t power and the seeds it needs."""
+"""Power of a fixed design: the one-sample t-test's noncentral t power and the seeds it needs; and,
+for an estimate on the wrong side of its claim, the seeds at which the claim would be given up
+(:func:`seeds_to_futility`)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from studies.stats._checks import Alternative, _check_alpha, _check_alternative, _scipy_stats
 
-__all__ = ["power_of_t_test", "seeds_needed"]
+__all__ = ["futility_needs", "power_of_t_test", "seeds_needed", "seeds_to_futility", "wrong_side"]
 
 
 def power_of_t_test(
@@ -124,3 +127,133 @@ def seeds_needed(
         else:
             lo = mid
     return hi
+
+
+def wrong_side(estimate: float | None, alternative: Alternative) -> bool:
+    """Whether ``estimate`` lies on the wrong side of 0 for a one-sided claim (``"greater"``: below 0,
+    ``"less"``: above 0); never for ``"two-sided"`` or a missing estimate."""
+    _check_alternative(alternative)
+    if estimate is None or not math.isfinite(estimate):
+        return False
+    return (alternative == "greater" and estimate < 0) or (alternative == "less" and estimate > 0)
+
+
+def _half_width(n: int, sd: float, *, alpha: float, sequential: bool, confidence: float, g: float) -> float:
+    """Half the width of the interval a study reads at ``n`` seeds with per-seed sd ``sd``: the
+    mixture t-test's confidence sequence (:func:`studies.stats.anytime.confidence_sequence`, infinite
+    while too few seeds) or the two-sided t-interval at ``confidence``."""
+    if sequential:
+        c = 1.0 + n * g
+        log_k = (math.log(c) - 2.0 * math.log(alpha)) / n
+        if log_k >= math.log(c):
+            return math.inf
+        kk = math.exp(log_k)
+        return sd / math.sqrt(n) * math.sqrt((n - 1) * (kk - 1.0) / (1.0 - kk / c))
+    return float(_scipy_stats().t.ppf(0.5 + confidence / 2.0, n - 1)) * sd / math.sqrt(n)
+
+
+def seeds_to_futility(
+    values: Sequence[float],
+    *,
+    alpha: float,
+    alternative: Alternative,
+    min_effect: float | None = None,
+    sequential: bool = True,
+    prior_scale: float = 1.0,
+    confidence: float | None = None,
+    k_max: int = 10_000,
+) -> int | None:
+    """The seeds at which a claim whose per-seed values point the other way would be given up.
+
+    Projected at the per-seed mean and sd the study saw (both held fixed as seeds are added): the
+    smallest K >= 2 at which the interval the study decides with excludes every effect of at least
+    ``min_effect`` in the claimed direction (``alternative``: ``"greater"``: its upper bound below
+    ``min_effect``; ``"less"``: its lower bound above ``-min_effect``). ``sequential``: the mixture
+    t-test's confidence sequence at level 1 - ``alpha`` (``prior_scale`` its g) -- the protocol's
+    futility rule (the protocol's §4); else the fixed design's two-sided t-interval at ``confidence``
+    (default 1 - ``alpha``), which refutes the claim once it lies on the other side of the
+    threshold. ``min_effect`` ``None`` means 0: the interval entirely on the wrong side.
+
+    Returns:
+        K, or ``None`` for a two-sided claim, fewer than 2 finite values, or a mean that does not lie
+        beyond the threshold (no seed count excludes the claimed effects then), or when ``k_max``
+        seeds do not suffice.
+    """
+    _check_alpha(alpha)
+    _check_alternative(alternative)
+    if min_effect is not None and not (math.isfinite(min_effect) and min_effect >= 0):
+        raise ValueError(f"min_effect must be finite and >= 0 (or None), got {min_effect!r}")
+    level = 1.0 - alpha if confidence is None else confidence
+    _check_alpha(level, "confidence")
+    arr = np.asarray(values, dtype=float).ravel()
+    arr = arr[np.isfinite(arr)]
+    if alternative == "two-sided" or arr.size < 2:
+        return None
+    threshold = float(min_effect or 0.0)
+    # Orient so the claim is "greater": futile once mean + half < threshold.
+    mean = float(arr.mean()) if alternative == "greater" else -float(arr.mean())
+    sd = float(arr.std(ddof=1))
+    if mean >= threshold:
+        return None
+
+    def futile(k: int) -> bool:
+        half = _half_width(k, sd, alpha=alpha, sequential=sequential, confidence=level, g=prior_scale)
+        return mean + half < threshold
+
+    if not futile(int(k_max)):
+        return None
+    lo, hi = 1, int(k_max)  # futile(hi); the half-width shrinks with K, so bisect
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if mid >= 2 and futile(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def futility_needs(
+    per_seed: Mapping[str, Sequence[float]],
+    *,
+    alternatives: Mapping[str, Alternative],
+    alpha: float,
+    min_effect: float | None,
+    sequential: bool,
+    prior_scale: float = 1.0,
+    confidence: float | None = None,
+) -> dict[str, Any]:
+    """For each test of a family, from its per-seed values: ``estimate`` (their mean, signed; ``None``
+    without a value), ``wrong_side`` (:func:`wrong_side` of it for ``alternatives[name]``) and
+    ``futility_seeds`` (:func:`seeds_to_futility` where it is on the wrong side, else ``None``);
+    ``futility_rule`` says which interval (``"sequential"``: the confidence sequence, ``"fixed"``:
+    the t-interval) and ``futility_effect`` the effect it must exclude (``min_effect``, 0 when
+    ``None``)."""
+    out: dict[str, Any] = {
+        "estimate": {},
+        "wrong_side": {},
+        "futility_seeds": {},
+        "futility_rule": "sequential" if sequential else "fixed",
+        "futility_effect": float(min_effect or 0.0),
+    }
+    for name, values in per_seed.items():
+        arr = np.asarray(list(values), dtype=float)
+        arr = arr[np.isfinite(arr)]
+        est = float(arr.mean()) if arr.size else None
+        alternative = alternatives[name]
+        side = wrong_side(est, alternative)
+        out["estimate"][name] = est
+        out["wrong_side"][name] = side
+        out["futility_seeds"][name] = (
+            seeds_to_futility(
+                arr,
+                alpha=alpha,
+                alternative=alternative,
+                min_effect=min_effect,
+                sequential=sequential,
+                prior_scale=prior_scale,
+                confidence=confidence,
+            )
+            if side
+            else None
+        )
+    return out

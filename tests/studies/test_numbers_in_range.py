@@ -1,17 +1,34 @@
-"""Every number in range and labelled (issue #47 item 4; the protocol's §5 "Numbers in range"):
-intervals of a correlation inside [-1, 1], the sensitivity analysis on the primary's test."""
+"""Every number in range and labelled (issue #47 item 4; the protocol's §5 "Numbers in range" and
+"What would decide it"): intervals of a correlation inside [-1, 1], the sensitivity analysis on the
+primary's test, "to decide" from the signed estimate, p-values unsigned, every estimate named."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from studies.cli import verdict_lines
 from studies.kinds.batchsize.analysis import batchsize_trend
-from studies.stats import fisher_z_interval
+from studies.kinds.batchsize.workflow import DESIGN
+from studies.kinds.compare.report import _contrast_rows
+from studies.kinds.search.report import claims_table
+from studies.reporting import count, estimate_name
+from studies.results import to_decide
+from studies.stats import (
+    confidence_sequence,
+    fisher_z_interval,
+    futility_needs,
+    seeds_to_futility,
+    t_interval,
+    wrong_side,
+)
 
 ARGS: dict[str, Any] = {
     "control": "linear",
@@ -178,3 +195,159 @@ def test_sensitivity_drops_failures_under_the_sequential_test() -> None:
     fixed = batchsize_trend(df, n_perm=999, **ARGS)["arms"]["corrected"]["sensitivity"]["interaction_ci"]
     lo, hi = corrected["sensitivity"]["interaction_ci"]
     assert hi - lo > fixed[1] - fixed[0]
+
+
+# ---- "to decide" from the signed estimate --------------------------------------------------------
+
+
+def test_wrong_side_is_read_from_the_sign_and_the_claimed_direction() -> None:
+    assert wrong_side(-0.5, "greater") and wrong_side(0.5, "less")
+    assert not wrong_side(0.5, "greater") and not wrong_side(-0.5, "less")
+    assert not wrong_side(-0.5, "two-sided") and not wrong_side(None, "greater")
+
+
+@pytest.mark.parametrize("sequential", [True, False])
+def test_seeds_to_futility_is_where_the_interval_excludes_every_claimed_effect(sequential: bool) -> None:
+    rng = np.random.default_rng(1)
+    values = rng.normal(-0.5, 1.0, 12)  # a claim "> 0" with an estimate against it
+    k = seeds_to_futility(values, alpha=0.05, alternative="greater", min_effect=0.2, sequential=sequential)
+    assert k is not None and k >= 2
+    mean, sd = float(values.mean()), float(values.std(ddof=1))
+
+    def upper(n: int) -> float:  # the interval's upper bound at n seeds of this mean and spread
+        x = mean + sd * _standardised(n)
+        _lo, hi = confidence_sequence(x, alpha=0.05) if sequential else t_interval(x, 0.95)
+        return hi
+
+    assert upper(k) < 0.2  # at k seeds every effect >= min_effect is excluded ...
+    if k > 2:
+        assert upper(k - 1) >= 0.2  # ... and not one seed earlier
+    # mirrored for a claim "< 0": the same count
+    assert k == seeds_to_futility(
+        -values, alpha=0.05, alternative="less", min_effect=0.2, sequential=sequential
+    )
+    # a larger min_effect is excluded sooner; a claim the estimate supports has no futility count
+    sooner = seeds_to_futility(
+        values, alpha=0.05, alternative="greater", min_effect=1.0, sequential=sequential
+    )
+    assert sooner is not None and sooner <= k
+    assert seeds_to_futility(-values, alpha=0.05, alternative="greater", min_effect=0.2) is None
+    assert seeds_to_futility(values, alpha=0.05, alternative="two-sided") is None
+
+
+def _standardised(n: int) -> np.ndarray:
+    """n values of mean 0 and sample sd 1."""
+    z = np.linspace(-1.0, 1.0, n)
+    z = z - z.mean()
+    return z / z.std(ddof=1)
+
+
+def test_the_sequential_interval_needs_more_seeds_than_the_fixed_one() -> None:
+    values = np.random.default_rng(2).normal(-0.3, 1.0, 20)
+    kw: dict[str, Any] = {"alpha": 0.05, "alternative": "greater", "min_effect": 0.1}
+    seq = seeds_to_futility(values, sequential=True, **kw)
+    fixed = seeds_to_futility(values, sequential=False, **kw)
+    assert seq is not None and fixed is not None and seq > fixed
+
+
+def test_futility_needs_names_the_wrong_side_only() -> None:
+    out = futility_needs(
+        {"against": [-0.4, -0.6, -0.5, -0.3], "for": [0.4, 0.6, 0.5, 0.3], "both": [-0.4, -0.6, -0.5]},
+        alternatives={"against": "greater", "for": "greater", "both": "two-sided"},
+        alpha=0.05,
+        min_effect=None,
+        sequential=False,
+    )
+    assert out["wrong_side"] == {"against": True, "for": False, "both": False}
+    assert out["estimate"]["against"] == pytest.approx(-0.45)
+    assert out["futility_seeds"]["against"] is not None
+    assert out["futility_seeds"]["for"] is None and out["futility_seeds"]["both"] is None
+    assert out["futility_rule"] == "fixed" and out["futility_effect"] == 0.0
+
+
+def test_to_decide_on_the_wrong_side_gives_the_futility_seeds_not_a_power_count() -> None:
+    futile = {"seeds": 29, "estimate": -0.00506, "rule": "sequential", "effect": 0.005, "name": "difference"}
+    text = to_decide(
+        "inconclusive", ["CI includes 0"], None, None, seeds_used=24, cost=(0.41, 0.0), futile=futile
+    )
+    assert text.startswith("difference -0.00506 on the wrong side of the claim: futile at ≈29 seeds"), text
+    assert "confidence sequence" in text and "every effect of 0.005 or more in the claimed direction" in text
+    assert "power" not in text and text.endswith("; CI includes 0")
+    # a fixed design: refuted where the t-interval lies on the other side (no min_effect: of 0)
+    fixed = to_decide(
+        "inconclusive",
+        [],
+        None,
+        None,
+        seeds_used=8,
+        cost=None,
+        futile=futile | {"rule": "fixed", "effect": 0.0},
+    )
+    assert "refuted at ≈29 seeds" in fixed and "t-interval" in fixed and "other side of 0" in fixed
+    # the projection already met by the seeds used: said so (what holds it open are its other reasons)
+    met = to_decide("inconclusive", ["failures"], None, None, seeds_used=40, cost=None, futile=futile)
+    assert "from 29 seeds, no more than the 40 used" in met and "failures: fewer failed trials" in met
+    # the right side of the claim: the power count as before
+    right = to_decide("inconclusive", [], 30, seeds_used=24, cost=None)
+    assert right.startswith("≥30 seeds for 80% power")
+
+
+# ---- p-values unsigned, estimates named, arm means and plurals ---------------------------------------
+
+
+def test_the_console_names_every_estimate_and_prints_p_unsigned(tmp_path: Path) -> None:
+    verdict = {
+        "kind": "batchsize",
+        "study_verdict": "inconclusive",
+        "hypotheses": {
+            "corrected": {
+                "verdict": "inconclusive",
+                "estimate": -0.04909,
+                "ci": [-0.1, 0.01],
+                "p_value_holm": 0.1887,
+                "reasons": [],
+            }
+        },
+    }
+    path = tmp_path / "verdict.json"
+    path.write_text(json.dumps(verdict), encoding="utf-8")
+    lines = verdict_lines(path)
+    row = next(line for line in lines if "corrected" in line)
+    assert "interaction -0.04909" in row and "0.1887" in row and "+0.1887" not in row
+    compare = verdict | {"kind": "compare"}
+    path.write_text(json.dumps(compare), encoding="utf-8")
+    assert "difference -0.04909" in "\n".join(verdict_lines(path))
+
+
+def test_the_batchsize_verdict_lines_print_p_holm_as_a_probability() -> None:
+    arm = {"n": 40, "n_failed": 0, "slope": -0.01, "slope_ci": [-0.02, 0.0], "interaction": -0.04909}
+    arm |= {"interaction_ci": [-0.1, 0.01], "p_value_holm": 0.1887, "reasons": []}
+    verdict = {"study_verdict": "inconclusive", "arms": {"corrected": arm}, "verdict": {"corrected": "x"}}
+    lines = DESIGN.verdict_lines(SimpleNamespace(control_arms=("linear",)), verdict)  # type: ignore[arg-type]
+    row = next(line for line in lines if "corrected" in line)
+    assert "p_holm=0.1887" in row and "interaction=-0.0491" in row
+
+
+def test_report_tables_name_their_estimates() -> None:
+    contrast = {"arm": "corrected", "reference": "linear", "estimate": -0.0075, "ci": [-0.01, -0.004]}
+    contrast |= {"p_value": 0.0078, "p_value_holm": 0.031, "verdict": "worse", "predicted": "better"}
+    rows = _contrast_rows({"contrasts": {"c": contrast | {"hypothesis": "refuted", "reasons": []}}})
+    assert rows[0]["difference"] == "-0.0075" and "estimate" not in rows[0]
+    claims = {
+        "a": {"verdict": "inconclusive", "estimate": -0.005, "ci": [-0.01, 0.006]},
+        "c_attn": {"verdict": "supported", "estimate": 0.0104, "ci": [0.001, 0.02]},
+        "d": {"verdict": "refuted", "estimate": 3.0, "ci": [2.0, 4.0]},
+        "e": {"verdict": "inconclusive", "estimate": None, "ci": [None, None]},
+    }
+    by_id = {r["id"]: r for r in claims_table(claims)}
+    assert by_id["a"]["estimate"] == "difference -0.005"
+    assert by_id["c_attn"]["estimate"] == "slope 0.0104"
+    assert by_id["d"]["estimate"] == "median epoch 3"
+    assert by_id["e"]["estimate"] == "–"
+
+
+def test_counts_take_the_right_number() -> None:
+    assert count(1, "seed") == "1 seed" and count(2, "seed") == "2 seeds" and count(0, "seed") == "0 seeds"
+    assert count(1, "study", "studies") == "1 study" and count(3, "study", "studies") == "3 studies"
+    assert estimate_name("batchsize", "corrected") == "interaction"
+    assert estimate_name("nothing-known", "x") == "estimate"

@@ -148,15 +148,20 @@ def test_rows_say_claim_verdict_estimate_seeds_cost_run_and_what_would_decide(
     h = rows["corrected_vs_plain"]
     assert (h.study, h.kind, h.verdict) == ("before_37", "compare", "inconclusive")
     assert h.claim == "corrected better than linear on test_accuracy"
-    assert h.estimate == "-0.231 [-0.302, -0.16]"
+    assert h.estimate == "difference -0.231 [-0.302, -0.16]"  # every estimate named
     assert h.seeds == "2"
     assert h.scope == "—"  # written before verdicts carried a scope
     assert h.cost == "0.5 CPU-h, 0.25 GPU-h"
     assert h.mlflow_run == RUN_ID
     assert h.reproduce == f"autonorm-study reproduce {study}"
-    # Inconclusive: the seeds for 80% power (the spec's minimum of 5 at least), priced at this
-    # study's cost per seed (0.5 CPU-h / 2 seeds), and each other reason's remedy.
-    seeds = int(h.to_decide.split(" seeds for 80% power")[0].removeprefix("≥"))
+    # Inconclusive, and its difference points against the claim (corrected worse than linear):
+    # not a power count for |effect| but the seeds at which the claim would be refuted (the t-interval
+    # of this fixed design excluding every difference of the margin or more in the predicted
+    # direction, raised to the design's minimum), priced at this study's cost per seed (0.5 CPU-h /
+    # 2 seeds), and each other reason's remedy.
+    assert h.to_decide.startswith("difference -0.231 on the wrong side of the claim: refuted at ≈")
+    assert "seeds for 80% power" not in h.to_decide
+    seeds = int(h.to_decide.split("refuted at ≈")[1].split(" seeds")[0])
     assert seeds >= 5
     assert f"≈{seeds * 0.25:.2g} CPU-h, {seeds * 0.125:.2g} GPU-h" in h.to_decide
     assert "lr-at-range-edge: a wider η grid" in h.to_decide
@@ -183,7 +188,7 @@ def test_a_decided_row_has_nothing_to_decide_and_a_scope_is_shown(tmp_path: Path
     _edit_verdict(study, decide)
     rows = _by_hypothesis(result_rows(study))
     assert rows["corrected_vs_plain"].to_decide == "—"
-    assert rows["corrected_vs_plain"].scope == "digits (1,150 train), MLP 32, 1 epochs, 2 seeds, CPU fp32"
+    assert rows["corrected_vs_plain"].scope == "digits (1,150 train), MLP 32, 1 epoch, 2 seeds, CPU fp32"
     assert rows["corrected_vs_plain"].cost == "—"  # neither a study run nor resources recorded
     assert scope_short(None) == "—"
 

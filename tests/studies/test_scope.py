@@ -86,8 +86,11 @@ def test_scope_line_and_tags_say_the_scope_in_words() -> None:
     line = scope_line(scope)
     assert line == (
         "on digits, 1,150 train rows, MLP 64×64 (5.2 k params), 5 epochs, batch sizes 8/16, 10 seeds, "
-        "CPU fp32; arms reached 0.91–0.96 test_accuracy"
+        "CPU fp32; mean test_accuracy per arm 0.91–0.96"
     )
+    # one seed, one arm: the nouns in the singular, and the number named as the arm's mean
+    single = scope_line(scope | {"seeds": 1, "arms": {"a": 0.912}})
+    assert ", 1 seed, " in single and single.endswith("; mean test_accuracy of the one arm 0.91")
     tags = scope_tags(scope)
     assert set(tags) == set(SCOPE_TAGS)
     assert tags["autonorm.scope.data"] == "digits, 1,150 train rows (sha256 abababababab)"

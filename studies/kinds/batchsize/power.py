@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from studies.stats import Alternative
 
 __all__ = ["interaction_slopes", "pilot"]
 
@@ -48,12 +51,19 @@ def pilot(
     :func:`studies.stats.seeds_needed` asks for over a family of ``len(fix_arms)``, one-sided in the
     hypothesis direction; with several budgets an arm needs the most seeds any budget needs.
 
+    Read from the signed estimate: ``estimate`` (the binding budget's mean interaction),
+    ``wrong_side`` (on the wrong side of the claim under every budget) and ``futility_seeds`` (then:
+    the seeds at which the interval the study decides with -- the confidence sequence of a
+    ``sequential`` spec, else the t-interval -- excludes every effect of ``min_effect`` (0 for a fixed
+    design) in the claimed direction under every budget; :func:`studies.stats.futility_needs`).
+
     Raises:
         ValueError: no ``trials.csv`` (the pilot has not finished its confirmatory phase), or no trial
             of the control arm.
     """
     from studies.kinds.batchsize.analysis import normalize_table
     from studies.pilot import chance_accuracy, pilot_table, seed_needs
+    from studies.stats import futility_needs
 
     a = spec.analysis
     missing = "the pilot has not finished its confirmatory phase (no trials.csv)"
@@ -62,21 +72,46 @@ def pilot(
         raise ValueError(f"the control arm {spec.control!r} has no trial in {study_dir / 'trials.csv'}")
     fix_arms = list(spec.fix_arms)
     m = len(fix_arms)
-    alternative = "less" if a.higher_is_better else "greater"
+    alternative: Alternative = "less" if a.higher_is_better else "greater"
     chance = chance_accuracy(spec.data) if a.metric.endswith("accuracy") else math.nan
     budgets = sorted(b for b in df["budget"].unique()) or [""]
     by_budget: dict[str, Any] = {}
+    seq = getattr(spec, "sequential", None)
     for budget in budgets:
         sub = df[df["budget"] == budget]
+        slopes = {
+            arm: interaction_slopes(sub, fix=arm, control=spec.control, chance=chance) for arm in fix_arms
+        }
         by_budget[budget or "all"] = seed_needs(
-            {arm: interaction_slopes(sub, fix=arm, control=spec.control, chance=chance) for arm in fix_arms},
+            slopes,
             alternatives=dict.fromkeys(fix_arms, alternative),
             alpha=alpha,
             power=power,
             min_effect=min_effect,
         )
+        # An interaction on the wrong side of the claim: the seeds at which it would be given up.
+        by_budget[budget or "all"].update(
+            futility_needs(
+                slopes,
+                alternatives=dict.fromkeys(fix_arms, alternative),
+                alpha=alpha,
+                min_effect=seq.min_effect if seq is not None else None,
+                sequential=seq is not None,
+                prior_scale=seq.prior_scale if seq is not None else 1.0,
+                confidence=a.confidence,
+            )
+        )
     # Per arm, the budget that needs the most seeds (None, i.e. unreachable, wins).
-    out: dict[str, Any] = {"seeds_needed": {}, "per_seed": {}, "effect": {}, "sd": {}, "binding_budget": {}}
+    out: dict[str, Any] = {
+        "seeds_needed": {},
+        "per_seed": {},
+        "effect": {},
+        "sd": {},
+        "binding_budget": {},
+        "estimate": {},
+        "wrong_side": {},
+        "futility_seeds": {},
+    }
     for arm in fix_arms:
 
         def need(b: str, arm: str = arm) -> float:
@@ -87,7 +122,17 @@ def pilot(
         for field in ("seeds_needed", "per_seed", "effect", "sd"):
             out[field][arm] = by_budget[worst][field][arm]
         out["binding_budget"][arm] = worst
+        # Refuted (futile) only when it is under every budget: on the wrong side in each, and the
+        # seeds the slowest budget needs to get there.
+        sides = [by_budget[b]["wrong_side"][arm] for b in by_budget]
+        ks = [by_budget[b]["futility_seeds"][arm] for b in by_budget]
+        out["estimate"][arm] = by_budget[worst]["estimate"][arm]
+        out["wrong_side"][arm] = all(sides)
+        out["futility_seeds"][arm] = max(ks) if all(sides) and None not in ks else None
+    first = next(iter(by_budget.values()))
     out.update(
+        futility_rule=first["futility_rule"],
+        futility_effect=first["futility_effect"],
         quantity="per-seed interaction slope (fix - control) vs log2 batch size",
         metric=a.metric,
         alternative=alternative,

@@ -425,6 +425,9 @@ def _method_lines(result: Mapping[str, Any]) -> list[str]:
         "the per-seed slopes (K − 1 df) below 10 seeds, seed bootstrap "
         f"({result.get('n_boot')} resamples) from 10 seeds; {result.get('confidence', 0.95):.0%} level.",
         "interaction: the same per-seed slope of the paired differences arm − control per (B, seed) cell.",
+        "spearman ρ: mean over seeds of the per-seed Spearman ρ vs B; its interval is taken on the "
+        "Fisher-z scale (ρ = ±1 as ±0.999, t-interval of the mean atanh ρ, back-transformed), so it "
+        "lies inside [−1, 1]; none below 3 seeds.",
         "p: one-sided (predicted direction), the larger of the within-seed permutation p of the batch-size "
         f"labels (exact when ≤ 100,000 permutations, else {result.get('n_perm')} draws) and the t-test p "
         "over seeds; Holm over the fix arms only.",
@@ -452,6 +455,8 @@ def _sections(result: Mapping[str, Any]) -> list[tuple[str, list[str], list[dict
     for budget, single in _single_results(result):
         prefix = f"Budget {budget}: " if budget is not None else ""
         dropped = (single.get("sensitivity") or {}).get("study_verdict", "–")
+        test = (single.get("sensitivity") or {}).get("test") or single.get("test")
+        same_test = f" (the primary's {test} test, on the trials that did not fail)" if test else ""
         sections += [
             (
                 f"{prefix}per-arm results",
@@ -461,7 +466,7 @@ def _sections(result: Mapping[str, Any]) -> list[tuple[str, list[str], list[dict
             (f"{prefix}control labels", [], control_table(single)),
             (
                 f"{prefix}sensitivity (failed trials dropped)",
-                [f"Study verdict with failures dropped: {dropped}."],
+                [f"Study verdict with failures dropped: {dropped}{same_test}."],
                 sensitivity_table(single),
             ),
             (

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from studies.kinds.compare.spec import CompareStudySpec
+from studies.stats import Alternative
 
 __all__ = ["pilot"]
 
@@ -16,13 +17,17 @@ def pilot(
 ) -> dict[str, Any]:
     """``plan --pilot``: per contrast, the per-seed paired differences in ``<study_dir>/trials.csv``
     (failed trials scored as in the analysis) and the seeds :func:`studies.pilot.per_seed_need`
-    asks for over the family (two-sided, Holm over the spec's contrasts).
+    asks for over the family (two-sided, Holm over the spec's contrasts); from the signed estimate,
+    ``wrong_side`` (a difference against the contrast's predicted direction) and ``futility_seeds``
+    (then: the seeds at which the t-interval excludes every difference of ``analysis.margin`` or
+    more in the predicted direction; :func:`studies.stats.futility_needs`).
 
     Raises:
         ValueError: no ``trials.csv`` or a column missing.
     """
     from studies.kinds.compare.workflow import TABLE_FILE, chance_scores
     from studies.pilot import paired_seed_needs, pilot_scores, pilot_table
+    from studies.stats import futility_needs
 
     metric = spec.analysis.metric
     table = pilot_table(
@@ -43,7 +48,26 @@ def pilot(
         power=power,
         min_effect=min_effect,
     )
+    # From the signed estimate: a difference on the wrong side of its predicted direction says so,
+    # with the seeds at which the t-interval would exclude every difference of at least the margin
+    # in the predicted direction (the fixed design's analogue of futility).
+    a = spec.analysis
+    claimed: dict[str, Alternative] = {
+        n: "greater" if (c.predicted == "better") == a.higher_is_better else "less"
+        for n, c in contrasts.items()
+    }
     out.update(
+        futility_needs(
+            out["per_seed"],
+            alternatives=claimed,
+            alpha=alpha,
+            min_effect=a.margin or None,
+            sequential=False,
+            confidence=a.confidence,
+        )
+    )
+    out.update(
+        claimed_direction=claimed,
         quantity=f"per-seed paired difference of {metric}",
         metric=metric,
         contrasts={

@@ -59,7 +59,7 @@ def _contrast_rows(verdict: Mapping[str, Any]) -> list[dict[str, str]]:
             "contrast": name,
             "arm − reference": f"{c['arm']} − {c['reference']}",
             "seeds": reporting.fmt(c.get("n_seeds")),
-            "estimate": reporting.fmt(c.get("estimate")),
+            "difference": reporting.fmt(c.get("estimate")),
             "CI": reporting.fmt_ci(c.get("ci")),
             "p": reporting.fmt(c.get("p_value")),
             "p (Holm)": reporting.fmt(c.get("p_value_holm")),

@@ -19,13 +19,15 @@ def pilot(
     test accuracy in ``<study_dir>/confirm_trials.csv`` (failed trials scored at chance) and the seeds
     :func:`studies.stats.seeds_needed` asks for over the family; on text data also claims c_attn and
     c_mlp (each at ``alpha`` alone, as the claims test them), from the per-seed DyT depth slopes the
-    study's ``verdict.json`` holds.
+    study's ``verdict.json`` holds. From the signed estimate: ``estimate``, ``wrong_side`` and, for
+    a one-sided claim whose estimate points the other way, ``futility_seeds``
+    (:func:`studies.stats.futility_needs`).
 
     Raises:
         ValueError: no ``confirm_trials.csv`` (the pilot had no confirmatory phase) or a column missing.
     """
     from studies.pilot import chance_accuracy, paired_seed_needs, pilot_scores, pilot_table, seed_needs
-    from studies.stats import paired_contrast
+    from studies.stats import futility_needs, paired_contrast
 
     table = pilot_table(
         study_dir,
@@ -61,6 +63,23 @@ def pilot(
         for key in ("seeds_needed", "per_seed", "effect", "sd", "problems"):
             if name in one[key]:
                 out.setdefault(key, {})[name] = one[key][name]
+    # From the signed estimate: a claim whose per-seed values point the other way says so, with the
+    # seeds at which it would be declared futile (the confidence sequence of a sequential spec, else
+    # the t-interval, excluding every effect of min_effect or more in the claimed direction).
+    alternatives = {name: alt for name, _, _, alt in contrasts} | {
+        name: "greater" for name in out.get("per_seed", {}) if name.startswith("c_")
+    }
+    seq = getattr(spec, "sequential", None)
+    out.update(
+        futility_needs(
+            {name: out["per_seed"][name] for name in alternatives if name in out.get("per_seed", {})},
+            alternatives=alternatives,
+            alpha=alpha,
+            min_effect=seq.min_effect if seq is not None else None,
+            sequential=seq is not None,
+            prior_scale=seq.prior_scale if seq is not None else 1.0,
+        )
+    )
     needed = out.get("seeds_needed", {})
     if "c_attn" in needed and "c_mlp" in needed:
         # Claim c holds when both sub-layer types do (intersection-union): the larger count.

@@ -34,12 +34,16 @@ from matplotlib.ticker import MaxNLocator
 from scipy import stats
 
 from studies.kinds.search.claims import CLAIMS, COMPLETED_STATUSES, CONFIRM_COLUMNS
+from studies.kinds.search.design import design_lines
 from studies.kinds.search.gates import layer_count
+from studies.kinds.search.spec import REPORTED_ARMS
 from studies.reporting import (
     COLORS,
     Document,
     ForestPlot,
     Section,
+    count,
+    estimate_name,
     finite,
     fmt,
     fmt_ci,
@@ -192,7 +196,10 @@ def claims_table(claims: Mapping[str, Mapping[str, Any]]) -> list[dict[str, str]
                 "id": cid,
                 "claim": str(c.get("claim") or CLAIMS.get(cid, "")),
                 "verdict": _verdict_text(cid, str(c.get("verdict", "inconclusive"))),
-                "estimate": fmt(c.get("estimate")),
+                # named: a difference (a, b, e), a slope (c), a median epoch (d)
+                "estimate": f"{estimate_name('search', cid)} {fmt(c.get('estimate'))}"
+                if c.get("estimate") is not None
+                else "–",
                 "CI": fmt_ci(c.get("ci")),
                 "p": fmt(c.get("p_value")),
                 "p (Holm)": fmt(c.get("p_value_holm")),
@@ -228,7 +235,7 @@ def _arm_table(df: pd.DataFrame) -> list[dict[str, str]]:
         lrs = sorted({float(v) for v in pd.to_numeric(sub["lr"], errors="coerce") if math.isfinite(v)})
         rows.append(
             {
-                "arm": arm,
+                "arm": f"{arm} (reported only)" if arm in REPORTED_ARMS else arm,
                 "n": str(len(sub)),
                 "completed": str(int(good.sum())),
                 "failed": fail_text,
@@ -258,7 +265,14 @@ def _tuned_table(tuned_lr: Mapping[Any, Any] | None) -> list[dict[str, str]]:
                     "at range edge": fmt(rec.get("at_range_edge")),
                     "refinement": fmt_refinement(rec.get("refine")),
                     "mean score per lr": ", ".join(f"{k}: {fmt(v, 4)}" for k, v in scores.items()) or "–",
-                    "note": str(rec.get("reason") or "–"),
+                    "note": str(
+                        rec.get("reason")
+                        or (
+                            f"lr-tuning-noisy: lead {fmt(rec.get('lead'), 3)} < 1 SE"
+                            if rec.get("noisy")
+                            else "–"
+                        )
+                    ),
                 }
             )
         else:
@@ -398,7 +412,7 @@ def plot_gate_entropy_by_sublayer(
                 ax.plot(xs, mean, color=color, lw=1.4, marker="o", ms=3, label=f"block {block}")
                 ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0)
             ax.axhline(eps, color="gray", lw=0.9, ls=":", label=f"ε = {eps:g}")
-            ax.set_title(f"{arm}: {title}, n = {len(series)} seeds", fontsize=9)
+            ax.set_title(f"{arm}: {title}, n = {count(len(series), 'seed')}", fontsize=9)
             ax.set_xlabel("epoch")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
@@ -515,6 +529,7 @@ def _document(
     plot_errors: Sequence[str],
     study_verdict: str,
     scope: str = "",
+    design: Sequence[str] = (),
 ) -> Document:
     weak = underpowered_claims(claims)
     tuned_text = (
@@ -536,12 +551,15 @@ def _document(
             for cid in _ordered_ids(claims)
         ],
         banner=_banner(weak) if weak else "",
-        intro=[f"Data kind: `{data_kind}`."],
+        intro=[f"Data kind: `{data_kind}`.", *design],
         sections=[
             Section("Claims", tables=[claims_table(claims)]),
             Section(
                 "Per-arm summary",
-                ["Accuracies over completed trials; failed trials are counted by status."],
+                [
+                    "Accuracies over completed trials; failed trials are counted by status. An arm marked "
+                    "(reported only) is in no claim's contrast."
+                ],
                 [_arm_table(df)],
             ),
             Section("Tuned learning rates", tuned_text, [_tuned_table(tuned_lr)]),
@@ -687,6 +705,7 @@ def write_claims_report(
         plot_errors=errors,
         study_verdict=str((shared or {}).get("study_verdict", "none")),
         scope=scope_line((shared or {}).get("scope")),
+        design=design_lines(shared or {}),
     )
     paths["markdown"].write_text(render_markdown(doc, plots), encoding="utf-8")
     paths["html"].write_text(render_html(doc, plots), encoding="utf-8")
