@@ -10,6 +10,10 @@ tuning seeds, never on a confirmatory seed, and hands the winner to its confirma
 2. Selection (:func:`select_lr`): the rate with the best mean validation metric over the tuning
    seeds wins; a failed trial (not ``completed``, or a non-finite metric) scores the worst value, so
    a rate that diverges on one seed is not picked for its other seed; ties go to the lower rate.
+   With ``noise`` (a design that flags tuning noise) each rate also keeps its standard error over
+   the tuning seeds, and a pick ahead of the runner-up by less than one standard error (the larger
+   of the two rates') is ``noisy``: the kinds give what rests on it the informational reason
+   ``lr-tuning-noisy`` (:data:`NOISY`; remedies: refinement, more tuning seeds).
 3. The edge: a winner on the first or last point of its grid suggests the optimum lies outside it.
    With 3 or more points the grid is extended by one point of its own ratio in that direction, the
    new point runs on the tuning seeds (ordinary tuning trials, through ``run_points``), and the
@@ -33,15 +37,17 @@ directory replays the same extensions and refinement from their phases' trials (
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 __all__ = [
+    "NOISY",
     "GridTuning",
     "LRGrid",
     "TrialLike",
     "extension_trials_max",
+    "noisy_reasons",
     "refine_points",
     "refine_trials",
     "round_lr",
@@ -49,9 +55,14 @@ __all__ = [
     "tune",
     "tuned_lines",
     "tuned_rates",
+    "tuning_noise",
 ]
 
 Side = Literal["low", "high"]
+
+NOISY = "lr-tuning-noisy"
+"""The informational reason on a verdict resting on a cell whose pick leads the runner-up by less
+than one standard error over the tuning seeds (:func:`tuning_noise`); it changes no verdict."""
 
 
 class TrialLike(Protocol):
@@ -140,6 +151,54 @@ def _lr_of(t: TrialLike) -> float:
     return round_lr(float(t.config["training"]["lr"]))
 
 
+def _standard_error(values: Sequence[float]) -> float | None:
+    """The standard error of the mean of ``values`` (sample sd / √n); ``None`` below 2 values or
+    with a non-finite one (a failed seed scores the worst value)."""
+    n = len(values)
+    if n < 2 or not all(math.isfinite(v) for v in values):
+        return None
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def tuning_noise(
+    scores: Mapping[float, Sequence[float]], best: float, mode: Literal["min", "max"]
+) -> dict[str, Any]:
+    """How far the pick ``best`` is ahead of the runner-up, against the noise of the tuning seeds.
+
+    Each rate's mean and standard error over its seeds (``scores``: rate -> per-seed scores); the
+    runner-up is the next-best mean. The pick is *noisy* when its lead (in the metric's better
+    direction) is less than one standard error: the larger of the two rates' SEs. Unknown (``None``)
+    when there is no runner-up, a rate has fewer than 2 finite scores, or a mean is not finite.
+
+    Returns:
+        ``score_se`` (rate -> SE or ``None``), ``runner_up`` (rate or ``None``), ``lead`` (the pick's
+        mean minus the runner-up's, signed so that ahead is positive), ``lead_se`` (the SE it is
+        measured against) and ``noisy`` (``True | False | None``).
+    """
+    se = {lr: _standard_error(list(v)) for lr, v in scores.items()}
+    means = {lr: sum(v) / len(v) for lr, v in scores.items() if v}
+    sign = 1.0 if mode == "max" else -1.0
+    others = sorted((lr for lr in means if lr != best), key=lambda lr: (-sign * means[lr], lr))
+    runner = others[0] if others else None
+    record: dict[str, Any] = {
+        "score_se": {f"{lr:g}": se[lr] for lr in sorted(se)},
+        "runner_up": runner,
+        "lead": None,
+        "lead_se": None,
+        "noisy": None,
+    }
+    if runner is None:
+        return record
+    lead = sign * (means[best] - means[runner])
+    ses = [se[best], se[runner]]
+    if not math.isfinite(lead) or any(x is None for x in ses):
+        return record
+    worst = max(x for x in ses if x is not None)
+    record.update(lead=lead, lead_se=worst, noisy=bool(lead < worst))
+    return record
+
+
 def select_lr(
     trials: Sequence[TrialLike],
     grid: LRGrid,
@@ -147,6 +206,7 @@ def select_lr(
     metric: str,
     mode: Literal["min", "max"],
     extra: Sequence[float] = (),
+    noise: bool = False,
 ) -> dict[str, Any]:
     """The winning rate of one cell's tuning trials on ``grid`` and the ``extra`` rates (its
     refinement, :func:`refine_points`); trials at other rates are ignored. The edge is ``grid``'s.
@@ -155,7 +215,9 @@ def select_lr(
         A JSON-able record: ``lr`` (the winner; with no trained rate, the lowest rate tried),
         ``<metric>`` (its mean score, ``None`` if no rate trained), ``at_range_edge``, ``edge``
         (``"low" | "high" | None``), ``no_learning_rate_trained``, ``scores`` (rate -> mean score),
-        ``grid`` (the rates in use), ``extensions``, ``trials``, ``trials_failed``.
+        ``grid`` (the rates in use), ``extensions``, ``trials``, ``trials_failed``; with ``noise``
+        also :func:`tuning_noise`'s fields (each rate's standard error over the tuning seeds, the
+        runner-up, the lead, ``noisy``). A study stored before ``noise`` existed has none of them.
     """
     worst = -math.inf if mode == "max" else math.inf
     on_grid = set(grid.points) | {round_lr(lr) for lr in extra}
@@ -195,7 +257,7 @@ def select_lr(
     elif len(points) > 1 and best == points[-1]:
         edge = "high"
     score = means[best]
-    return {
+    out = {
         **record,
         "lr": best,
         metric: score if math.isfinite(score) else None,
@@ -204,6 +266,9 @@ def select_lr(
         "no_learning_rate_trained": not math.isfinite(score),
         "scores": {f"{lr:g}": (m if math.isfinite(m) else None) for lr, m in sorted(means.items())},
     }
+    if noise:
+        out.update(tuning_noise(scores, best, mode))
+    return out
 
 
 RunPoints = Callable[[int, Mapping[str, float]], Sequence[TrialLike]]
@@ -261,9 +326,11 @@ def tune(
     run_points: RunPoints | None = None,
     refine: int = 0,
     run_refine: RefinePoints | None = None,
+    noise: bool = False,
 ) -> tuple[dict[str, dict[str, Any]], list[TrialLike]]:
     """Select every cell's rate, extending the grids whose winner sits on an edge, then refining
-    the interior winners.
+    the interior winners; with ``noise`` each record also has :func:`tuning_noise`'s fields (over
+    every rate tried).
 
     Args:
         grids: cell -> its grid (the points the first tuning phase ran).
@@ -295,7 +362,12 @@ def tune(
             by_cell.setdefault(cell_of(t), []).append(t)
         return {
             cell: select_lr(
-                by_cell.get(cell, []), grid, metric=metric, mode=mode, extra=(extra or {}).get(cell, ())
+                by_cell.get(cell, []),
+                grid,
+                metric=metric,
+                mode=mode,
+                extra=(extra or {}).get(cell, ()),
+                noise=noise,
             )
             for cell, grid in sorted(current.items())
         }
@@ -376,9 +448,16 @@ def tuned_rates(
         run_points=run_points,
         refine=tuning.refine,
         run_refine=run_refine,
+        noise=bool(getattr(tuning, "flag_noisy", False)),
     )
     record = {cell: rec for cell, rec in record.items() if rec["lr"] is not None}
     return {cell: float(rec["lr"]) for cell, rec in record.items()}, record
+
+
+def noisy_reasons(arms: Sequence[str], noisy: Collection[str]) -> list[str]:
+    """``lr-tuning-noisy (<arm>)`` for each of ``arms`` (those a verdict rests on) in ``noisy`` (the
+    cells whose tuned pick was :func:`tuning_noise`'s ``noisy``): informational reasons, no gate."""
+    return [f"{NOISY} ({arm})" for arm in dict.fromkeys(arms) if arm in noisy]
 
 
 def tuned_lines(record: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -393,6 +472,8 @@ def tuned_lines(record: Mapping[str, Mapping[str, Any]]) -> list[str]:
             grown += (
                 f", refined from {refined['grid_lr']:.4g}" if refined["moved"] else ", kept after refinement"
             )
+        if rec.get("noisy"):
+            grown += f", {NOISY}: ahead of the runner-up by {rec['lead']:.3g} < 1 SE ({rec['lead_se']:.3g})"
         lines.append(f"  {cell}: lr={rec['lr']:.4g}{grown}{edge}")
     return lines
 

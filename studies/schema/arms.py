@@ -137,6 +137,9 @@ class GridLRTuningSpec(BaseModel):
     max_extensions: Annotated[int, Field(strict=True, ge=0, le=20)] = 3  # edge extensions (studies.tuning)
     # even: refine/2 more rates between an interior best η and each neighbour (2: the geometric midpoints; 0: none)
     refine: Annotated[int, Field(strict=True, ge=0, le=8, multiple_of=2)] = 2
+    # each rate's mean and standard error over the seeds; a pick ahead of the runner-up by < 1 SE carries
+    # the informational reason `lr-tuning-noisy` (studies.tuning.tuning_noise)
+    flag_noisy: StrictBool = True
 
     @model_validator(mode="after")
     def _range(self) -> GridLRTuningSpec:
@@ -271,10 +274,15 @@ class ArmStudySpec(BaseModel):
     grid: ClassVar[Mapping[str, str]] = {}
     """The kind's trial grid: spec field -> the trial-config path it sets (``{"arms":
     "model.layer.type"}``); every trial of it is checked (:meth:`trial_issues`), none when empty."""
-    stored_defaults: ClassVar[Mapping[str, Any]] = {"lr_tuning.refine": 0, "execution": {"stack": "off"}}
+    stored_defaults: ClassVar[Mapping[str, Any]] = {
+        "lr_tuning.refine": 0,
+        "lr_tuning.flag_noisy": False,
+        "execution": {"stack": "off"},
+    }
     """Fields added after studies were stored, with what a stored spec without them ran as
     (:func:`studies.schema.stored_defaults_missing`): a study from before ``lr_tuning.refine`` existed
-    was not refined; one from before ``execution`` existed ran every trial in its own process."""
+    was not refined, nor flagged for tuning noise before ``lr_tuning.flag_noisy``; one from before
+    ``execution`` existed ran every trial in its own process."""
 
     study_tags: ClassVar[tuple[tuple[str, str], ...]] = ()
     """Tags of every phase run and trial run of the kind's studies (``autonorm.study``, ...)."""

@@ -52,8 +52,9 @@ def test_arms_change_only_the_norm_and_the_freezing() -> None:
 def test_trial_counts_and_confirm_validation() -> None:
     smoke = load_study(SEARCH, preset="smoke")
     assert smoke.confirm is not None
-    # 4 search trials + 5 arms x (2 lr points x 1 tuning seed + 3 confirmatory seeds)
-    assert total_trials(smoke) == 4 + 5 * (2 * 1 + 3)
+    # 4 search trials + 6 arms (claim b's AutoNorm-S and the searched one apart) x (2 lr points x 1
+    # tuning seed + 3 confirmatory seeds)
+    assert total_trials(smoke) == 4 + 6 * (2 * 1 + 3)
     assert total_trials(load_study(SEARCH, ["confirm=null"], preset="smoke")) == 4
     with pytest.raises(SpecError) as err:
         load_study(SEARCH, ["confirm.seeds=[0,1,2]"], preset="smoke")
@@ -76,7 +77,10 @@ _LEVEL = {
     "random_selector": 0.82,
     "autonorm": 0.78,
     "autonorm_s": 0.83,
+    "autonorm_s_searched": 0.79,  # reported only
 }
+#: ``confirm.freeze.eps_h`` of the end-to-end study: tells claim b's AutoNorm-S from the searched one.
+_B_EPS_H = 0.0625
 
 
 def planted_trial(config: dict[str, Any], session: TrialSession) -> None:
@@ -86,7 +90,11 @@ def planted_trial(config: dict[str, Any], session: TrialSession) -> None:
         "layernorm": "frozen_ln",
         "dyt": "frozen_dyt",
         "random_selector": "random_selector",
-        "autonorm": "autonorm_s" if freeze else "autonorm",
+        "autonorm": "autonorm"
+        if not freeze
+        else "autonorm_s"
+        if freeze["eps_h"] == _B_EPS_H
+        else "autonorm_s_searched",
     }[norm]
     seed = int(config["seed"])
     lr = float(config["training"]["lr"])
@@ -98,6 +106,7 @@ def planted_trial(config: dict[str, Any], session: TrialSession) -> None:
             "val_accuracy": acc,
             "test_accuracy": acc,
             "train_loss": 0.5,
+            "selector_frozen": 1.0 if freeze and epoch >= freeze["t_freeze"] else 0.0,
         }
         for layer in range(4):  # 2 blocks: attention / MLP norms; LN wins fast
             row[f"gate_entropy/layer_{layer}"] = 0.6 / epoch**3
@@ -124,6 +133,7 @@ def test_claims_end_to_end(local_ray: None, tmp_path: Path) -> None:
             "search.max_concurrent=1",  # one trial at a time: one trial actor per phase (an actor process costs seconds of CPU to start)
             f"confirm.seeds={seeds}",
             "confirm.lr_tuning.points=3",  # the centre (the searched lr) wins: no arm on an edge
+            f"confirm.freeze.eps_h={_B_EPS_H}",
         ],
         preset="smoke",
     )
@@ -133,7 +143,28 @@ def test_claims_end_to_end(local_ray: None, tmp_path: Path) -> None:
     claims = verdict["claims"]
     assert {"a", "b", "c", "d", "e"} <= set(claims)
     table = pd.read_csv(study_dir / "confirm_trials.csv")
-    assert set(table["arm"]) == set(_LEVEL) and len(table) == 5 * n_seeds
+    assert set(table["arm"]) == set(_LEVEL) and len(table) == 6 * n_seeds
+    # claim b's AutoNorm-S froze at the end of epoch ceil(3 / 3) = 1 on every seed, all 4 gated layers
+    assert verdict["freeze"] == {
+        "arm": "autonorm_s",
+        "t_freeze": 1,
+        "rule": "always",
+        "eps_h": _B_EPS_H,
+        "epochs": 3,
+        "frozen_share": pytest.approx(2 / 3),
+        "seeds": n_seeds,
+        "seeds_frozen": n_seeds,
+        "layers": 4,
+        "layers_frozen": 4 * n_seeds,
+    }
+    searched = verdict["reported_arms"]["autonorm_s_searched"]["versus"]["autonorm"]
+    d = (
+        table[table["arm"] == "autonorm_s_searched"].set_index("seed")["test_accuracy"]
+        - table[table["arm"] == "autonorm"].set_index("seed")["test_accuracy"]
+    )
+    assert searched["estimate"] == pytest.approx(d.mean()) and searched["n_seeds"] == n_seeds
+    assert "autonorm_s_searched" not in json.dumps(claims)  # in no claim
+    assert "autonorm_s_searched (reported only)" in (study_dir / "report.md").read_text()
     assert {
         "arm",
         "seed",

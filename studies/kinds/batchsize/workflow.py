@@ -37,6 +37,7 @@ from studies.kinds.kit import (
     verdict_tags,
 )
 from studies.kinds.pipeline import Analysed, Spent, TunedDesign
+from studies.tuning import noisy_reasons
 from workers.plan import StudyPlan
 from workers.records import TrialRecord
 
@@ -83,6 +84,7 @@ def trials_table(
             "lr": lr if math.isfinite(lr) else float(t.config["training"]["lr"]),
             "updates": metric_value(t, "updates"),
             "lr_at_edge": bool(rec.get("at_range_edge", False)),
+            **({"lr_noisy": True} if rec.get("noisy") else {}),  # a column only where tuning was noisy
         }
         rows.append(trial_row(t, metric, cell, tuned))
     columns = ["arm", "batch_size", "seed", "budget", "status", metric, "train_loss", "lr", "updates"]
@@ -111,6 +113,7 @@ def analyse(table: Any, spec: BatchSizeStudySpec, **inputs: Any) -> dict[str, An
     )
     if spec.sequential is not None:
         verdict.update(_sequential_summary(spec, verdict))
+    _note_noisy(verdict, table, spec.control)
     arms = verdict.get("arms") or {}
     hypotheses = {
         arm: {
@@ -125,6 +128,20 @@ def analyse(table: Any, spec: BatchSizeStudySpec, **inputs: Any) -> dict[str, An
         "hypotheses": hypotheses,
         **verdict,
     }
+
+
+def _note_noisy(verdict: dict[str, Any], table: Any, control: str) -> None:
+    """``lr-tuning-noisy (<arm>)`` on each fix arm (per budget, and over budgets) whose cells or the
+    control's had a noisy tuned pick (the table's ``lr_noisy``): informational, no verdict changes."""
+    if table is None or "lr_noisy" not in getattr(table, "columns", ()):
+        return
+    rows = table[table["lr_noisy"].eq(True)]
+    for name, result in [("", verdict), *(verdict.get("budgets") or {}).items()]:
+        mine = rows if not name else rows[rows["budget"].astype(str) == name]
+        noisy = set(mine["arm"].astype(str))
+        for arm, res in (result.get("arms") or {}).items():
+            if res.get("role") == "fix":
+                res["reasons"] = [*(res.get("reasons") or []), *noisy_reasons((arm, control), noisy)]
 
 
 def _sequential_summary(spec: BatchSizeStudySpec, verdict: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 from studies.kinds import kit as base
 from studies.kinds.compare.spec import CompareStudySpec
 from studies.kinds.pipeline import Analysed, Rates, TunedDesign
+from studies.tuning import noisy_reasons
 from workers.plan import StudyPlan
 from workers.records import TrialRecord
 
@@ -82,6 +83,9 @@ def analyse(table: Any, spec: CompareStudySpec, **inputs: Any) -> dict[str, Any]
         res["tuned_lr"] = rec.get("lr")
         res["lr_extensions"] = rec.get("extensions")
     contrasts = result["contrasts"]
+    noisy = {arm for arm, rec in lr_record.items() if (rec or {}).get("noisy")}  # informational only
+    for res in contrasts.values():
+        res["reasons"] = [*res["reasons"], *noisy_reasons((res["arm"], res["reference"]), noisy)]
     hypotheses = {
         name: {**base.hypothesis_entry(res), "verdict": res["hypothesis"]} for name, res in contrasts.items()
     }

@@ -6,7 +6,59 @@ from typing import Any
 
 from studies.decidability import Undecidable, fewest_seeds, sequential_undecidable, too_few_seeds
 
-__all__ = ["undecidable"]
+__all__ = ["DesignRefusal", "design_refusals", "undecidable"]
+
+
+class DesignRefusal(Undecidable):
+    """A design that cannot test its claim whatever the seeds: claim b's AutoNorm-S frozen for too
+    little of training to differ from AutoNorm, or tuning too thin to tell its noise."""
+
+    def message(self) -> str:
+        return (
+            f"hypothesis {self.hypothesis!r} cannot be tested by this design: {self.why}. Run it anyway as "
+            "exploratory with --allow-exploratory or `exploratory: true`"
+        )
+
+
+def design_refusals(spec: Any) -> list[Undecidable]:
+    """The round-5 rules of a claims design (docs/science.md §4.2): claim b's freeze (``confirm.freeze``)
+    leaves at least half of training frozen (:data:`~studies.kinds.search.spec.MIN_FROZEN_SHARE`), and
+    a tuning that flags its noise (``confirm.lr_tuning.flag_noisy``) runs on at least 2 seeds. A spec
+    without ``confirm.freeze`` (stored before it existed) is the design it ran as: not refused here."""
+    from studies.kinds.search.spec import MIN_FROZEN_SHARE
+
+    confirm = spec.confirm
+    out: list[Undecidable] = []
+    if confirm is None or not confirm.run_claims:
+        return out
+    epochs = int(spec.training.epochs)
+    freeze = confirm.freeze
+    if freeze is not None and {"autonorm", "autonorm_s"} <= set(confirm.arms):
+        share = freeze.frozen_share(epochs)
+        if share < MIN_FROZEN_SHARE:
+            why = (
+                f"confirm.freeze freezes AutoNorm-S's gate at the end of epoch {freeze.epoch(epochs)} of "
+                f"{epochs}, so it trains frozen for {share:.0%} of the epochs, less than half: AutoNorm-S "
+                "cannot be told from AutoNorm; "
+                + (
+                    f"freeze by epoch {latest}"
+                    if (latest := int(epochs * (1 - MIN_FROZEN_SHARE))) >= 1
+                    else "train for at least 2 epochs"
+                )
+            )
+            out.append(DesignRefusal("claim b", "confirm.freeze.t_freeze", 1.0, confirm.alpha, 0, None, why))
+    tuning = confirm.lr_tuning
+    if tuning is not None and tuning.flag_noisy and len(tuning.seeds) < 2:
+        why = (
+            f"confirm.lr_tuning runs on {len(tuning.seeds)} seed: no standard error of a learning rate's "
+            "score, so tuning noise cannot be told from a better rate; tune on at least 2 seeds"
+        )
+        out.append(
+            DesignRefusal(
+                "every claim (lr tuning)", "confirm.lr_tuning.seeds", 1.0, confirm.alpha, 0, None, why
+            )
+        )
+    return out
 
 
 def undecidable(spec: Any) -> list[Undecidable]:
@@ -20,13 +72,14 @@ def undecidable(spec: Any) -> list[Undecidable]:
     confirm = spec.confirm
     if confirm is None or not confirm.run_claims:
         return []
+    refused = design_refusals(spec)
     kind = confirm.data_kind if confirm.data_kind != "auto" else data_kind_of(spec.data)
     k, alpha, arms = len(confirm.seeds), confirm.alpha, set(confirm.arms)
     family = [c for c in _CONTRASTS if kind in _APPLIES[c[0]]]
-    out: list[Undecidable] = []
+    out: list[Undecidable] = list(refused)
     if getattr(spec, "sequential", None) is not None:
         names = [f"claim {c}" for c, a, b, _ in family if {a, b} <= arms]
-        return sequential_undecidable(spec, names, alpha)
+        return refused + sequential_undecidable(spec, names, alpha)
 
     def add(claim: str, p_of: Any) -> None:
         p = p_of(k)

@@ -39,15 +39,29 @@ SEARCH_PHASE = "search"
 """The search phase's name: its folder, phase run and ``autonorm.phase`` tag."""
 
 
-def arm_config(best: Mapping[str, Any], arm: str) -> dict[str, Any]:
+def arm_config(best: Mapping[str, Any], arm: str, freeze: Any = None) -> dict[str, Any]:
     """The trial config of a confirmatory arm: the best searched configuration with its norm (and
-    freezing) replaced; everything else (model size, divergence fix, data, budget) unchanged."""
+    freezing) replaced; everything else (model size, divergence fix, data, budget) unchanged.
+
+    ``freeze`` (``confirm.freeze``, a :class:`~studies.kinds.search.spec.ConfirmFreezeSpec`): claim
+    b's ``autonorm_s`` freezes the searched gate at its ``t_freeze`` by its rule (the searched
+    ``sample_after_freeze`` kept), and ``autonorm_s_searched`` is the searched configuration as
+    found; ``None`` (a study stored before ``confirm.freeze``): ``autonorm_s`` is the searched one."""
     cfg = copy.deepcopy(dict(best))
     cfg.pop(CONFIG_RESULT_KEY, None)
     norm = dict(cfg["model"]["norm"])
     candidates = list(norm.get("candidates") or ("dyt", "layernorm"))
-    if arm == "autonorm_s":
+    if arm == "autonorm_s_searched" or (arm == "autonorm_s" and freeze is None):
         return cfg  # the searched AutoNorm-S, freezing rule and all
+    if arm == "autonorm_s":
+        searched = cfg["training"].get("freeze") or {}
+        cfg["training"]["freeze"] = {
+            "t_freeze": freeze.epoch(int(cfg["training"]["epochs"])),
+            "eps_h": freeze.eps_h,
+            "rule": freeze.rule,
+            "sample_after_freeze": bool(searched.get("sample_after_freeze", False)),
+        }
+        return cfg
     cfg["training"]["freeze"] = None
     if arm == "autonorm":
         cfg["model"]["norm"] = norm  # the same gate, never frozen
@@ -186,7 +200,7 @@ def phases(spec: Any) -> list[Phase]:
         return out
     lr = float(plan.base_config["training"]["lr"])
     for arm in spec.confirm.arms:
-        base = arm_config(plan.base_config, arm)
+        base = arm_config(plan.base_config, arm, spec.confirm.freeze)
         tune = spec.confirm.lr_tuning
         if tune is not None:
             out.append(Phase.of(tune_plan(spec, plan, base, arm, lr)))

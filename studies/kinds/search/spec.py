@@ -10,6 +10,7 @@ paper's claims on the per-seed paired differences (docs/science.md, "The AutoNor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -45,13 +46,35 @@ from studies.schema.space import check_search_space
 from studies.schema.urls import StoragePath
 from workers.plan import StudyPlan
 
-__all__ = ["CONFIRM_ARMS", "ConfirmLRSpec", "ConfirmSpec", "StudySpec", "data_kind_of"]
+__all__ = [
+    "CONFIRM_ARMS",
+    "MIN_FROZEN_SHARE",
+    "REPORTED_ARMS",
+    "ConfirmFreezeSpec",
+    "ConfirmLRSpec",
+    "ConfirmSpec",
+    "StudySpec",
+    "data_kind_of",
+]
 from studies.sequential import SequentialSpec
 from studies.tuning import LRGrid
 
-Arm = Literal["frozen_ln", "frozen_dyt", "random_selector", "autonorm", "autonorm_s"]
-CONFIRM_ARMS: tuple[str, ...] = ("frozen_ln", "frozen_dyt", "random_selector", "autonorm", "autonorm_s")
-"""LayerNorm only, DyT only, a random gate, the learned gate never frozen, the best searched AutoNorm-S."""
+Arm = Literal["frozen_ln", "frozen_dyt", "random_selector", "autonorm", "autonorm_s", "autonorm_s_searched"]
+CONFIRM_ARMS: tuple[str, ...] = (
+    "frozen_ln",
+    "frozen_dyt",
+    "random_selector",
+    "autonorm",
+    "autonorm_s",
+    "autonorm_s_searched",
+)
+"""LayerNorm only, DyT only, a random gate, the learned gate never frozen, AutoNorm-S (the searched
+gate frozen at ``confirm.freeze``: claim b's arm) and the best searched configuration as found
+(reported, not a claim's arm)."""
+REPORTED_ARMS = frozenset({"autonorm_s_searched"})
+"""Arms confirmed and reported, in no claim's contrast."""
+MIN_FROZEN_SHARE = 0.5
+"""Claim b's AutoNorm-S must have its gate frozen for at least this share of the training epochs."""
 
 _VISION = frozenset({"fashion_mnist", "digits", "mnist", "cifar10", "cifar100", "svhn"})
 _TEXT = frozenset({"ptb_pos_sample", "pang_lee_polarity", "sst2", "ptb_pos"})
@@ -95,6 +118,9 @@ class ConfirmLRSpec(BaseModel):
     max_extensions: Annotated[int, Field(strict=True, ge=0, le=20)] = 3  # edge extensions (studies.tuning)
     # even: refine/2 more rates between an interior best η and each neighbour (2: the geometric midpoints; 0: none)
     refine: Annotated[int, Field(strict=True, ge=0, le=8, multiple_of=2)] = 2
+    # each point's mean and standard error over the seeds; a pick ahead of the runner-up by less than one
+    # SE carries `lr-tuning-noisy` (informational); a confirmatory design then needs >= 2 seeds
+    flag_noisy: StrictBool = True
 
     def lr_grid(self, center: float) -> LRGrid:
         """The grid around ``center`` (the searched η), before any extension."""
@@ -103,6 +129,30 @@ class ConfirmLRSpec(BaseModel):
     def grid(self, center: float) -> tuple[float, ...]:
         """``points`` learning rates, log-spaced and centred on ``center``."""
         return self.lr_grid(center).points
+
+
+class ConfirmFreezeSpec(BaseModel):
+    """How claim b's AutoNorm-S freezes its gate: the paper's warm-up then freeze, whatever the search
+    found. At the end of epoch ``t_freeze`` (``None``: ⌈epochs / 3⌉ of ``training.epochs``) the rule
+    decides (``always``: the gate freezes whatever its entropy; ``freeze_if_high``: the paper's text,
+    freeze while the gate entropy is at least ``eps_h``, the paper's ε_H; ``freeze_if_low``). A design
+    that leaves less than half of training frozen (:data:`MIN_FROZEN_SHARE`) cannot tell AutoNorm-S
+    from AutoNorm and is refused unless exploratory (:mod:`studies.kinds.search.decidability`)."""
+
+    model_config = FROZEN
+
+    t_freeze: Annotated[int, Field(strict=True, ge=1)] | None = None  # None: ceil(training.epochs / 3)
+    eps_h: Annotated[float, Field(strict=True, ge=0, le=math.log(2.0))] = 0.1  # the paper's ε_H
+    rule: Literal["always", "freeze_if_high", "freeze_if_low"] = "always"
+
+    def epoch(self, epochs: int) -> int:
+        """The freezing epoch in a run of ``epochs`` epochs."""
+        return self.t_freeze if self.t_freeze is not None else max(1, math.ceil(epochs / 3))
+
+    def frozen_share(self, epochs: int) -> float:
+        """The share of the ``epochs`` training epochs that run with the gate frozen (rule ``always``;
+        at most this for the entropy rules)."""
+        return max(0, epochs - self.epoch(epochs)) / epochs
 
 
 class ConfirmSpec(BaseModel):
@@ -115,6 +165,9 @@ class ConfirmSpec(BaseModel):
     model_config = FROZEN
 
     arms: Annotated[tuple[Arm, ...], Field(min_length=2)] = CONFIRM_ARMS  # type: ignore[assignment]
+    # claim b's AutoNorm-S freezes here; null: it is the searched configuration as found (the design of
+    # studies stored before `freeze` existed), and autonorm_s_searched is not an arm
+    freeze: ConfirmFreezeSpec | None = ConfirmFreezeSpec()
     seeds: Annotated[tuple[_Seed, ...], Field(min_length=2)] = tuple(range(100, 110))
     lr_tuning: ConfirmLRSpec | None = ConfirmLRSpec()  # null: every arm uses the searched η
     metric: Literal["test_accuracy", "test_loss"] = "test_accuracy"
@@ -131,6 +184,10 @@ class ConfirmSpec(BaseModel):
         for name, values in (("arms", self.arms), ("seeds", self.seeds)):
             if len(set(values)) != len(values):
                 raise ValueError(f"{name} must be distinct, got {list(values)}")
+        if self.freeze is None and "autonorm_s_searched" in self.arms:
+            raise ValueError(
+                "arm autonorm_s_searched needs confirm.freeze: without it autonorm_s is the searched configuration"
+            )
         if self.lr_tuning is not None:
             overlap = sorted(set(self.lr_tuning.seeds) & set(self.seeds))
             if overlap:
@@ -162,6 +219,13 @@ def _confirm_issues(spec: Any) -> list[SpecIssue]:
     if used:
         issues.append(
             SpecIssue("confirm.seeds", f"seeds {used} are search seeds; the confirmation needs fresh ones")
+        )
+    if confirm.freeze is not None and confirm.freeze.epoch(spec.training.epochs) > spec.training.epochs:
+        issues.append(
+            SpecIssue(
+                "confirm.freeze.t_freeze",
+                f"{confirm.freeze.t_freeze} is beyond training.epochs ({spec.training.epochs}): the gate would never freeze",
+            )
         )
     if confirm.lr_tuning is not None:
         used = sorted(set(confirm.lr_tuning.seeds) & set(spec.seeds))
@@ -197,10 +261,14 @@ class StudySpec(SpecModel):
 
     stored_defaults: ClassVar[Mapping[str, Any]] = {
         "confirm.lr_tuning.refine": 0,
+        "confirm.lr_tuning.flag_noisy": False,
+        "confirm.freeze": None,
         "execution": {"stack": "off"},
     }
     """Fields added after studies were stored, with what a stored spec without them ran as
-    (:func:`studies.schema.stored_defaults_missing`): no refinement before ``refine`` existed."""
+    (:func:`studies.schema.stored_defaults_missing`): no refinement before ``refine`` existed, no
+    tuning-noise flag before ``flag_noisy``, and claim b's AutoNorm-S was the searched configuration
+    before ``confirm.freeze``."""
 
     @model_validator(mode="after")
     def _cross(self) -> StudySpec:

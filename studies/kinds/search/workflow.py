@@ -40,6 +40,7 @@ from studies.kinds.kit import (
     study_runner,
 )
 from studies.kinds.search.claims import CONFIRM_COLUMNS
+from studies.kinds.search.design import CLAIM_ARMS, FROZEN_COLUMN, design_fields, gate_lr_edges, gate_lr_noisy
 from studies.kinds.search.plans import (
     SEARCH_PHASE,
     arm_config,
@@ -63,10 +64,12 @@ from workers.records import StudyResult, TrialRecord, best_trial
 from workers.results import read_histories, read_trials
 
 __all__ = [
+    "CLAIM_ARMS",
     "analyse",
     "arm_config",
     "confirm_table",
     "describe_result",
+    "gate_lr_edges",
     "pilot",
     "report",
     "run",
@@ -193,6 +196,7 @@ def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
     )
     sequential = _sequential_fields(spec, claims.pop("_looks", None), trials_run=len(table))
     gate_lr_edges(claims, inputs.get("tuned") or {})
+    gate_lr_noisy(claims, inputs.get("tuned") or {})
     if not inputs.get("searched", True):
         for claim in claims.values():
             claim["verdict"] = "inconclusive"
@@ -203,6 +207,7 @@ def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
         "hypotheses": {cid: hypothesis_entry(c) for cid, c in claims.items()},
         "claims": claims,
         "data_kind": _data_kind(spec),
+        **design_fields(spec, table, inputs.get("gate_logs") or {}),
         **(sequential or {}),
     }
 
@@ -492,9 +497,13 @@ def _write_claims(
         wall_time_s=spent[0],
         cpu_hours=spent[1],
         gpu_hours=spent[2],
-        shared={k: verdict[k] for k in ("kind", "study_verdict", "hypotheses", "scope")},
+        shared={k: verdict[k] for k in SHARED if k in verdict},
         sequential=_sequential_of(verdict),
     )
+
+
+SHARED = ("kind", "study_verdict", "hypotheses", "scope", "freeze", "reported_arms")
+"""The analysis's fields the claims report writes into ``verdict.json`` (beside its own)."""
 
 
 def _search_scope(trials: Sequence[TrialRecord], metric: str, *, gpu_hours: float = 0.0) -> dict[str, Any]:
@@ -546,38 +555,14 @@ def confirm_table(
                     "trial_id": t.trial_id,
                     "mlflow_run_id": run_ids.get(t.trial_id),
                     "test_loss": t.metrics.get("test_loss"),
+                    FROZEN_COLUMN: t.metrics.get(FROZEN_COLUMN),
                 }
             )
             if t.history:
                 gate_logs[(arm, seed)] = [dict(h) for h in t.history]
     rows.sort(key=lambda r: (str(r["arm"]), r["seed"]))  # the same rows in the same order however read
-    return pd.DataFrame(rows, columns=[*CONFIRM_COLUMNS, "test_loss"]), gate_logs
-
-
-#: The arms each claim compares; c and d describe the unfrozen gate.
-CLAIM_ARMS = {
-    "a": ("random_selector", "autonorm"),
-    "b": ("autonorm_s", "autonorm"),
-    "e": ("autonorm_s", "frozen_ln"),
-    "c": ("autonorm",),
-    "c_attn": ("autonorm",),
-    "c_mlp": ("autonorm",),
-    "d": ("autonorm",),
-}
-
-
-def gate_lr_edges(claims: dict[str, Any], tuned: Mapping[str, Any]) -> None:
-    """A claim about an arm whose tuned η sits on the edge of its grid is not decided: the arm's best
-    η may lie outside the range, so the comparison may be between a tuned and an under-tuned arm.
-    Its verdict becomes ``inconclusive`` with reason ``lr-at-range-edge (<arm>)`` (in place)."""
-    for cid, claim in claims.items():
-        edges = [a for a in CLAIM_ARMS.get(cid, ()) if (tuned.get(a) or {}).get("at_range_edge")]
-        if not edges or any("not applicable" in str(r) for r in claim.get("reasons") or []):
-            continue
-        claim.setdefault("reasons", []).extend(f"lr-at-range-edge ({arm})" for arm in edges)
-        if claim.get("verdict") in ("supported", "refuted"):
-            claim["verdict_before_lr_gate"] = claim["verdict"]
-            claim["verdict"] = "inconclusive"
+    frozen = [FROZEN_COLUMN] if spec.confirm.freeze is not None else []  # a stored study's table as it was
+    return pd.DataFrame(rows, columns=[*CONFIRM_COLUMNS, "test_loss", *frozen]), gate_logs
 
 
 def _data_kind(spec: StudySpec) -> str:
