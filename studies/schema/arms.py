@@ -138,7 +138,7 @@ class GridLRTuningSpec(BaseModel):
     # even: refine/2 more rates between an interior best η and each neighbour (2: the geometric midpoints; 0: none)
     refine: Annotated[int, Field(strict=True, ge=0, le=8, multiple_of=2)] = 2
     # each rate's mean and standard error over the seeds; a pick ahead of the runner-up by < 1 SE carries
-    # the informational reason `lr-tuning-noisy` (studies.tuning.tuning_noise)
+    # the informational reason `lr-tuning-noisy` (studies.tuning.tuning_noise); stored studies read as false
     flag_noisy: StrictBool = True
 
     @model_validator(mode="after")

@@ -119,7 +119,8 @@ class ConfirmLRSpec(BaseModel):
     # even: refine/2 more rates between an interior best η and each neighbour (2: the geometric midpoints; 0: none)
     refine: Annotated[int, Field(strict=True, ge=0, le=8, multiple_of=2)] = 2
     # each point's mean and standard error over the seeds; a pick ahead of the runner-up by less than one
-    # SE carries `lr-tuning-noisy` (informational); a confirmatory design then needs >= 2 seeds
+    # SE carries `lr-tuning-noisy` (informational); a confirmatory design then needs >= 2 seeds (a study
+    # stored before this field reads as false)
     flag_noisy: StrictBool = True
 
     def lr_grid(self, center: float) -> LRGrid:
@@ -165,8 +166,9 @@ class ConfirmSpec(BaseModel):
     model_config = FROZEN
 
     arms: Annotated[tuple[Arm, ...], Field(min_length=2)] = CONFIRM_ARMS  # type: ignore[assignment]
-    # claim b's AutoNorm-S freezes here; null: it is the searched configuration as found (the design of
-    # studies stored before `freeze` existed), and autonorm_s_searched is not an arm
+    # claim b's AutoNorm-S freezes here, for at least half of the epochs (a later freeze is refused unless
+    # exploratory); null: it is the searched configuration as found (a stored study's design: a study stored
+    # before `freeze` existed reads as null), and autonorm_s_searched (reported, in no claim) is not an arm
     freeze: ConfirmFreezeSpec | None = ConfirmFreezeSpec()
     seeds: Annotated[tuple[_Seed, ...], Field(min_length=2)] = tuple(range(100, 110))
     lr_tuning: ConfirmLRSpec | None = ConfirmLRSpec()  # null: every arm uses the searched η
