@@ -544,7 +544,10 @@ def result_rows(directory: Path) -> list[Row]:
         return Row(
             hypothesis=hypothesis,
             claim=claim,
-            verdict=label,
+            # an equivalent contrast (decided inside the margin) is shown as such, not as inconclusive
+            verdict="equivalent"
+            if test is not None and _section_entry(verdict, test).get("verdict") == "equivalent"
+            else label,
             estimate=_estimate(h, estimate_name(verdict.get("kind"), hypothesis))
             if test is not None
             else NONE,

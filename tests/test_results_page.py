@@ -75,3 +75,43 @@ def test_reanalyse_rewrites_a_stored_verdict_under_todays_rules(
     assert new["resources"] == old["resources"]  # what only the run could record is kept
     assert new.get("adequacy") is not None  # measured, or said "not measured"
     assert main(["reproduce", str(copy)]) == 0  # the rewritten verdict reproduces from its tables
+
+
+def test_the_page_opens_with_one_row_per_claim_and_its_figure(tmp_path: Path, clean_env: None) -> None:
+    from studies.claims_page import PAPER_CLAIMS
+
+    rows, text = write_page([RESULTS], tmp_path / "results.md")
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| claim |"))
+    header = lines[start]
+    assert header.count("|") - 1 <= 8  # at most eight columns
+    body = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        body.append(line)
+    assert len(body) == len(PAPER_CLAIMS)  # one row per claim of the two papers
+    assert not any(
+        line.startswith("| ") and "| study |" in line for line in lines[:start]
+    )  # nothing before it
+    assert (
+        "![" in text
+        and "](results.png)" in text
+        and (tmp_path / "results.png").read_bytes()[:4] == b"\x89PNG"
+    )
+    # per study: the run id and the reproduce command once, never on a hypothesis row
+    hypothesis_rows = [
+        line for line in lines[start + 2 + len(body) :] if line.startswith("| ") and "---" not in line
+    ]
+    for r in rows:
+        if r.mlflow_run != "—":
+            assert text.count(r.mlflow_run) == 1
+        assert not any(r.reproduce in line for line in hypothesis_rows)
+    # a contrast decided inside its margin reads `equivalent`, not `inconclusive`
+    import json
+
+    for study in study_dirs([RESULTS]):
+        verdict = json.loads((study / "verdict.json").read_text(encoding="utf-8"))
+        for name, contrast in (verdict.get("contrasts") or {}).items():
+            if contrast.get("verdict") == "equivalent":
+                assert any(f"| {name} |" in line and "| equivalent |" in line for line in hypothesis_rows)

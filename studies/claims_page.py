@@ -1,0 +1,414 @@
+"""The results page's opening: one row per claim of the two papers, and one figure of them all.
+
+``docs/results.md`` (:mod:`studies.results`) opens with :func:`claim_lines`: a table of at most eight
+columns, one row per claim of the AutoNorm paper ((a)–(d)) and of the Affine Divergence paper (the
+batch-size hypothesis and the main table's two rows), each read from whichever stored studies test
+it: the verdict, the estimate with its interval in the claim's units, the seeds, whether the arms
+learned the task (adequacy, with what they reached against what the paper reports), the scope
+against the paper's, and one sentence. :func:`plot_claims` draws every claim's effects with their
+intervals on one axis (a forest plot), the ± min-effect band shaded, points coloured by verdict.
+
+A claim no stored study tests says so (``not run``); nothing here decides a verdict: every cell is
+read from a ``verdict.json``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PAPER_CLAIMS", "ClaimRow", "PaperClaim", "Point", "claim_lines", "claim_rows", "plot_claims"]
+
+NONE = "—"
+#: The smallest effect the page shades as negligible when a study states none (the specs' default).
+DEFAULT_MIN_EFFECT = 0.005
+
+Study = tuple[str, Mapping[str, Any]]
+"""A stored study: its name and its ``verdict.json``."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One effect on the figure: ``label`` (study and hypothesis), estimate, interval, verdict."""
+
+    label: str
+    estimate: float
+    low: float | None
+    high: float | None
+    verdict: str
+
+
+@dataclass(frozen=True)
+class ClaimRow:
+    """One row of the per-claim table, every cell text, and the points it puts on the figure."""
+
+    claim: str
+    verdict: str
+    estimate: str
+    seeds: str
+    adequacy: str
+    scope: str
+    reading: str
+    points: tuple[Point, ...]
+
+
+@dataclass(frozen=True)
+class PaperClaim:
+    """A claim of one of the two papers and where the stored studies test it.
+
+    Attributes:
+        label: ``(a)``, ``main table, MLP`` ...
+        text: the claim in words.
+        unit: what the estimate measures (``accuracy difference`` ...).
+        paper: what the paper reached, and on what (its scope), for the adequacy and scope cells.
+        tests: ``verdict -> [(hypothesis, short label), ...]``: the hypotheses of a stored study that
+            test this claim (empty: the study does not test it).
+        decided_by: the hypothesis whose verdict is the claim's (``c``: both sub-layer types;
+            ``(study)``: the study verdict of a compound claim); ``None``: each tested hypothesis's.
+    """
+
+    label: str
+    text: str
+    unit: str
+    paper: str
+    tests: Callable[[Mapping[str, Any]], list[tuple[str, str]]]
+    decided_by: str | None = None
+
+
+def _claims_study(data_kind: str, *names: str) -> Callable[[Mapping[str, Any]], list[tuple[str, str]]]:
+    def tests(verdict: Mapping[str, Any]) -> list[tuple[str, str]]:
+        if verdict.get("kind") != "search" or verdict.get("data_kind") not in (data_kind, "any"):
+            return []
+        short = (lambda n: n) if len(names) > 1 else (lambda n: data_kind)
+        return [(n, short(n)) for n in names if n in (verdict.get("hypotheses") or {})]
+
+    return tests
+
+
+def _claims_both(name: str) -> Callable[[Mapping[str, Any]], list[tuple[str, str]]]:
+    def tests(verdict: Mapping[str, Any]) -> list[tuple[str, str]]:
+        if verdict.get("kind") != "search" or name not in (verdict.get("hypotheses") or {}):
+            return []
+        return [(name, str(verdict.get("data_kind") or name))]
+
+    return tests
+
+
+def _batchsize(verdict: Mapping[str, Any]) -> list[tuple[str, str]]:
+    if verdict.get("kind") != "batchsize":
+        return []
+    return [("(study)", "study")]
+
+
+def _compare(model: str, *contrasts: str) -> Callable[[Mapping[str, Any]], list[tuple[str, str]]]:
+    def tests(verdict: Mapping[str, Any]) -> list[tuple[str, str]]:
+        scope = verdict.get("scope") if isinstance(verdict.get("scope"), Mapping) else {}
+        model_type = ((scope or {}).get("model") or {}).get("type")
+        if verdict.get("kind") != "compare" or model_type != model:
+            return []
+        return [(c, c) for c in contrasts if c in (verdict.get("hypotheses") or {})]
+
+    return tests
+
+
+#: The papers' claims, in the order the page lists them. ``paper`` quotes the papers' own numbers
+#: (AutoNorm: Fashion-MNIST ViT 92.95 %, PTB POS 97.42 %; PROTOCOL §1) or, for the Affine Divergence
+#: paper's table, what such models reach on Fashion-MNIST in the literature (small CNNs 91–93 %,
+#: MLPs ~89 %).
+PAPER_CLAIMS: tuple[PaperClaim, ...] = (
+    PaperClaim(
+        "(a)",
+        "RandomSelector ≥ learned AutoNorm gate on stationary (vision) data",
+        "accuracy difference, RandomSelector − AutoNorm",
+        "ViT, Fashion-MNIST 92.95 %",
+        _claims_study("vision", "a"),
+    ),
+    PaperClaim(
+        "(b)",
+        "freezing the gate after a warm-up (AutoNorm-S) beats AutoNorm",
+        "accuracy difference, AutoNorm-S − AutoNorm",
+        "ViT, Fashion-MNIST 92.95 %; PTB POS tagger 97.42 %",
+        _claims_both("b"),
+    ),
+    PaperClaim(
+        "(c)",
+        "NLP gates prefer DyT in deep layers",
+        "slope of the DyT weight per block (pre-attention; pre-MLP)",
+        "PTB POS tagger 97.42 %",
+        _claims_study("text", "c_attn", "c_mlp"),
+        decided_by="c",
+    ),
+    PaperClaim(
+        "(d)",
+        "vision gates collapse to LayerNorm early",
+        "share of layers collapsed by the early epoch",
+        "ViT, Fashion-MNIST 92.95 %",
+        _claims_study("vision", "d"),
+    ),
+    PaperClaim(
+        "batch size",
+        "divergence-corrected layers get worse as batch size grows; BatchNorm, LayerNorm, plain do not",
+        "interaction slope per doubling of B, fix − control",
+        "no accuracy reported",
+        _batchsize,
+    ),
+    PaperClaim(
+        "main table, MLP",
+        "the corrected linear layer beats BatchNorm and LayerNorm",
+        "accuracy difference, corrected − BN / − LN",
+        "MLPs reach ~89 % on Fashion-MNIST",
+        _compare("mlp", "corrected_vs_batchnorm", "corrected_vs_layernorm"),
+        decided_by="(study)",
+    ),
+    PaperClaim(
+        "main table, CNN",
+        "PatchNorm beats conv+BN and conv+LN; both beat plain conv",
+        "accuracy difference, PatchNorm − BN / − LN; BN / LN − plain",
+        "small CNNs reach 91–93 % on Fashion-MNIST",
+        _compare(
+            "cnn",
+            "patchnorm_vs_batchnorm",
+            "patchnorm_vs_layernorm",
+            "batchnorm_vs_plain",
+            "layernorm_vs_plain",
+        ),
+        decided_by="(study)",
+    ),
+)
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))
+
+
+def _num(v: Any) -> str:
+    return f"{float(v):+.4f}" if _finite(v) else NONE
+
+
+def _interval(est: Any, ci: Any) -> str:
+    if not _finite(est):
+        return NONE
+    if isinstance(ci, list | tuple) and len(ci) == 2 and all(_finite(c) for c in ci):
+        return f"{_num(est)} [{_num(ci[0])}, {_num(ci[1])}]"
+    return _num(est)
+
+
+def _shown_verdict(h: Mapping[str, Any], entry: Mapping[str, Any]) -> str:
+    """The verdict as the page shows it: an ``equivalent`` contrast as ``equivalent``."""
+    if entry.get("verdict") == "equivalent":
+        return "equivalent"
+    return str(h.get("verdict") or NONE)
+
+
+def _entry(verdict: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    for section in ("contrasts", "claims"):
+        block = verdict.get(section)
+        if isinstance(block, Mapping) and isinstance(block.get(name), Mapping):
+            return block[name]
+    return {}
+
+
+def _batchsize_points(study: str, verdict: Mapping[str, Any]) -> tuple[list[str], list[Point]]:
+    """Per budget run: each fix arm's interaction with its interval (the batch-size estimand)."""
+    texts, points = [], []
+    budgets = verdict.get("budgets")
+    results = budgets if isinstance(budgets, Mapping) and budgets else {"": verdict}
+    for budget, result in results.items():
+        arms = result.get("arms") if isinstance(result, Mapping) else None
+        parts = []
+        for arm in result.get("fix_arms") or []:
+            r = (arms or {}).get(arm) or {}
+            est, ci = r.get("interaction"), r.get("interaction_ci")
+            parts.append(f"{arm} {_interval(est, ci)}")
+            if _finite(est):
+                lo, hi = ci if isinstance(ci, list | tuple) and len(ci) == 2 else (None, None)
+                points.append(
+                    Point(
+                        f"batch size, {budget + ': ' if budget else ''}{arm}",
+                        float(est),
+                        float(lo) if _finite(lo) else None,
+                        float(hi) if _finite(hi) else None,
+                        str(r.get("verdict") or NONE),
+                    )
+                )
+        reading = (verdict.get("claim_by_budget") or {}).get(budget)
+        head = f"{budget}" + (f" ({reading})" if reading else "")
+        texts.append(f"{head}: " + "; ".join(parts) if head else "; ".join(parts))
+    return texts, points
+
+
+def _adequacy(verdict: Mapping[str, Any]) -> str:
+    adequacy = verdict.get("adequacy")
+    if isinstance(adequacy, Mapping) and adequacy:
+        entries = [e for e in adequacy.values() if isinstance(e, Mapping)]
+        passed = sum(1 for e in entries if e.get("passed"))
+        reached = [float(e["reached"]) for e in entries if _finite(e.get("reached"))]
+        span = f", reached {min(reached):.3f}–{max(reached):.3f}" if reached else ""
+        return f"{passed}/{len(entries)} passed{span}"
+    scope = verdict.get("scope") if isinstance(verdict.get("scope"), Mapping) else {}
+    means = [float(v) for v in ((scope or {}).get("arms") or {}).values() if _finite(v)]
+    span = f"arm means {min(means):.2f}–{max(means):.2f}; " if means else ""
+    return f"{span}not measured"
+
+
+def _scope(verdict: Mapping[str, Any]) -> str:
+    from studies.results import scope_short
+
+    return scope_short(verdict.get("scope"))
+
+
+def _seeds(verdict: Mapping[str, Any]) -> str:
+    for value in (
+        verdict.get("seeds_used"),
+        ((verdict.get("scope") or {}) if isinstance(verdict.get("scope"), Mapping) else {}).get("seeds"),
+    ):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+    return NONE
+
+
+def _reading(claim: PaperClaim, verdicts: Sequence[str]) -> str:
+    if not verdicts:
+        return "not run: no stored study tests it"
+    if all(v == "supported" for v in verdicts):
+        return "the stored studies support it at their scope"
+    if any(v == "refuted" for v in verdicts) and not any(v == "supported" for v in verdicts):
+        return "not reproduced: refuted at the stored studies' scope"
+    if any(v == "budget-dependent" for v in verdicts):
+        return "holds under one budget and fails under the other"
+    return "open: the stored studies do not decide it"
+
+
+def claim_rows(studies: Sequence[Study]) -> list[ClaimRow]:
+    """One :class:`ClaimRow` per :data:`PAPER_CLAIMS` entry, from the stored studies' verdicts."""
+    rows = []
+    for claim in PAPER_CLAIMS:
+        verdicts, estimates, points, seeds, adequacy, scopes = [], [], [], [], [], []
+        for study, verdict in studies:
+            tested = claim.tests(verdict)
+            if not tested:
+                continue
+            prefix = f"{study}: " if len([s for s, v in studies if claim.tests(v)]) > 1 else ""
+            if claim.label == "batch size":
+                texts, pts = _batchsize_points(study, verdict)
+                verdicts.append(str(verdict.get("study_verdict") or NONE))
+                estimates.append(prefix + " | ".join(texts))
+                points += pts
+            else:
+                if claim.decided_by == "(study)":
+                    verdicts.append(str(verdict.get("study_verdict") or NONE))
+                elif claim.decided_by is not None:
+                    decided = (verdict.get("hypotheses") or {}).get(claim.decided_by) or {}
+                    verdicts.append(_shown_verdict(decided, _entry(verdict, claim.decided_by)))
+                for name, short in tested:
+                    h = (verdict.get("hypotheses") or {}).get(name) or {}
+                    entry = _entry(verdict, name)
+                    shown = _shown_verdict(h, entry)
+                    if claim.decided_by is None:
+                        verdicts.append(shown)
+                    est = h.get("estimate", entry.get("estimate"))
+                    ci = h.get("ci", entry.get("ci"))
+                    estimates.append(f"{short} {_interval(est, ci)}")
+                    if _finite(est):
+                        lo, hi = ci if isinstance(ci, list | tuple) and len(ci) == 2 else (None, None)
+                        points.append(
+                            Point(
+                                f"{claim.label}: {short if short != name else name}",
+                                float(est),
+                                float(lo) if _finite(lo) else None,
+                                float(hi) if _finite(hi) else None,
+                                shown,
+                            )
+                        )
+            seeds.append(prefix + _seeds(verdict))
+            adequacy.append(prefix + _adequacy(verdict))
+            scopes.append(prefix + _scope(verdict))
+        verdict_text = "; ".join(sorted(set(verdicts), key=verdicts.index)) if verdicts else "not run"
+        rows.append(
+            ClaimRow(
+                claim=f"{claim.label} {claim.text} ({claim.unit})",
+                verdict=verdict_text,
+                estimate="; ".join(estimates) or NONE,
+                seeds="; ".join(seeds) or NONE,
+                adequacy=("; ".join(adequacy) or NONE) + f" (paper: {claim.paper})",
+                scope="; ".join(scopes) or NONE,
+                reading=_reading(claim, verdicts),
+                points=tuple(points),
+            )
+        )
+    return rows
+
+
+CLAIM_COLUMNS = (
+    "claim",
+    "verdict",
+    "estimate [95% CI]",
+    "seeds",
+    "adequacy (paper)",
+    "scope",
+    "in one sentence",
+)
+
+
+def claim_lines(rows: Sequence[ClaimRow]) -> list[str]:
+    """The per-claim table as Markdown lines (seven columns)."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    out = ["| " + " | ".join(CLAIM_COLUMNS) + " |", "|" + "---|" * len(CLAIM_COLUMNS)]
+    for r in rows:
+        cells = (r.claim, r.verdict, r.estimate, r.seeds, r.adequacy, r.scope, r.reading)
+        out.append("| " + " | ".join(cell(c) for c in cells) + " |")
+    return out
+
+
+_COLOURS = {
+    "supported": "tab:green",
+    "better": "tab:green",
+    "refuted": "tab:red",
+    "worse": "tab:red",
+    "equivalent": "tab:blue",
+    "inconclusive": "tab:gray",
+}
+
+
+def plot_claims(
+    rows: Sequence[ClaimRow], path: Path, *, min_effect: float = DEFAULT_MIN_EFFECT
+) -> Path | None:
+    """Every claim's effects with their intervals on one axis (a forest plot), the ± ``min_effect``
+    band shaded, points coloured by verdict; ``None`` when no claim has an estimate. Deterministic:
+    the same rows give the same bytes."""
+    points = [(r, p) for r in rows for p in r.points]
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.3 * len(points)))
+    ax.axvspan(-min_effect, min_effect, color="0.9", zorder=0, label=f"±{min_effect:g} (negligible)")
+    ax.axvline(0.0, color="black", lw=0.8)
+    labels = []
+    for y, (_, p) in enumerate(reversed(points)):
+        colour = _COLOURS.get(p.verdict, "tab:orange")
+        if p.low is not None and p.high is not None:
+            ax.plot([p.low, p.high], [y, y], color=colour, lw=2)
+        ax.plot([p.estimate], [y], "o", color=colour, ms=5)
+        labels.append(p.label)
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.set_xlabel(
+        "effect in the claim's units\n(accuracy difference; DyT slope per block; slope per doubling of B)"
+    )
+    ax.set_title(
+        "Each claim: estimate and 95% interval\n(green supported, red refuted, blue equivalent, grey open)"
+    )
+    ax.legend(loc="lower right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return path
