@@ -188,6 +188,15 @@ def _num(v: Any) -> str:
     return f"{float(v):+.4f}" if _finite(v) else NONE
 
 
+def _point(label: str, est: Any, ci: Any, verdict: str) -> Point | None:
+    """A figure point, or ``None`` without a finite estimate (an interval bound may be open)."""
+    if not _finite(est):
+        return None
+    bounds: list[Any] = list(ci) if isinstance(ci, list | tuple) and len(ci) == 2 else [None, None]
+    lo, hi = (float(b) if _finite(b) else None for b in bounds)
+    return Point(label, float(est), lo, hi, verdict)
+
+
 def _interval(est: Any, ci: Any) -> str:
     if not _finite(est):
         return NONE
@@ -223,17 +232,11 @@ def _batchsize_points(study: str, verdict: Mapping[str, Any]) -> tuple[list[str]
             r = (arms or {}).get(arm) or {}
             est, ci = r.get("interaction"), r.get("interaction_ci")
             parts.append(f"{arm} {_interval(est, ci)}")
-            if _finite(est):
-                lo, hi = ci if isinstance(ci, list | tuple) and len(ci) == 2 else (None, None)
-                points.append(
-                    Point(
-                        f"batch size, {budget + ': ' if budget else ''}{arm}",
-                        float(est),
-                        float(lo) if _finite(lo) else None,
-                        float(hi) if _finite(hi) else None,
-                        str(r.get("verdict") or NONE),
-                    )
-                )
+            point = _point(
+                f"batch size, {budget + ': ' if budget else ''}{arm}", est, ci, str(r.get("verdict") or NONE)
+            )
+            if point is not None:
+                points.append(point)
         reading = (verdict.get("claim_by_budget") or {}).get(budget)
         head = f"{budget}" + (f" ({reading})" if reading else "")
         texts.append(f"{head}: " + "; ".join(parts) if head else "; ".join(parts))
@@ -312,17 +315,9 @@ def claim_rows(studies: Sequence[Study]) -> list[ClaimRow]:
                     est = h.get("estimate", entry.get("estimate"))
                     ci = h.get("ci", entry.get("ci"))
                     estimates.append(f"{short} {_interval(est, ci)}")
-                    if _finite(est):
-                        lo, hi = ci if isinstance(ci, list | tuple) and len(ci) == 2 else (None, None)
-                        points.append(
-                            Point(
-                                f"{claim.label}: {short if short != name else name}",
-                                float(est),
-                                float(lo) if _finite(lo) else None,
-                                float(hi) if _finite(hi) else None,
-                                shown,
-                            )
-                        )
+                    point = _point(f"{claim.label}: {short}", est, ci, shown)
+                    if point is not None:
+                        points.append(point)
             seeds.append(prefix + _seeds(verdict))
             adequacy.append(prefix + _adequacy(verdict))
             scopes.append(prefix + _scope(verdict))
