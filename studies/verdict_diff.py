@@ -56,9 +56,18 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b) and type(a) is type(b)
 
 
+ADDED_SINCE = frozenset({"adequacy", "adequacy_rule", "arms"})
+"""Fields added to ``verdict.json`` after studies were stored (issue #47: the training-adequacy check,
+``adequacy`` and ``adequacy_rule``, and the ``arms`` each hypothesis / contrast rests on): where the
+logged verdict lacks one altogether it predates the field, which is then no difference; where it has
+one, the field is compared like any other."""
+
+
 def _walk(a: Any, b: Any, path: tuple[str, ...]) -> Iterable[tuple[tuple[str, ...], Any, Any]]:
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         for key in sorted(set(a) | set(b), key=str):
+            if key not in a and str(key) in ADDED_SINCE:
+                continue
             if key not in a or key not in b:
                 yield (*path, str(key)), a.get(key), b.get(key)
             else:

@@ -306,7 +306,9 @@ def adequacy_lines(entries: Any) -> list[str]:
             continue
         reached = "n/a" if e.get("reached") is None else f"{e['reached']:.4g}"
         gain = "n/a" if e.get("gain") is None else f"{e['gain']:+.4g}"
-        state = "passed" if e.get("passed") else str(e.get("reason"))
+        state = "passed" if e.get("passed") else "UNDER-TRAINED"
+        if "below min_metric" in str(e.get("reason")):
+            state += " (below min_metric)"
         out.append(f"  {cell}: reached {reached}, {gain} at twice the budget -> {state}")
     return out
 

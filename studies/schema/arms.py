@@ -414,8 +414,16 @@ class ArmStudySpec(BaseModel):
 
     @property
     def total_trials(self) -> int:
-        """Every trial with no range extension firing and no refinement (the least a study runs)."""
-        return self.expected_trials + self.tuning_trials
+        """Every trial with no range extension firing and no refinement (the least a study runs),
+        the training-adequacy check's (:attr:`adequacy_trials`) included."""
+        return self.expected_trials + self.tuning_trials + self.adequacy_trials
+
+    @property
+    def adequacy_trials(self) -> int:
+        """The training-adequacy check's trials (:func:`studies.adequacy.adequacy_trials`; 0 when off)."""
+        from studies.adequacy import adequacy_trials
+
+        return adequacy_trials(self)
 
     @property
     def tuning_trials(self) -> int:

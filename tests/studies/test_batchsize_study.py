@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from studies.adequacy import adequacy_plan
 from studies.batchsize_correlation import DEFAULT_SPEC, main
 from studies.kinds import StudyOutcome
 from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
@@ -82,7 +83,23 @@ def test_every_preset_plans_tuning_then_the_full_confirmatory_grid(preset: str |
         cells = {(c["model"]["layer"]["type"], c["training"]["batch_size"], c["seed"]) for c in configs}
         assert cells == {(a, b, s) for a in spec.arms for b in spec.batch_sizes for s in seeds}
         assert all(c["training"]["lr"] == lr[c["model"]["layer"]["type"]] for c in configs)
-        total += expected_trials(tune) + first  # total_trials: the first look of a sequential design
+        # the training-adequacy check: every (arm, B) cell at its η on one tuning seed for twice the
+        # budget, and at the budget too where the tuning did not run that cell (lr_policy not tuned)
+        check = adequacy_plan(spec, budget, lr)
+        checked = _configs(check)
+        assert check.name == f"tune-{budget}-adequacy"
+        assert {c["seed"] for c in checked} == {spec.lr_tuning.seeds[0]}
+        base = spec.base_config(budget=budget)["training"]
+        doubled = [c for c in checked if c["training"]["epochs"] == 2 * base["epochs"]]
+        assert {(c["model"]["layer"]["type"], c["training"]["batch_size"]) for c in doubled} == {
+            (a, b) for a in spec.arms for b in spec.batch_sizes
+        }
+        assert all(c["training"]["lr"] == lr[c["model"]["layer"]["type"]] for c in checked)
+        if base["max_updates"] is not None:
+            assert {c["training"]["max_updates"] for c in doubled} == {2 * base["max_updates"]}
+        assert len(checked) == len(doubled) * (1 if spec.lr_policy == "tuned" else 2)
+        total += expected_trials(tune) + first + expected_trials(check)  # total_trials: a sequential
+        # design's first look
     assert total == spec.total_trials
 
 

@@ -46,7 +46,11 @@ def test_every_preset_validates_and_plans_its_cost(
         spec = load_study(SPEC, preset=preset)
         assert len(spec.arm_names) == arms and len(spec.contrast_specs) == contrasts
         assert [p["name"] for p in plan["phases"]] == [p.name for p in KINDS["compare"].phases(spec)]
-        assert spec.total_trials == spec.tuning_trials + spec.confirmatory_trials
+        # the training-adequacy check: every arm at its tuned η for twice the budget on each tuning seed
+        # (the 1x runs are the tuning's own where the tuning ran the study's budget, else run too)
+        once = spec.lr_tuning.epochs in (None, spec.training.epochs)
+        assert spec.adequacy_trials == arms * len(spec.lr_tuning.seeds) * (1 if once else 2)
+        assert spec.total_trials == spec.tuning_trials + spec.confirmatory_trials + spec.adequacy_trials
         # every arm's winner refined (the local presets: the default 2 rates; the smoke: refine 0)
         assert spec.refine_trials == (0 if preset == "smoke" else 2 * arms * len(spec.lr_tuning.seeds))
         assert plan["trials"] == spec.total_trials + spec.refine_trials
@@ -78,7 +82,9 @@ def test_cli_validate_plan_run_status_report(
     cal = ["--calibration", str(smoke["cal"]), "--no-calibrate"]
     assert cli.main(["plan", str(SPEC), *target, "--json", *cal]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert plan["trials"] == 2 * 3 * 2 + 2 * 2  # tune + confirm; no extension planned (max_extensions 0)
+    # tune + the adequacy check (2 arms x 2 tuning seeds at twice the budget) + confirm; no extension
+    # planned (max_extensions 0)
+    assert plan["trials"] == 2 * 3 * 2 + 2 * 2 + 2 * 2
 
     assert cli.main(["run", str(SPEC), *target]) == 0
     study_dir = Path(spec.storage_path) / spec.name
@@ -92,7 +98,11 @@ def test_cli_validate_plan_run_status_report(
     # 2 seeds: the smallest sign-flip p is 1/2; underpowered by rule whatever the data (the other
     # gates depend on what one epoch reached).
     reasons = verdict["contrasts"]["corrected_vs_batchnorm"]["reasons"]
-    assert "underpowered" in reasons and set(reasons) <= set(GATES)
+    assert "underpowered" in reasons and {r.split(":")[0] for r in reasons} <= set(GATES)
+    # The adequacy check measured both arms; a contrast resting on one that failed it says so.
+    assert set(verdict["adequacy"]) == set(spec.arm_names)
+    flagged = [a for a, e in verdict["adequacy"].items() if not e["passed"]]
+    assert any(r.startswith("under-trained: ") for r in reasons) == bool(flagged)
     assert verdict["contrasts"]["corrected_vs_batchnorm"]["verdict"] == "inconclusive"
     assert verdict["study_verdict"] == "inconclusive" and verdict["exploratory"] is True
     assert set(verdict["hypotheses"]) == set(verdict["contrasts"])
@@ -115,11 +125,12 @@ def test_cli_validate_plan_run_status_report(
     status = json.loads(capsys.readouterr().out)
     assert status["kind"] == "compare" and status["study_verdict"] == verdict["study_verdict"]
     assert status["trials"] == status["expected_trials"] == plan["trials"]
-    assert set(status["phases"]) == {"tune", "confirm"}
+    assert set(status["phases"]) == {"tune", "tune-adequacy", "confirm"}
 
     assert cli.main(["report", str(study_dir)]) == 0
     again = json.loads((study_dir / "report" / "verdict.json").read_text())
     assert again["study_verdict"] == verdict["study_verdict"]
+    assert again["adequacy"] == verdict["adequacy"]  # the check read back from its phase
     for key in ("verdict", "reasons", "estimate", "ci", "p_value", "p_value_holm"):
         assert {n: c[key] for n, c in again["contrasts"].items()} == {
             n: c[key] for n, c in verdict["contrasts"].items()
@@ -135,4 +146,4 @@ def test_cli_validate_plan_run_status_report(
     )
     assert len(trials) == plan["trials"]
     assert {r.info.status for r in trials} == {"FINISHED"}
-    assert {r.data.tags["autonorm.phase"] for r in trials} == {"tune", "confirm"}
+    assert {r.data.tags["autonorm.phase"] for r in trials} == {"tune", "tune-adequacy", "confirm"}

@@ -50,8 +50,21 @@ def test_batchsize_phases_are_tuning_then_confirmatory_per_budget() -> None:
     spec = load_study(BATCHSIZE)
     plan = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=8)
     names = [p["name"] for p in plan["phases"] if not p["optional"]]
-    assert names == ["tune-epochs", "confirm-epochs", "tune-updates", "confirm-updates"]
+    assert names == [
+        "tune-epochs",
+        "tune-epochs-adequacy",  # the training-adequacy check, counted (issue #47)
+        "confirm-epochs",
+        "tune-updates",
+        "tune-updates-adequacy",
+        "confirm-updates",
+    ]
     by = {p["name"]: p for p in plan["phases"]}
+    # each (arm, B) cell on one tuning seed, at the budget and at twice it (lr_policy constant: the
+    # tuning ran only the reference batch size), priced at its own epochs
+    cells = len(spec.arms) * len(spec.batch_sizes)
+    assert by["tune-epochs-adequacy"]["trials"] == 2 * cells
+    assert spec.adequacy_trials == 2 * by["tune-epochs-adequacy"]["trials"]
+    assert by["tune-epochs-adequacy"]["epochs"] == 2 * spec.training.epochs
     rounds = spec.lr_tuning.max_extensions
     extensions = [p for p in plan["phases"] if p["optional"] and not p["refine"]]
     assert [p["name"] for p in extensions] == [
@@ -288,8 +301,10 @@ def test_a_sequential_spec_plans_its_looks_and_expected_cost() -> None:
     looks = spec.sequential.schedule()
     names = [p["name"] for p in plan["phases"] if p["optional"] and "-look" in p["name"]]
     assert names == [f"confirm-{b}-look{j}" for b in spec.budgets for j in range(2, len(looks) + 1)]
-    # no extension, every rate refined, every look
-    assert plan["trials"] == spec.tuning_trials + spec.refine_trials + spec.confirmatory_trials_max
+    # no extension, every rate refined, every look, the training-adequacy check
+    assert plan["trials"] == (
+        spec.tuning_trials + spec.refine_trials + spec.confirmatory_trials_max + spec.adequacy_trials
+    )
     assert plan["trials_max"] == plan["trials"] + spec.extension_trials_max
     assert spec.total_trials <= plan["trials_expected"] <= plan["trials"] <= plan["trials_max"]
     first_look = [p for p in plan["phases"] if not p["optional"]]
@@ -309,8 +324,9 @@ def test_a_sequential_spec_plans_its_looks_and_expected_cost() -> None:
 
 
 def test_a_stacked_phase_is_priced_per_group_from_its_stacked_step() -> None:
-    spec = load_study(BATCHSIZE, preset="smoke")
-    off = load_study(BATCHSIZE, ["execution.stack=off"], preset="smoke")
+    # without the adequacy check, whose stacks run 3 and 6 epochs: every stack below runs 3
+    spec = load_study(BATCHSIZE, ["analysis.adequacy.check=false"], preset="smoke")
+    off = load_study(BATCHSIZE, ["execution.stack=off", "analysis.adequacy.check=false"], preset="smoke")
     # one stacked update of 8 members costs what 2 separate updates do: a 4x cheaper update
     cal = {**CAL, "stacked": {"*": {"step_s": 0.02, "eval_s": 0.2, "members": 8}}}
     stacked = plan_study(spec, kind_for(spec), calibration=cal, calibrate=False, cpus=2)
@@ -337,9 +353,10 @@ def test_a_stacked_phase_is_priced_per_group_from_its_stacked_step() -> None:
 
 def test_each_member_of_a_stacked_group_adds_its_result_to_every_round() -> None:
     # A group's round reports every member it trains (checkpoint share, the driver's MLflow work):
-    # priced per member and epoch in a stacked phase, not at all for one trial per process.
-    spec = load_study(BATCHSIZE, preset="smoke")
-    off = load_study(BATCHSIZE, ["execution.stack=off"], preset="smoke")
+    # priced per member and epoch in a stacked phase, not at all for one trial per process. Without
+    # the adequacy check (one seed per cell: its trials stack with no other; 3 and 6 epochs).
+    spec = load_study(BATCHSIZE, ["analysis.adequacy.check=false"], preset="smoke")
+    off = load_study(BATCHSIZE, ["execution.stack=off", "analysis.adequacy.check=false"], preset="smoke")
     stacked_cal = {**CAL, "stacked": {"*": {"step_s": 0.02, "eval_s": 0.2, "members": 8}}}
 
     def cpu_s(s: Any, per_member: float) -> float:

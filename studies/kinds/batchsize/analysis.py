@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from studies.adequacy import failed_cells, study_line
 from studies.kinds.batchsize.armstats import arm_statistics, cell_key, interaction_looks
 from studies.kinds.batchsize.hypothesis import DIVERGENCE_FIXES, HYPOTHESIS, MIN_SEEDS
 from studies.kinds.batchsize.hypothesis import MIN_BATCH_SIZES as _MIN_BATCH_SIZES
@@ -206,8 +207,12 @@ def _analyse(
     chance_loss: float,
     salt: str,
     sequential: Mapping[str, Any] | None = None,
+    adequacy: Any = None,
 ) -> dict[str, Any]:
     """Statistics, gates and verdicts of one budget, failures scored at chance or dropped.
+
+    ``adequacy``: the budget's training-adequacy check per ``<arm>@<B>`` cell
+    (:func:`studies.adequacy.measure`); an arm with a cell that did not pass is ``under-trained``.
 
     With ``sequential`` (``{"looks", "seed_order", "min_effect", "prior_scale"}``) each fix arm's
     per-seed interaction slopes, in ``seed_order``, are tested with the anytime-valid mixture t-test
@@ -304,6 +309,10 @@ def _analyse(
             gates.append("optimisation-limited")
         elif loss_missing:
             gates.append("train loss missing")
+        under = failed_cells(adequacy, [f"{arm}@{int(b)}" for b in bs])
+        if under:
+            gates.append("under-trained")
+            res["under_trained"] = under
         underpowered = n_complete < min_seeds or len(bs) < _MIN_BATCH_SIZES
         if (
             sequential is None
@@ -338,7 +347,7 @@ def _analyse(
         r = arms[arm]
         r["gates"] += inherited
         if r["gates"]:
-            verdict[arm], reasons = "inconclusive", list(r["gates"])
+            verdict[arm], reasons = "inconclusive", _gate_reasons(r, arms[control])
         elif r.get("sequential") == "futile":
             verdict[arm], reasons = "refuted", ["effect below min_effect"]
         else:
@@ -366,7 +375,7 @@ def _analyse(
     for arm in control_arms:
         r = arms[arm]
         if r["gates"]:
-            labels[arm], reasons = "unclear", list(r["gates"])
+            labels[arm], reasons = "unclear", _gate_reasons(r, r)
         else:
             labels[arm] = control_label(r["slope_ci"], sign=sign, delta=delta)
             reasons = (
@@ -379,12 +388,29 @@ def _analyse(
 
     exploratory = any("underpowered" in r["reasons"] for r in arms.values())
     study, study_reasons = study_verdict(verdict, labels, arms, exploratory=exploratory)
+    untestable = study_line(adequacy)
+    if untestable:
+        study_reasons = [untestable, *study_reasons]
     return {
         **verdict_fields(arms, verdict, labels, (study, study_reasons), exploratory),
         "batch_sizes": [int(b) if float(b).is_integer() else float(b) for b in bs],
         "seeds": seeds,
         "looks": looks,
     }
+
+
+def _gate_reasons(r: Mapping[str, Any], control: Mapping[str, Any]) -> list[str]:
+    """An arm's gates as its reasons: ``under-trained`` (and ``control under-trained``) spelt out as
+    each failing cell's :func:`studies.adequacy.reason`."""
+    out: list[str] = []
+    for g in r["gates"]:
+        if g == "under-trained":
+            out += list(r.get("under_trained") or [g])
+        elif g == "control under-trained":
+            out += [f"control {x}" for x in control.get("under_trained") or ["under-trained"]]
+        else:
+            out.append(g)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -408,6 +434,7 @@ def batchsize_trend(
     seed: int = 0,
     confidence: float = 0.95,
     sequential: Mapping[str, Any] | None = None,
+    adequacy: Any = None,
 ) -> dict[str, Any]:
     """Test the batch-size hypothesis (docs/science.md §2) and return the ``verdict.json`` dictionary.
 
@@ -485,6 +512,13 @@ def batchsize_trend(
             confidence sequence replace the fixed-design p and interaction CI (those are kept in the
             arm's ``fixed_design``), a futile arm is ``refuted`` (``effect below min_effect``), the
             permutation part of the power gate is dropped, and each budget's result holds ``looks``.
+        adequacy: the training-adequacy check (:mod:`studies.adequacy`) per budget name (``""`` for
+            a table without budgets): ``{budget: {"<arm>@<B>": {"passed", "reached", "gain",
+            "reason", ...}}}``. An arm with a cell that did not pass is gated ``under-trained`` (a
+            fix arm ``inconclusive``, a control ``unclear``; a fix arm whose control is gated
+            ``control under-trained``) with the cell's reason, and the budget's study reasons open
+            with ``not testable at this budget``. ``None`` or a budget without a mapping: not
+            measured, no gate.
 
     Returns:
         ``{"hypothesis", "metric", "control", "control_arms", "fix_arms", "higher_is_better",
@@ -556,8 +590,13 @@ def batchsize_trend(
         # The sensitivity analysis uses the primary's test (sequential or fixed): with no failure
         # dropped it is the primary analysis, so the two can differ only by the failures.
         test = "fixed" if sequential is None else "sequential"
-        primary = _analyse(sub, drop_failed=False, salt=budget, sequential=sequential, **common)
-        dropped = _analyse(sub[sub["ok"]], drop_failed=True, salt=budget, sequential=sequential, **common)
+        checks = adequacy.get(budget) if isinstance(adequacy, Mapping) else None
+        primary = _analyse(
+            sub, drop_failed=False, salt=budget, sequential=sequential, adequacy=checks, **common
+        )
+        dropped = _analyse(
+            sub[sub["ok"]], drop_failed=True, salt=budget, sequential=sequential, adequacy=checks, **common
+        )
         keys = (
             "n",
             "n_seeds",

@@ -97,19 +97,26 @@ def trials_table(
 def analyse(table: Any, spec: BatchSizeStudySpec, **inputs: Any) -> dict[str, Any]:
     """:func:`studies.kinds.batchsize.analysis.batchsize_trend` with the spec's analysis settings,
     plus the fields every kind's ``verdict.json`` has: ``kind``, and ``hypotheses`` (one per fix arm:
-    its verdict, reasons, the interaction estimate and CI, p and Holm p)."""
+    its verdict, reasons, the interaction estimate and CI, p and Holm p, and the ``arms`` it rests on:
+    the fix arm and the control). ``inputs``: ``adequacy``, the training-adequacy check per budget
+    (:func:`studies.adequacy.measure`; absent: not measured), which gates the arms (an (arm, B) cell
+    that did not pass) and becomes ``verdict.json["adequacy"]``."""
+    from studies import adequacy
     from studies.kinds.batchsize.analysis import batchsize_trend
 
     a = spec.analysis
     chance_metric, chance_loss = chance_levels(spec) or (math.nan, math.nan)
+    checks = inputs.get("adequacy") if adequacy.enabled(spec) else None
     verdict = batchsize_trend(
         table,
         control=spec.control,
         controls=list(spec.control_arms),
         chance_metric=chance_metric,
         chance_loss=chance_loss,
-        **a.model_dump(),  # metric, direction, alpha, delta, min_seeds, n_boot, n_perm, seed, confidence
+        # metric, direction, alpha, delta, min_seeds, n_boot, n_perm, seed, confidence
+        **a.model_dump(exclude={"adequacy"}),
         sequential=sequential_design(spec.sequential, [str(s) for s in spec.seeds]),
+        adequacy=checks,
     )
     if spec.sequential is not None:
         verdict.update(_sequential_summary(spec, verdict))
@@ -119,6 +126,7 @@ def analyse(table: Any, spec: BatchSizeStudySpec, **inputs: Any) -> dict[str, An
         arm: {
             **hypothesis_entry(arms.get(arm) or {}, estimate="interaction", ci="interaction_ci"),
             "verdict": label,
+            "arms": [arm, spec.control],
         }
         for arm, label in (verdict.get("verdict") or {}).items()
     }
@@ -127,6 +135,8 @@ def analyse(table: Any, spec: BatchSizeStudySpec, **inputs: Any) -> dict[str, An
         "study_verdict": verdict.get("study_verdict"),
         "hypotheses": hypotheses,
         **verdict,
+        "adequacy": adequacy.adequacy_record(spec, checks),
+        "adequacy_rule": adequacy.rule(spec),
     }
 
 

@@ -17,8 +17,11 @@ The rule (docs/science.md, "The Affine Divergence main table"):
 * Gates come first; a contrast that fails one is ``inconclusive`` with the gate as its reason:
   ``lr-at-range-edge`` (either arm's tuned η on its grid's edge), ``failures`` (more than 20 % of
   either arm's trials failed), ``optimisation-limited`` (either arm's median final train loss above
-  0.9 x chance loss), ``underpowered`` (fewer than ``min_seeds`` paired seeds, or the smallest
-  attainable sign-flip p times the number of contrasts not below ``alpha``).
+  0.9 x chance loss: the arm did not learn), ``under-trained`` (either arm failed the training-adequacy
+  check, :mod:`studies.adequacy`: the reason reads ``under-trained: <arm> reached <x>, +<g> at twice
+  the budget``), ``underpowered`` (fewer than ``min_seeds`` paired seeds, or the smallest
+  attainable sign-flip p times the number of contrasts not below ``alpha``). A study with an
+  under-trained arm says ``not testable at this budget`` among its reasons.
 * Then, in this order: ``equivalent`` when the interval lies strictly inside ``(−margin, +margin)``
   (a difference that small does not matter, whether or not it is significant); ``better`` /
   ``worse`` when the Holm-adjusted p is at most ``alpha`` (by the sign of the estimate, oriented by
@@ -42,6 +45,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from studies.adequacy import failed_cells, study_line
 from studies.stats import holm_into, min_sign_flip_p, paired_contrast, t_interval
 
 __all__ = [
@@ -52,7 +56,7 @@ __all__ = [
 ]
 
 CONTRAST_VERDICTS = ("better", "worse", "equivalent", "inconclusive")
-GATES = ("lr-at-range-edge", "failures", "optimisation-limited", "underpowered")
+GATES = ("lr-at-range-edge", "failures", "optimisation-limited", "under-trained", "underpowered")
 
 _FAILURE_SHARE = 0.2
 _NOT_LEARNED = 0.9
@@ -149,6 +153,7 @@ def compare_arms(
     seed: int = 0,
     failed_value: float | None = None,
     chance_loss: float | None = None,
+    adequacy: Any = None,
 ) -> dict[str, Any]:
     """Per-arm summaries, per-contrast statistics and verdicts, and the study verdict.
 
@@ -165,6 +170,10 @@ def compare_arms(
         failed_value: the metric a failed trial scores (chance accuracy); ``None`` drops its seed
             from the pairs it is in.
         chance_loss: ln C; a median final train loss above 0.9 x it is ``optimisation-limited``.
+        adequacy: the training-adequacy check per arm (:func:`studies.adequacy.measure`: ``{arm:
+            {"passed", "reached", "gain", "reason", ...}}``); an arm whose entry did not pass is
+            ``under-trained``. ``None`` or :data:`studies.adequacy.NOT_MEASURED` (or the spec's
+            ``analysis.adequacy`` settings, which hold no measurement): nothing measured, no gate.
 
     Returns:
         ``{"arms": {arm: {...}}, "contrasts": {name: {arm, reference, predicted, estimate, ci,
@@ -179,12 +188,17 @@ def compare_arms(
     arm_names = sorted(set(df["arm"]))
     in_contrast = {x for c in contrasts.values() for x in (str(c["arm"]), str(c["reference"]))}
     arms: dict[str, dict[str, Any]] = {}
+    checks = adequacy if isinstance(adequacy, Mapping) and "check" not in adequacy else None
     for arm in sorted(set(arm_names) | in_contrast):
         rows = df[df["arm"] == arm]
         arms[arm] = {
             "role": "contrast" if arm in in_contrast else "table only",
             **_arm_summary(rows, failed_value=failed_value, chance_loss=chance_loss, confidence=confidence),
         }
+        under = failed_cells(checks, [arm])
+        if under:
+            arms[arm]["gates"].append("under-trained")
+            arms[arm]["under_trained"] = under[0]
     family = len(contrasts)
     sign = 1.0 if higher_is_better else -1.0
     results: dict[str, dict[str, Any]] = {}
@@ -199,6 +213,7 @@ def compare_arms(
         res: dict[str, Any] = {
             "arm": a,
             "reference": r,
+            "arms": [a, r],
             "predicted": predicted,
             "n_seeds": k,
             "seeds": [str(s) for s in paired.index],
@@ -230,7 +245,7 @@ def compare_arms(
             res["differences"] = [res["estimate"]]
         gates: list[str] = []
         gate_arms: dict[str, list[str]] = {}
-        for gate in GATES[:3]:  # the arm gates: either arm's failing one contaminates the pair
+        for gate in GATES[:4]:  # the arm gates: either arm's failing one contaminates the pair
             who = [x for x in (a, r) if gate in arms[x]["gates"]]
             if who:
                 gates.append(gate)
@@ -239,11 +254,15 @@ def compare_arms(
             gates.append("underpowered")
         res["gates"] = gates
         res["gate_arms"] = gate_arms
+        res["gate_reasons"] = {
+            "under-trained": [arms[x]["under_trained"] for x in gate_arms.get("under-trained", [])]
+        }
         results[name] = res
 
     holm_into(results)
     for res in results.values():
         res["verdict"], res["reasons"] = _verdict(res, alpha=alpha, margin=margin, sign=sign)
+        del res["gate_reasons"]  # spelt out in the reasons
         res["hypothesis"] = hypothesis_verdict(res["verdict"], res["predicted"])
     labels = [res["hypothesis"] for res in results.values()]
     if "refuted" in labels:
@@ -257,6 +276,11 @@ def compare_arms(
         + (f" — {'; '.join(res['reasons'])}" if res["reasons"] else "")
         for name, res in results.items()
     ]
+    untestable = study_line(
+        {x: checks[x] for x in sorted(in_contrast) if checks and x in checks} if checks else None
+    )
+    if untestable:
+        study_reasons.insert(0, untestable)
     return {
         "metric": metric,
         "higher_is_better": bool(higher_is_better),
@@ -276,7 +300,8 @@ def compare_arms(
 def _verdict(res: Mapping[str, Any], *, alpha: float, margin: float, sign: float) -> tuple[str, list[str]]:
     """``(verdict, reasons)`` of one contrast, gates first (see the module docstring)."""
     if res["gates"]:
-        return "inconclusive", list(res["gates"])
+        detail = res.get("gate_reasons") or {}
+        return "inconclusive", [r for g in res["gates"] for r in (detail.get(g) or [g])]
     ci, p, est = res["ci"], res["p_value_holm"], res["estimate"]
     if ci is not None and -margin < ci[0] and ci[1] < margin:
         return "equivalent", []

@@ -24,6 +24,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, StrictBool
 
+from studies.adequacy import AdequacySpec
 from studies.schema import (
     NonNegInt,
     SpecIssue,
@@ -125,6 +126,7 @@ class CompareAnalysisSpec(BaseModel):
     min_seeds: Annotated[int, Field(strict=True, ge=2)] = 5
     n_mc: Annotated[int, Field(strict=True, ge=999)] = 99_999  # sign patterns beyond 20 seeds
     seed: NonNegInt = 0
+    adequacy: AdequacySpec = AdequacySpec()  # training adequacy: each arm's η at twice the budget, a floor
 
 
 class CompareStudySpec(ArmStudySpec):
@@ -149,6 +151,12 @@ class CompareStudySpec(ArmStudySpec):
     set_by_study: ClassVar[Mapping[str, str]] = SET_BY_STUDY
     grid: ClassVar[Mapping[str, str]] = {"arms": "model.layer.type"}
     study_tags: ClassVar[tuple[tuple[str, str], ...]] = (("autonorm.study", "compare"),)
+    stored_defaults: ClassVar[Mapping[str, Any]] = {
+        **ArmStudySpec.stored_defaults,
+        "analysis.adequacy": {"check": False},
+    }
+    """:attr:`ArmStudySpec.stored_defaults`, and a study stored before the training-adequacy check
+    existed ran without it (its verdict says ``"adequacy": "not measured"``)."""
 
     def design_issues(self) -> list[SpecIssue]:
         """Contrasts between two distinct arms of the study, at least one, no pair twice; no BatchNorm

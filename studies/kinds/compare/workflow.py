@@ -65,17 +65,22 @@ def chance_scores(spec: CompareStudySpec) -> tuple[float | None, float | None]:
 def analyse(table: Any, spec: CompareStudySpec, **inputs: Any) -> dict[str, Any]:
     """:func:`studies.kinds.compare.analysis.compare_arms` with the spec's settings and the shared
     fields ``kind``, ``study_verdict`` and ``hypotheses`` (one per contrast: the hypothesis's
-    verdict, the reasons, the paired estimate and CI, p and Holm p). ``inputs``: ``lr_tuning`` (the
-    tuning record per arm, shown in the report)."""
+    verdict, the reasons, the paired estimate and CI, p and Holm p, and the ``arms`` it rests on).
+    ``inputs``: ``lr_tuning`` (the tuning record per arm, shown in the report), ``adequacy`` (the
+    training-adequacy check per budget, :func:`studies.adequacy.measure`; absent: not measured), which
+    becomes ``verdict.json["adequacy"]`` and gates the contrasts."""
+    from studies import adequacy
     from studies.kinds.compare.analysis import compare_arms
 
     failed_value, chance_loss = chance_scores(spec)
+    checks = adequacy.adequacy_record(spec, inputs.get("adequacy"))
+    settings = {**spec.analysis.model_dump(), "adequacy": checks}  # the measurement, not the settings
     result = compare_arms(  # the analysis section's fields are compare_arms' own arguments
         table,
         contrasts={n: c.model_dump() for n, c in spec.contrast_specs.items()},
         failed_value=failed_value,
         chance_loss=chance_loss,
-        **spec.analysis.model_dump(),
+        **settings,
     )
     lr_record = inputs.get("lr_tuning") or {}
     for arm, res in result["arms"].items():
@@ -87,7 +92,8 @@ def analyse(table: Any, spec: CompareStudySpec, **inputs: Any) -> dict[str, Any]
     for res in contrasts.values():
         res["reasons"] = [*res["reasons"], *noisy_reasons((res["arm"], res["reference"]), noisy)]
     hypotheses = {
-        name: {**base.hypothesis_entry(res), "verdict": res["hypothesis"]} for name, res in contrasts.items()
+        name: {**base.hypothesis_entry(res), "verdict": res["hypothesis"], "arms": list(res["arms"])}
+        for name, res in contrasts.items()
     }
     return {
         "kind": spec.kind,
@@ -96,6 +102,8 @@ def analyse(table: Any, spec: CompareStudySpec, **inputs: Any) -> dict[str, Any]
         "hypothesis": spec.hypothesis,
         "table_only_arms": list(spec.table_only_arms),
         **result,
+        "adequacy": checks,
+        "adequacy_rule": adequacy.rule(spec),
     }
 
 
@@ -187,8 +195,10 @@ class CompareDesign(TunedDesign):
         """The printed verdict: the study's, then each contrast's estimate, CI, Holm p and label."""
         from studies.reporting import fmt, fmt_ci
 
+        reasons = verdict.get("study_reasons") or []
+        untestable = next((r for r in reasons if str(r).startswith("not testable")), None)
         return [
-            f"STUDY VERDICT: {verdict['study_verdict']}",
+            f"STUDY VERDICT: {verdict['study_verdict']}" + (f" ({untestable})" if untestable else ""),
             *(
                 f"  {name:<24} {c['arm']} − {c['reference']}: {fmt(c['estimate'])} {fmt_ci(c['ci'])} "
                 f"p_holm={fmt(c['p_value_holm'])} -> {c['verdict']} (predicted {c['predicted']}: {c['hypothesis']})"
