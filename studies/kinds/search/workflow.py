@@ -56,7 +56,7 @@ from studies.kinds.search.plans import (
 )
 from studies.kinds.search.power import pilot
 from studies.kinds.search.spec import StudySpec
-from studies.reporting import write_json
+from studies.reporting import estimate_name, write_json
 from studies.scope import scope_line, scope_tags
 from studies.tuning import RefinePoints, RunPoints, tune
 from workers.plan import StudyPlan, expected_trials
@@ -448,7 +448,8 @@ def _confirm_and_claims(
     for cid, c in claims.items():
         reasons = "; ".join(str(r) for r in c.get("reasons") or [])
         print(
-            f"[{spec.name}] claim {cid}: {c.get('verdict')} (estimate {c.get('estimate')}, CI {c.get('ci')}, "
+            f"[{spec.name}] claim {cid}: {c.get('verdict')} ({estimate_name('search', cid)} {c.get('estimate')}, "
+            f"CI {c.get('ci')}, "
             f"p_holm {c.get('p_value_holm')}) {reasons}",
             flush=True,
         )
