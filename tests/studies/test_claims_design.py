@@ -338,3 +338,55 @@ def test_the_claims_report_marks_the_searched_arm_reported_only(tmp_path: Path) 
     assert "8 of 8 seeds froze" in md
     written = json.loads(paths["verdict"].read_text())
     assert written["freeze"]["seeds_frozen"] == 8 and "autonorm_s_searched" in written["reported_arms"]
+
+
+# ---- the grid kinds: the same informational reason ------------------------------------------------
+
+
+def test_a_compare_contrast_resting_on_a_noisy_arm_carries_the_reason_and_keeps_its_verdict() -> None:
+    from studies.kinds.compare.workflow import analyse as compare_analyse
+    from tests.studies.test_compare_analysis import _spec
+    from tests.studies.test_compare_analysis import _table as compare_table
+
+    spec = _spec()
+    table = compare_table(
+        {
+            "corrected": 0.9,
+            "linear_batchnorm": 0.85,
+            "linear_layernorm": 0.85,
+            "linear": 0.8,
+            "prenorm_l2": 0.8,
+        }
+    )
+    plain = compare_analyse(table, spec, lr_tuning={"corrected": {"lr": 0.1, "noisy": False}})
+    noisy = compare_analyse(table, spec, lr_tuning={"corrected": {"lr": 0.1, "noisy": True}})
+    for name, c in noisy["contrasts"].items():
+        before = plain["contrasts"][name]
+        assert c["verdict"] == before["verdict"] and c["hypothesis"] == before["hypothesis"]
+        rests = "corrected" in (c["arm"], c["reference"])
+        assert c["reasons"] == before["reasons"] + ([f"{NOISY} (corrected)"] if rests else [])
+        assert noisy["hypotheses"][name]["reasons"] == c["reasons"]
+    assert any(NOISY in str(c["reasons"]) for c in noisy["contrasts"].values())
+    assert noisy["study_verdict"] == plain["study_verdict"]
+
+
+def test_a_batchsize_fix_arm_whose_control_tuned_noisily_carries_the_reason() -> None:
+    from studies.kinds.batchsize.workflow import analyse as batchsize_analyse
+
+    spec = load_study(ROOT / "studies" / "specs" / "batchsize_correlation.yaml", preset="smoke")
+    from tests.studies.test_analysis import make_table
+
+    arms = {arm: 0.0 for arm in spec.arm_names}
+    table = make_table(slopes=arms, batch_sizes=tuple(spec.batch_sizes), seeds=len(spec.seeds))
+    table["budget"] = spec.budget_names[0] if hasattr(spec, "budget_names") else ""
+    plain = batchsize_analyse(table, spec)
+    noisy = batchsize_analyse(table.assign(lr_noisy=table["arm"] == spec.control), spec)
+    fix = [a for a, r in noisy["arms"].items() if r.get("role") == "fix"]
+    assert fix
+    for arm in fix:
+        assert noisy["arms"][arm]["verdict"] == plain["arms"][arm]["verdict"]
+        assert noisy["arms"][arm]["reasons"] == [*plain["arms"][arm]["reasons"], f"{NOISY} ({spec.control})"]
+        assert noisy["hypotheses"][arm]["reasons"] == noisy["arms"][arm]["reasons"]
+    for r in noisy["arms"].values():
+        if r.get("role") != "fix":
+            assert NOISY not in str(r["reasons"])  # a control's label rests on no tuning comparison
