@@ -351,3 +351,40 @@ def test_counts_take_the_right_number() -> None:
     assert count(1, "study", "studies") == "1 study" and count(3, "study", "studies") == "3 studies"
     assert estimate_name("batchsize", "corrected") == "interaction"
     assert estimate_name("nothing-known", "x") == "estimate"
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_the_batchsize_pilot_reads_each_arm_from_its_signed_interaction(
+    tmp_path: Path, sequential: bool
+) -> None:
+    # corrected falls with B against the control (the claim's side: a power count), prenorm_l2 rises
+    # (the wrong side: the seeds at which it would be given up, no power count for |effect|)
+    from studies.kinds.batchsize.power import pilot
+
+    rng = np.random.default_rng(4)
+    rows = []
+    for arm, slope in (("linear", 0.0), ("corrected", -0.01), ("prenorm_l2", 0.01)):
+        for b in (8, 16, 32, 64):
+            for s in range(6):
+                acc = 0.8 + slope * math.log2(b) + rng.normal(0, 0.01)
+                rows.append(
+                    {"arm": arm, "batch_size": b, "seed": s, "status": "completed", "test_accuracy": acc}
+                )
+    pd.DataFrame(rows).to_csv(tmp_path / "trials.csv", index=False)
+    seq = SimpleNamespace(min_effect=0.005, prior_scale=1.0) if sequential else None
+    analysis = SimpleNamespace(metric="test_accuracy", higher_is_better=True, min_seeds=5, confidence=0.95)
+    spec = SimpleNamespace(
+        analysis=analysis,
+        control="linear",
+        fix_arms=("corrected", "prenorm_l2"),
+        data="digits",
+        sequential=seq,
+    )
+    out = pilot(spec, tmp_path, power=0.8, min_effect=None, alpha=0.05)
+    assert out["wrong_side"] == {"corrected": False, "prenorm_l2": True}
+    assert out["estimate"]["corrected"] < 0 < out["estimate"]["prenorm_l2"]
+    assert out["futility_seeds"]["corrected"] is None
+    k = out["futility_seeds"]["prenorm_l2"]
+    assert isinstance(k, int) and k >= 2
+    assert out["futility_rule"] == ("sequential" if sequential else "fixed")
+    assert out["futility_effect"] == (0.005 if sequential else 0.0)
