@@ -1,9 +1,9 @@
 """``autonorm-study``: validate, run, resume, submit, inspect and report studies.
 
-    autonorm-study validate SPEC [--preset NAME] [--set KEY=VALUE ...] [--print] [--allow-exploratory]
+    autonorm-study validate SPEC [SPEC ...] [--preset NAME] [--set KEY=VALUE ...] [--print] [--allow-exploratory]
     autonorm-study plan     SPEC [--cpus N] [--gpus M] [--json] [--pilot STUDY_DIR --power 0.8]
     autonorm-study plan     --history [--tracking-uri URI] [--json]   # past estimates against the real runs
-    autonorm-study run      SPEC [--preset NAME] [--set KEY=VALUE ...]
+    autonorm-study run      SPEC [--preset NAME] [--set KEY=VALUE ...] [--json]
     autonorm-study resume   SPEC|STUDY_DIR [...]
     autonorm-study submit   SPEC [--address URL] [--wait] [...]     # a Ray job on a cluster
     autonorm-study status   SPEC|STUDY_DIR | --job ID [--address URL]
@@ -139,14 +139,39 @@ def _decidable(spec: Any, args: argparse.Namespace) -> Any:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    """The file as given (with --preset/--set), and every preset it defines: all errors, then exit 2."""
-    spec = _decidable(_load_target(args.spec, args), args)
+    """Each file as given (with --preset/--set), and every preset it defines: every file's errors
+    (printed as each file is checked), then exit 2 when any had one."""
+    targets = list(dict.fromkeys([*args.spec, *args.spec_flag]))
+    if not targets:
+        print("validate: a spec is needed: validate SPEC [SPEC ...] or --spec PATH", file=sys.stderr)
+        return EXIT_SPEC_ERROR
+    if args.print and len(targets) > 1:
+        print("validate: --print takes one spec (stdout is that resolved spec)", file=sys.stderr)
+        return EXIT_SPEC_ERROR
+    if len(targets) == 1:
+        return _validate_one(targets[0], args)
+    failed = 0
+    for target in targets:
+        try:
+            _validate_one(target, args)
+        except SpecError as e:
+            print_spec_error(e)
+            failed += 1
+    if failed:
+        print(f"{failed} of {len(targets)} specs invalid", file=sys.stderr)
+        return EXIT_SPEC_ERROR
+    return 0
+
+
+def _validate_one(target: str, args: argparse.Namespace) -> int:
+    """One spec file (or study directory) and every preset it defines; raises :class:`SpecError`."""
+    spec = _decidable(_load_target(target, args), args)
     # With --print, stdout is the resolved spec alone (`validate ... --print > my_spec.yaml` loads again).
     status_to = sys.stderr if args.print else sys.stdout
     if args.print:
         print(spec.to_yaml(), end="")
     print(f"ok: {spec.name} (kind {spec.kind}): {_describe(spec)}", file=status_to)
-    path = Path(args.spec)
+    path = Path(target)
     errors: list[SpecIssue] = []
     if path.is_file() and not args.preset:
         for preset in presets_of(path):
@@ -175,7 +200,8 @@ def _run(spec: Any, args: argparse.Namespace) -> int:
     )
     if outcome is None:
         return code
-    _print_json(outcome.summary)
+    if getattr(args, "json", False):  # the verdict and where the outputs are were printed by the study
+        _print_json(outcome.summary)
     print_where(outcome)
     return 0
 
@@ -550,20 +576,14 @@ def verdict_lines(path: Path) -> list[str]:
         from studies.scope import scope_line
 
         lines.append(f"scope: {scope_line(verdict['scope'])}")
-    from studies.reporting import estimate_name
-
     rows = []
     for name, h in (verdict.get("hypotheses") or {}).items():
         ci = h.get("ci")
-        est = h.get("estimate")
         rows.append(
             {
                 "hypothesis": name,
                 "verdict": h.get("verdict"),
-                # every estimate with its name: the batch-size kind's is the interaction, not a slope
-                "estimate": f"{estimate_name(verdict.get('kind'), str(name))} {_short(est)}"
-                if isinstance(est, int | float) and not isinstance(est, bool)
-                else "n/a",
+                "estimate": h.get("estimate"),
                 "ci": f"[{_short(ci[0])}, {_short(ci[1])}]"
                 if isinstance(ci, list | tuple) and len(ci) == 2 and None not in ci
                 else "n/a",
@@ -657,8 +677,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("validate", help="check a spec; print every error with its field path and line")
-    _spec_argument(p, "spec", "spec YAML (or a study directory)")
+    p = sub.add_parser(
+        "validate",
+        help="check specs (and every preset in each); print every error with its field path and line",
+    )
+    p.add_argument("spec", nargs="*", default=[], help="spec YAML files (or study directories)")
+    p.add_argument(
+        "--spec",
+        dest="spec_flag",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="same as a spec argument",
+    )
     add_layer_options(p)
     _add_exploratory(p)
     p.add_argument(
@@ -703,6 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_layer_options(p)
         _add_exploratory(p)
         p.add_argument("--allow-changed-spec", action="store_true", help=_ALLOW_HELP)
+        p.add_argument("--json", action="store_true", help="print the study's summary as JSON at the end")
         p.set_defaults(func=func)
 
     p = sub.add_parser("extend", help="more seeds for a finished sequential study (its looks stay valid)")

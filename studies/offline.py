@@ -39,6 +39,7 @@ __all__ = [
     "reanalyse_tables",
     "rewrite_stored",
     "write_gate_logs",
+    "write_stored_report",
 ]
 
 GATE_LOGS_FILE = "gate_logs.json"
@@ -235,3 +236,71 @@ def rewrite_stored(directory: Path) -> list[Any]:
     ]
     write_json(verdict_file, merged)
     return changed
+
+
+#: What a stored study keeps of its report (``report.html`` and the tables stay with the run).
+REPORT_SUFFIXES = (".md", ".png")
+
+
+def write_stored_report(directory: Path) -> list[Path]:
+    """The report a stored study's verdict and tables give (``report.md`` and its plots), written
+    into ``directory`` beside them (``autonorm-study results --reanalyse``); the kind's own report
+    writer, run on the stored files in a scratch folder, of which only the ``.md`` and ``.png`` files
+    are kept: ``verdict.json`` and the tables are never rewritten here.
+
+    Raises:
+        OfflineError: a file the report needs is missing.
+    """
+    import shutil
+    import tempfile
+
+    from studies.kinds.pipeline import Analysed, TunedDesignKind
+    from studies.reproduce import ReproduceError, stored_study
+
+    try:
+        spec, kind = stored_study(directory)
+    except ReproduceError as exc:
+        raise OfflineError(str(exc)) from None
+    verdict = json.loads((directory / "verdict.json").read_text(encoding="utf-8"))
+    resources = verdict.get("resources") if isinstance(verdict.get("resources"), Mapping) else {}
+    spent = tuple(
+        float(v) if isinstance(v, int | float) else math.nan
+        for v in (
+            (resources or {}).get("wall_time_s"),
+            (resources or {}).get("cpu_hours"),
+            (resources or {}).get("gpu_hours"),
+        )
+    )
+    table, inputs = _table_and_inputs(spec, kind, directory, verdict)
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch)
+        if isinstance(kind, TunedDesignKind):
+            design = kind.design()
+            doc = _read_json(directory, "lr_tuning.json")
+            records = {"": doc} if _budgets(spec, design) == [""] else dict(doc)
+            design.write_outputs(Analysed(spec, dict(verdict), table, records, spent), out)  # type: ignore[arg-type]
+        else:
+            from studies.kinds.search.report import write_claims_report
+            from studies.kinds.search.workflow import SHARED, _sequential_of
+
+            write_claims_report(
+                verdict["claims"],
+                table,
+                inputs["gate_logs"],
+                out,
+                title=f"AutoNorm claims: {spec.name}",
+                protocol=spec.to_document(),
+                data_kind=verdict["data_kind"],
+                best_config=verdict.get("best_config"),
+                tuned_lr=verdict.get("tuned_lr"),
+                wall_time_s=spent[0],
+                cpu_hours=spent[1],
+                gpu_hours=spent[2],
+                shared={k: verdict[k] for k in SHARED if k in verdict},
+                sequential=_sequential_of(verdict),
+            )
+        kept = []
+        for path in sorted(out.iterdir()):
+            if path.is_file() and path.suffix in REPORT_SUFFIXES:
+                kept.append(Path(shutil.copyfile(path, directory / path.name)))
+    return kept

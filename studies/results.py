@@ -742,11 +742,12 @@ def main(
 
 def _reanalyse(dirs: Sequence[Path]) -> None:
     """``--reanalyse``: every stored study's verdict again under today's rules; the changes printed."""
-    from studies.offline import OfflineError, rewrite_stored
+    from studies.offline import OfflineError, rewrite_stored, write_stored_report
 
     for directory in dirs:
         try:
             changed = rewrite_stored(directory)
+            write_stored_report(directory)
         except OfflineError as exc:
             raise ResultsError(str(exc)) from None
         name = display_path(directory)

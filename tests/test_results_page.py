@@ -75,6 +75,9 @@ def test_reanalyse_rewrites_a_stored_verdict_under_todays_rules(
     assert new["resources"] == old["resources"]  # what only the run could record is kept
     assert new.get("adequacy") is not None  # measured, or said "not measured"
     assert main(["reproduce", str(copy)]) == 0  # the rewritten verdict reproduces from its tables
+    # the stored study keeps its report and plots, written from the new verdict
+    report = (copy / "report.md").read_text(encoding="utf-8")
+    assert "c_attn" in report and (copy / "claims_forest.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_page_opens_with_one_row_per_claim_and_its_figure(tmp_path: Path, clean_env: None) -> None:
