@@ -576,14 +576,20 @@ def verdict_lines(path: Path) -> list[str]:
         from studies.scope import scope_line
 
         lines.append(f"scope: {scope_line(verdict['scope'])}")
+    from studies.reporting import estimate_name
+
     rows = []
     for name, h in (verdict.get("hypotheses") or {}).items():
         ci = h.get("ci")
+        est = h.get("estimate")
         rows.append(
             {
                 "hypothesis": name,
                 "verdict": h.get("verdict"),
-                "estimate": h.get("estimate"),
+                # every estimate with its name: the batch-size kind's is the interaction, not a slope
+                "estimate": f"{estimate_name(verdict.get('kind'), str(name))} {_short(est)}"
+                if isinstance(est, int | float) and not isinstance(est, bool)
+                else "n/a",
                 "ci": f"[{_short(ci[0])}, {_short(ci[1])}]"
                 if isinstance(ci, list | tuple) and len(ci) == 2 and None not in ci
                 else "n/a",
