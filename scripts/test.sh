@@ -14,7 +14,7 @@ if [ "${1:-}" = "--quick" ]; then
   quick=1
   shift
 fi
-bash scripts/setup.sh
+bash scripts/setup.sh --browser   # the tests' browser too (tests/integration/test_browser.py)
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0   # keep every Ray listener on 127.0.0.1
 echo "[test] ruff"
 .venv/bin/ruff check .

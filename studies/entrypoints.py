@@ -13,7 +13,7 @@ A study driver running as a Ray job runs in Ray's temporary copy of the uploaded
 ``storage_path`` there (and the default sqlite MLflow store inside it) would vanish with the job, so
 it is placed under ``$AUTONORM_HOME`` (default ``~/autonorm``) instead (:func:`durable_storage_path`),
 and the driver says where. At the end of every study the results directory and direct MLflow links
-are printed (:func:`print_where`).
+are printed (:func:`print_where`); the study's summary as JSON with ``--json`` only.
 """
 
 from __future__ import annotations
@@ -177,8 +177,8 @@ def print_where(outcome: Any, *, file: Any = None) -> None:
 
     out = file or sys.stdout
     print(f"[{outcome.name}] results: {outcome.study_dir}", file=out)
-    print(f"[{outcome.name}] MLflow tracking URI: {outcome.tracking_uri}", file=out)
     if not outcome.parent_run_id:
+        print(f"[{outcome.name}] MLflow tracking URI: {outcome.tracking_uri}", file=out)
         return
     try:
         from mlflow import MlflowClient
@@ -188,12 +188,13 @@ def print_where(outcome: Any, *, file: Any = None) -> None:
             experiment_id = client.get_run(outcome.parent_run_id).info.experiment_id
     except Exception as exc:  # the study is done; a link we cannot make is not an error
         print(
-            f"[{outcome.name}] MLflow run {outcome.parent_run_id} (no link: {type(exc).__name__})", file=out
+            f"[{outcome.name}] MLflow run {outcome.parent_run_id} in {outcome.tracking_uri} "
+            f"(no link: {type(exc).__name__})",
+            file=out,
         )
         return
     runs, run = mlflow_links(outcome.tracking_uri, experiment_id, outcome.parent_run_id)
-    print(f"[{outcome.name}] MLflow runs: {runs}", file=out)
-    print(f"[{outcome.name}] MLflow study run: {run}", file=out)
+    print(f"[{outcome.name}] MLflow study run: {run}; all runs: {runs}", file=out)
     if not outcome.tracking_uri.startswith(("http://", "https://")):
         print(
             f"[{outcome.name}]   (serve it with: mlflow ui --backend-store-uri {outcome.tracking_uri})",
@@ -260,6 +261,7 @@ def study_main(
         action="store_true",
         help="run a design that can never decide anyway; its report is marked exploratory",
     )
+    parser.add_argument("--json", action="store_true", help="print the study's summary as JSON at the end")
     args = parser.parse_args(argv)
     try:
         if args.dry_run:
@@ -285,7 +287,8 @@ def study_main(
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_STUDY_ERROR
-    print(json.dumps(outcome.summary, indent=2, default=str))
+    if args.json:  # the study printed its verdict and where its outputs are already
+        print(json.dumps(outcome.summary, indent=2, default=str))
     print_where(outcome)
     return 0
 

@@ -20,6 +20,7 @@ from studies.provenance import PROVENANCE_ARTIFACT
 from studies.schema import SpecError, SpecIssue, parse_yaml, stored_defaults_missing
 from studies.sequential import ExtendRefused
 from studies.study_dir import SPEC_FILE
+from workers.console import DRIVER_LOG
 
 __all__ = ["changed_fields", "extend_study", "run_study_spec"]
 
@@ -132,7 +133,11 @@ def run_study_spec(
         spec = _check_unchanged(spec, study_dir, allow_changed=allow_changed_spec)
         fresh = study_dir.read_text(SPEC_FILE) is None
         study_dir.write_text(SPEC_FILE, spec.to_yaml())
-        print(f"[{spec.name}] {kind.name} study; spec -> {study_dir.uri}/{SPEC_FILE}", flush=True)
+        print(
+            f"[{spec.name}] {kind.name} study; spec -> {study_dir.uri}/{SPEC_FILE}, "
+            f"Ray, Tune and MLflow output -> {DRIVER_LOG}",
+            flush=True,
+        )
         planned = _estimate(spec, kind) if runner_options.get("trainable") is None else None
         if planned is not None:
             runner_options["planned"] = planned
@@ -144,7 +149,9 @@ def run_study_spec(
             # Refused (or failed) before its first trial left anything: take the spec back, so the
             # corrected command is a fresh start rather than "a changed spec" (issue: a refused
             # `--set resources.cpu=64` locked its own fix out).
-            if fresh and set(study_dir.list_files()) <= {SPEC_FILE, PROVENANCE_ARTIFACT}:
+            # (the driver log of that start, which says why, goes with them)
+            if fresh and set(study_dir.list_files()) <= {SPEC_FILE, PROVENANCE_ARTIFACT, DRIVER_LOG}:
+                study_dir.delete(DRIVER_LOG)
                 study_dir.delete(PROVENANCE_ARTIFACT)
                 study_dir.delete(SPEC_FILE)
             raise

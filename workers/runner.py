@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from workers import interrupts, tune_state
+from workers.console import route_worker_output, tune_output
 from workers.errors import TrackingIncomplete
 from workers.group_trial import group_entry
 from workers.members import MEMBERS_KEY, views
@@ -25,7 +26,7 @@ from workers.preflight import (
     check_resources,
     precheck_local_resources,
 )
-from workers.progress import ProgressCallback, SyncFailureOneLine, quiet_checkpoint_logs
+from workers.progress import ProgressCallback, SyncFailureOneLine, close_progress_lines, quiet_checkpoint_logs
 from workers.records import StudyResult
 from workers.results import _record, _summary, _tune_results
 from workers.search import create_scheduler, create_searcher, grid_param_space
@@ -34,6 +35,7 @@ from workers.storage import ResolvedStorage, resolve_storage
 from workers.tracking import (
     ROLE_PHASE,
     ROLE_STUDY,
+    TAG_ARM,
     MlflowTrackingCallback,
     RetryPolicy,
     TrialDirnamer,
@@ -157,6 +159,7 @@ def run_study(
         cheaper_results()
         tune_state.install()
         quiet_checkpoint_logs()
+        route_worker_output()  # what trials print goes to the study's driver.log, their own lines excepted
         SyncFailureOneLine.install()
         trials, restored = _fit(
             plan,
@@ -168,7 +171,7 @@ def run_study(
             param_space,
             searcher,
             scheduler,
-            ProgressCallback(name=plan.name, total=total, unit=_unit(param_space)) if progress else None,
+            _progress(plan, total, trial_tags) if progress else None,
             namer,
         )
     # Stopped by a signal: Tune saved its state and the runs are closed as KILLED; the study stops
@@ -252,8 +255,13 @@ def _stack_for(plan: StudyPlan, trainable: Any, storage: ResolvedStorage, experi
     return stack
 
 
-def _unit(param_space: Mapping[str, Any]) -> str:
-    return "groups" if MEMBERS_KEY in param_space else "trials"
+def _progress(plan: StudyPlan, total: int, trial_tags: Mapping[str, str]) -> ProgressCallback:
+    """The phase's progress line, counted in trials (a stacked group's members each count), its
+    best trial named by its arm (the trial runs' ``autonorm.arm`` tag) or its readable name."""
+    label = TrialNamer(
+        trial_tags.get(TAG_ARM) or plan.run_name, plan_name=plan.name, base_config=plan.base_config
+    )
+    return ProgressCallback(name=plan.name, total=total, metric=plan.metric, mode=plan.mode, label=label)
 
 
 def _resume_line(name: str, experiment_path: str, storage: ResolvedStorage, total: int) -> str:
@@ -391,8 +399,12 @@ def _fit(
             )
         else:
             tuner = fresh_tuner()
-        with interrupts.fitting():
-            tuner.fit()
+        # What Tune prints (its experiment box, where the results are) goes to the driver log.
+        try:
+            with interrupts.fitting(), tune_output():
+                tuner.fit()
+        finally:
+            close_progress_lines()
         used_searcher = _searcher_of(tuner) if searcher is not None else None
         if used_searcher is not None:
             # optuna.db is written by a child process meanwhile, and logged once the runs are closed

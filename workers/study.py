@@ -120,6 +120,7 @@ class StudyRunner:
         self._ray_init_kwargs = ray_init_kwargs
         self._resources = tuple(resources)
         self._session: Any = None
+        self._console: Any = None
         self.results: list[tuple[str, StudyPlan, StudyResult]] = []
         self.started = time.monotonic()
 
@@ -137,12 +138,37 @@ class StudyRunner:
                 name=self.name, base_config={}, storage=self._storage_config, resources=self._resources
             )
             precheck_local_resources([probe], self._ray_address, self._ray_init_kwargs)
-        self._open_or_refuse()
-        self._session = ray_session(
-            self._ray_address, self._ray_init_kwargs, env_vars={"MLFLOW_TRACKING_URI": self.tracking_uri}
-        )
-        self._session.__enter__()
+        self._open_console()
+        try:
+            self._open_or_refuse()
+            self._session = ray_session(
+                self._ray_address, self._ray_init_kwargs, env_vars={"MLFLOW_TRACKING_URI": self.tracking_uri}
+            )
+            self._session.__enter__()
+        except BaseException:
+            self._close_console()
+            raise
         return self
+
+    def _open_console(self) -> None:
+        """What Ray, Tune, MLflow and Optuna print goes to the study's ``driver.log`` from here on
+        (:mod:`workers.console`); the terminal keeps the study's own lines."""
+        from workers.console import DRIVER_LOG, StudyConsole
+
+        # (the study's first line names the log: studies.running)
+        self._console = StudyConsole(self.local_dir() / DRIVER_LOG, name=self.name, announce=False)
+        self._console.__enter__()
+
+    def _close_console(self) -> None:
+        console, self._console = self._console, None
+        if console is None:
+            return
+        console.__exit__(None, None, None)
+        if not self.storage.is_local:  # the log was written in a scratch directory
+            try:
+                self.publish([console.log_path])
+            except Exception as exc:
+                logger.warning("could not copy the driver log to %s: %s", self.study_uri, exc)
 
     def _open_or_refuse(self) -> None:
         """Open the study run before anything starts; refuse the study when MLflow does not answer.
@@ -182,8 +208,11 @@ class StudyRunner:
             logger.error("could not close the study's MLflow run: %s", close_exc)
         finally:
             session, self._session = self._session, None
-            if session is not None:
-                session.__exit__(exc_type, exc, tb)
+            try:
+                if session is not None:
+                    session.__exit__(exc_type, exc, tb)
+            finally:
+                self._close_console()
 
     def set_expected_trials(self, total: int) -> None:
         """The study's trial count changed (a range extension, a sequential look, ``extend``).

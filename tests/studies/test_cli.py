@@ -147,12 +147,12 @@ def test_study_main_plans_from_options(
 
     monkeypatch.setattr(studies.running, "run_study_spec", fake_run)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
-    code = entrypoints.study_main(
-        ["--preset", "smoke", "--storage-path", str(tmp_path / "runs"), "--set", "search.num_samples=5"],
-        prog="t",
-        description="t",
-        default_spec=SHIPPED,
-    )
+    argv = ["--preset", "smoke", "--storage-path", str(tmp_path / "runs"), "--set", "search.num_samples=5"]
+    # The study prints its own lines; its summary as JSON only when asked (issue #48: a quiet console).
+    assert entrypoints.study_main(argv, prog="t", description="t", default_spec=SHIPPED) == 0
+    out = capsys.readouterr().out
+    assert '"best_metric"' not in out and "{" not in out and f"results: {tmp_path / 'runs'}" in out
+    code = entrypoints.study_main([*argv, "--json"], prog="t", description="t", default_spec=SHIPPED)
     assert code == 0
     plan = captured["plan"]
     assert plan.tracking.uri == "http://127.0.0.1:5999"  # the environment wins over the sqlite default
@@ -606,6 +606,29 @@ def test_validate_checks_every_preset(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "[preset smoke]" in err and "seeds" in err and "Traceback" not in err
     assert cli.main(["--kind", "search", "validate", str(BATCHSIZE)]) == 2
     assert "arms: unknown field" in capsys.readouterr().err
+
+
+def test_validate_takes_several_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``validate studies/specs/*.yaml``: every file checked (each with its presets), every error
+    printed, exit 2 when any file is invalid."""
+    shipped = sorted((ROOT / "studies" / "specs").glob("*.yaml"))
+    assert len(shipped) >= 3
+    assert cli.main(["validate", *map(str, shipped)]) == 0
+    out = capsys.readouterr().out
+    for path in shipped:
+        spec = load_study(path)
+        assert f"ok: {spec.name} (kind {spec.kind})" in out
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\nmodel: {type: vit_lite}\ndata: {type: digits}\nretries: -2\n")
+    also = tmp_path / "also.yaml"
+    also.write_text(BATCHSIZE.read_text().replace("seeds: [0, 1]\n", "seeds: [0]\n"))
+    assert cli.main(["validate", str(broken), str(BATCHSIZE), "--spec", str(also)]) == 2
+    captured = capsys.readouterr()
+    assert "(kind batchsize)" in captured.out  # the valid file in between is still checked
+    assert "broken.yaml:4: retries" in captured.err and "[preset smoke]" in captured.err
+    assert "2 of 3 specs invalid" in captured.err and "Traceback" not in captured.err
+    assert cli.main(["validate", str(SHIPPED), str(BATCHSIZE), "--print"]) == 2  # --print: one spec
+    assert cli.main(["validate"]) == 2
 
 
 def test_submit_of_another_kind_runs_its_script(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,5 @@
-"""Storage resolution, runner helpers and the progress line (no Ray cluster needed)."""
+"""Storage resolution, runner helpers and Ray's log lines (no Ray cluster needed; the progress line:
+test_progress.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from workers.optuna_export import export_optuna_study
 from workers.plan import ParamDef, SamplerConfig, StorageConfig, StudyPlan, TrackingConfig, expected_trials
 from workers.preflight import _max_epochs, _tracking_uri
-from workers.progress import CHECKPOINT_LINE, ProgressCallback, format_eta, quiet_checkpoint_logs
+from workers.progress import CHECKPOINT_LINE, quiet_checkpoint_logs
 from workers.storage import resolve_storage
 
 
@@ -86,33 +87,6 @@ def test_tracking_uri_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         _tracking_uri(_plan(), remote)
 
 
-def test_format_eta() -> None:
-    assert [format_eta(s) for s in (None, float("nan"), 5.2, 65, 3725)] == ["?", "?", "5s", "1m05s", "1h02m"]
-
-
-def test_progress_lines_are_throttled_and_count_states() -> None:
-    now = [0.0]
-    out = io.StringIO()
-    cb = ProgressCallback(name="study", total=4, interval_s=10.0, stream=out, clock=lambda: now[0])
-    cb.setup(total_num_samples=4)
-    trials = [
-        SimpleNamespace(trial_id=f"t{i}", status=s) for i, s in enumerate(("RUNNING", "RUNNING", "PENDING"))
-    ]
-    cb.on_step_end(iteration=1, trials=trials)  # type: ignore[arg-type]
-    now[0] = 3.0
-    cb.on_step_end(iteration=2, trials=trials)  # type: ignore[arg-type]  # throttled: nothing new
-    assert len(cb.lines) == 1
-    assert cb.lines[0] == "[study] trials 0/4 done, 2 running, 2 pending, ETA ?"
-    now[0] = 20.0
-    trials[0].status = "TERMINATED"  # a trial finished after 20 s: 3 left at 20 s each
-    cb.on_step_end(iteration=3, trials=trials)  # type: ignore[arg-type]
-    assert cb.lines[-1] == "[study] trials 1/4 done, 1 running, 2 pending, ETA 1m00s"
-    trials[1].status = "ERROR"
-    cb.on_experiment_end(trials=trials)  # type: ignore[arg-type]
-    assert cb.lines[-1].startswith("[study] trials 2/4 done (1 error)")
-    assert out.getvalue().splitlines() == cb.lines
-
-
 def test_s3_storage_pickles_without_the_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     # Tune pickles the filesystem into tuner.pkl in the study's own prefix: keys must not travel.
     import pickle
@@ -135,29 +109,6 @@ def test_tune_no_longer_propagates_credentials() -> None:
     _stop_credential_propagation()
     assert not (_CREDENTIAL_ENV_VARS & set(class_cache.ENV_VARS_TO_PROPAGATE))
     assert "PL_DISABLE_FORK" in class_cache.DEFAULT_ENV_VARS  # the module we patch is still the one we know
-
-
-def test_eta_after_a_resume_counts_only_trials_finished_by_this_driver() -> None:
-    # A resumed study: 6 of 8 trials were finished by the previous driver. If they counted against
-    # this driver's clock, the first line would promise 2 more trials in ~0 s.
-    now = [100.0]
-    cb = ProgressCallback(name="s", total=8, interval_s=0.0, stream=io.StringIO(), clock=lambda: now[0])
-    cb.setup(total_num_samples=8)
-    trials = [SimpleNamespace(trial_id=f"t{i}", status="TERMINATED") for i in range(6)]
-    trials += [
-        SimpleNamespace(trial_id="t6", status="RUNNING"),
-        SimpleNamespace(trial_id="t7", status="RUNNING"),
-    ]
-    now[0] = 130.0
-    cb.on_step_end(iteration=1, trials=trials)  # type: ignore[arg-type]
-    assert cb.lines[-1] == "[s] trials 6/8 done, 2 running, 0 pending, ETA ?"
-    now[0] = 160.0  # the first trial this driver finished took 60 s since it started
-    trials[6].status = "TERMINATED"
-    cb.on_step_end(iteration=2, trials=trials)  # type: ignore[arg-type]
-    assert cb.lines[-1] == "[s] trials 7/8 done, 1 running, 0 pending, ETA 1m00s"
-    # What Tune pickles (and restores) starts its own clock and its own notion of "finished before".
-    state = cb.__getstate__()
-    assert state["_done_before"] is None and state["_start"] is None
 
 
 class _Dispatcher:
