@@ -6,8 +6,9 @@ arm, tagged ``autonorm.arm``) logs ``<metric>_mean``, ``<metric>_ci_low`` and ``
 at ``step`` = the phase's axis value (the batch size, the epoch): selecting a phase's summary runs
 draws ``<metric>_mean`` against that axis with one line per arm. The values are the mean over
 seeds of the trials table's metric and its t-interval (:func:`studies.stats.mean_interval`), the
-same numbers ``trials.csv`` gives. Summary runs are never trials: every trial count reads
-``autonorm.role=trial`` only.
+same numbers ``trials.csv`` gives; the interval of an accuracy (a metric named ``*accuracy``) is
+clipped to [0, 1], the range the metric can take (a t-interval over two seeds easily leaves it).
+Summary runs are never trials: every trial count reads ``autonorm.role=trial`` only.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def arm_summaries(
                 if metric not in rows.columns:
                     continue
                 mean, lo, hi, n = mean_interval(rows[metric].astype(float).to_numpy(), confidence)
+                if metric.endswith("accuracy") and n >= 2:  # an accuracy lies in [0, 1], so does its CI
+                    lo, hi = max(lo, 0.0), min(hi, 1.0)
                 for suffix, value in (("mean", mean), ("ci_low", lo), ("ci_high", hi)):
                     run.metrics.setdefault(f"{metric}_{suffix}", []).append((step, value))
                 run.n[step] = max(run.n.get(step, 0), n)

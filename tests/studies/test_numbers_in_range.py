@@ -388,3 +388,21 @@ def test_the_batchsize_pilot_reads_each_arm_from_its_signed_interaction(
     assert isinstance(k, int) and k >= 2
     assert out["futility_rule"] == ("sequential" if sequential else "fixed")
     assert out["futility_effect"] == (0.005 if sequential else 0.0)
+
+
+def test_summary_runs_keep_an_accuracy_interval_inside_zero_one() -> None:
+    from studies.summaries import arm_summaries
+
+    table = pd.DataFrame(
+        {
+            "arm": ["a", "a", "a", "a"],
+            "batch_size": [8, 8, 16, 16],
+            "test_accuracy": [0.99, 0.60, 0.90, 0.91],
+            "test_loss": [0.01, 0.9, 0.1, 0.12],
+        }
+    )
+    (run,) = arm_summaries(table, metrics=["test_accuracy", "test_loss"], axis="batch_size")
+    lo, hi = dict(run.metrics["test_accuracy_ci_low"]), dict(run.metrics["test_accuracy_ci_high"])
+    assert lo[8] == 0.0 and hi[8] == 1.0  # the raw t-interval over two seeds is [-1.7, 3.3]
+    assert 0.0 < lo[16] < hi[16] < 1.0  # a narrow one is left as it is
+    assert dict(run.metrics["test_loss_ci_low"])[8] < 0.0  # a loss is not an accuracy: not clipped
