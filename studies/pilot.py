@@ -240,6 +240,15 @@ def _statement(spec: Any, r: Mapping[str, Any], directory: Path) -> str:
         else:
             need = f"needs {k} seeds" if k is not None else "cannot reach that power with any practical K"
             parts.append(f"{name}: mean {eff:+.4g}, sd {sd:.3g} per seed, {need}.")
+            if (r.get("wrong_side") or {}).get(name):  # the pilot points against the claim
+                kf = (r.get("futility_seeds") or {}).get(name)
+                until = f"given up at about {kf} seeds at this mean and spread" if kf else "not given up"
+                parts.append(
+                    f"{name}'s pilot estimate {r['estimate'][name]:+.4g} lies on the wrong side of its claim: "
+                    f"a power count plans for an effect the pilot does not show; the claim would be {until} "
+                    f"({'the confidence sequence' if r.get('futility_rule') == 'sequential' else 'the t-interval'} "
+                    "excluding the claimed effects)."
+                )
     if r["k"] is not None:
         extra = (
             f" ({r['seeds_planned']} with the spec's minimum of {r.get('min_seeds')} seeds)"

@@ -406,3 +406,27 @@ def test_summary_runs_keep_an_accuracy_interval_inside_zero_one() -> None:
     assert lo[8] == 0.0 and hi[8] == 1.0  # the raw t-interval over two seeds is [-1.7, 3.3]
     assert 0.0 < lo[16] < hi[16] < 1.0  # a narrow one is left as it is
     assert dict(run.metrics["test_loss_ci_low"])[8] < 0.0  # a loss is not an accuracy: not clipped
+
+
+def test_plan_pilot_says_when_the_pilot_points_against_the_claim(tmp_path: Path) -> None:
+    from studies.pilot import _statement
+
+    r: dict[str, Any] = {
+        "per_seed": {"against": [-0.4, -0.6, -0.5], "for": [0.4, 0.6, 0.5]},
+        "quantity": "per-seed paired difference",
+        "seeds_needed": {"against": 12, "for": 12},
+        "effect": {"against": -0.5, "for": 0.5},
+        "sd": {"against": 0.1, "for": 0.1},
+        "family_size": 2,
+        "alpha": 0.05,
+        "power": 0.8,
+        "k": None,
+        "estimate": {"against": -0.5, "for": 0.5},
+        "wrong_side": {"against": True, "for": False},
+        "futility_seeds": {"against": 4, "for": None},
+        "futility_rule": "fixed",
+    }
+    text = _statement(None, r, tmp_path)
+    assert "against's pilot estimate -0.5 lies on the wrong side of its claim" in text
+    assert "given up at about 4 seeds" in text and "the t-interval" in text
+    assert "for's pilot estimate" not in text
