@@ -4,11 +4,12 @@ a cell read as a float, the confidence level checked."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["check_confidence", "float_or_none", "seed_key", "to_float"]
+__all__ = ["check_confidence", "claim_metrics", "float_or_none", "seed_key", "to_float"]
 
 
 def float_or_none(x: float | np.floating[Any] | None) -> float | None:
@@ -37,3 +38,23 @@ def to_float(v: Any) -> float:
         return float(v)
     except (TypeError, ValueError):
         return math.nan
+
+
+def claim_metrics(claims: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """The numbers each claim's verdict rests on, once each: ``estimate/<claim>``, its CI as
+    ``ci_low/<claim>`` / ``ci_high/<claim>``, ``p_value/<claim>`` and ``p_value_holm/<claim>``."""
+    out: dict[str, float] = {}
+    for cid, c in claims.items():
+        raw = c.get("ci")
+        ci: Sequence[Any] = raw if isinstance(raw, list | tuple) and len(raw) == 2 else (None, None)
+        values = {
+            "estimate": c.get("estimate"),
+            "ci_low": ci[0],
+            "ci_high": ci[1],
+            "p_value": c.get("p_value"),
+            "p_value_holm": c.get("p_value_holm"),
+        }
+        for key, v in values.items():
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v)):
+                out[f"{key}/{cid}"] = float(v)
+    return out

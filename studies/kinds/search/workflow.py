@@ -56,6 +56,7 @@ from studies.kinds.search.plans import (
 )
 from studies.kinds.search.power import pilot
 from studies.kinds.search.spec import StudySpec
+from studies.kinds.search.values import claim_metrics
 from studies.reporting import estimate_name, write_json
 from studies.scope import scope_line, scope_tags
 from studies.tuning import RefinePoints, RunPoints, tune
@@ -354,26 +355,6 @@ def _log_epoch_summaries(runner: Any, phase: str, arm: str) -> None:
     runner.log_summaries(phase, arm_summaries(table, metrics=metrics, axis="epoch"))
 
 
-def _claim_metrics(claims: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
-    """The numbers each claim's verdict rests on, once each: ``estimate/<claim>``, its CI as
-    ``ci_low/<claim>`` / ``ci_high/<claim>``, ``p_value/<claim>`` and ``p_value_holm/<claim>``."""
-    out: dict[str, float] = {}
-    for cid, c in claims.items():
-        raw = c.get("ci")
-        ci: Sequence[Any] = raw if isinstance(raw, list | tuple) and len(raw) == 2 else (None, None)
-        values = {
-            "estimate": c.get("estimate"),
-            "ci_low": ci[0],
-            "ci_high": ci[1],
-            "p_value": c.get("p_value"),
-            "p_value_holm": c.get("p_value_holm"),
-        }
-        for key, v in values.items():
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v)):
-                out[f"{key}/{cid}"] = float(v)
-    return out
-
-
 def _confirm_and_claims(
     spec: StudySpec, plan: StudyPlan, result: StudyResult, runner: Any
 ) -> tuple[dict[str, Any], dict[str, Path]]:
@@ -444,7 +425,7 @@ def _confirm_and_claims(
     tags = {f"claim/{cid}": str(c.get("verdict")) for cid, c in claims.items()}
     tags["verdict/study"] = str(verdict["study_verdict"])
     tags.update(scope_tags(verdict.get("scope")))
-    runner.log_outputs(files=files.values(), tags=tags, metrics=_claim_metrics(claims))
+    runner.log_outputs(files=files.values(), tags=tags, metrics=claim_metrics(claims))
     for cid, c in claims.items():
         reasons = "; ".join(str(r) for r in c.get("reasons") or [])
         print(
