@@ -19,7 +19,12 @@ step() {
   shift
   echo "[setup] $what"
   local rc=0
-  "$@" >>"$SETUP_LOG" 2>&1 || rc=$?
+  # In a subshell with errexit: a function's first failing command ends the step (`cmd || ...` would
+  # switch errexit off inside the function).
+  set +e
+  (set -e; "$@") >>"$SETUP_LOG" 2>&1
+  rc=$?
+  set -e
   if [ "$rc" != 0 ]; then
     {
       echo "[setup] failed: $what (exit $rc); the last lines of $SETUP_LOG:"
@@ -43,9 +48,8 @@ install_dependencies() {
   # machine and CI set it) Python never writes a .pyc itself, so every process - each Ray worker, each
   # CLI a test starts - would compile torch, Ray and MLflow from source again: measured 8.3-9.6 s to
   # import them against 3.6-5.3 s, and a CI run of 2005 s against ~900 s.
-  # (each command checked: set -e does not hold inside a function that `step` runs)
-  "$VENV/bin/pip" install --disable-pip-version-check --no-compile torch==2.13.0 || return 1
-  "$VENV/bin/pip" install --disable-pip-version-check --no-compile -c constraints.txt -e ".[dev]" || return 1
+  "$VENV/bin/pip" install --disable-pip-version-check --no-compile torch==2.13.0
+  "$VENV/bin/pip" install --disable-pip-version-check --no-compile -c constraints.txt -e ".[dev]"
   local site
   site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   # A few files in the dependencies are not Python 3 (templates, fixtures): compileall reports them and
@@ -63,10 +67,9 @@ install_browser() {
   local candidate
   candidate="$(apt-cache policy chromium-driver 2>/dev/null | awk '/Candidate:/ {print $2}')"
   if [ -z "$candidate" ] || [ "$candidate" = "(none)" ]; then
-    as_root apt-get update || return 1
+    as_root apt-get update
   fi
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver ||
-    return 1
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver
   [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || { echo "chromium missing after install" >&2; return 1; }
 }
 

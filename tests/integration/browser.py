@@ -1,7 +1,7 @@
 """Debian's chromium driven headless by Selenium, for tests that look at what a user sees.
 
-The browser and its driver are the system's (``scripts/setup.sh`` installs the Debian packages
-``chromium`` and ``chromium-driver``); both paths are given to Selenium explicitly and
+The browser and its driver are the system's (``scripts/setup.sh --browser``, which ``scripts/test.sh``
+runs, installs the Debian packages ``chromium`` and ``chromium-driver``); both paths are given to Selenium explicitly and
 ``SE_OFFLINE`` is set, so Selenium Manager never downloads a browser or a driver.
 """
 
@@ -32,7 +32,7 @@ def headless_chromium(workdir: Path, *, width: int = 1600, height: int = 1000) -
     for binary in (CHROMIUM, CHROMEDRIVER):
         if not os.access(binary, os.X_OK):
             raise FileNotFoundError(
-                f"{binary} is missing: run scripts/setup.sh (apt-get install chromium chromium-driver)"
+                f"{binary} is missing: run scripts/setup.sh --browser (apt-get install chromium chromium-driver)"
             )
     workdir.mkdir(parents=True, exist_ok=True)
     options = webdriver.ChromeOptions()

@@ -16,6 +16,7 @@ from studies.kinds import load_study
 from studies.running import run_study_spec
 from studies.schema import SpecError
 from studies.study_dir import SPEC_FILE, StudyDir
+from tests.console_rules import console_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 SEARCH = ROOT / "studies" / "specs" / "autonorm_search.yaml"
@@ -88,7 +89,12 @@ def test_diverging_trials_do_not_crash_the_study(tmp_path: Path) -> None:
     trials = client.search_runs([exp.experiment_id], filter_string="tags.`autonorm.role` = 'trial'")
     assert len(trials) == 2
     assert {t.data.tags["autonorm.trial_status"] for t in trials} == {"diverged"}
-    assert '"diverged": 2' in proc.stdout
+    # A quiet console (issue #48): the service's own lines only, Tune's box and Ray's log lines in the
+    # study's driver.log; the progress line counts the diverged trials; no summary JSON without --json.
+    assert console_problems(proc.stdout + proc.stderr) == [], proc.stdout + proc.stderr
+    assert "] done: 2/2 trials (2 failed)" in proc.stdout and '"diverged": 2' not in proc.stdout
+    driver_log = (tmp_path / "runs" / "diverging" / "driver.log").read_text()
+    assert "Configuration for experiment" in driver_log and "Started a local Ray instance" in driver_log
 
 
 @pytest.mark.ray

@@ -22,6 +22,7 @@ import psutil
 import pytest
 from mlflow import MlflowClient
 
+from tests.console_rules import console_problems
 from tests.studies.batchsize_driver import spec_for
 from tests.workers.conftest import REPO_ROOT, ray_env
 from tests.workers.test_restore import _stop_tree
@@ -77,6 +78,12 @@ def test_batchsize_study_killed_mid_way_then_rerun_accounts_exactly() -> None:
         second = _driver(storage, temp_dir)
         out, _ = second.communicate(timeout=900)
         assert second.returncode == 0, out[-4000:]
+        # The rerun's console (issue #48, a quiet console): the service's lines only, the verdict and
+        # its scope among them; Tune's boxes and Ray's log lines are in the study's driver.log.
+        assert console_problems(out) == [], out
+        assert [ln for ln in out.splitlines() if "STUDY VERDICT:" in ln], out
+        assert [ln for ln in out.splitlines() if "] scope: " in ln], out
+        assert "Configuration for experiment" in (storage / spec.name / "driver.log").read_text()
         (line,) = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
         result = json.loads(line[len("RESULT ") :])
         assert not (storage / f"{spec.name}.lease").exists()
