@@ -279,6 +279,9 @@ def write_stored_report(directory: Path) -> list[Path]:
             doc = _read_json(directory, "lr_tuning.json")
             records = {"": doc} if _budgets(spec, design) == [""] else dict(doc)
             design.write_outputs(Analysed(spec, dict(verdict), table, records, spent), out)  # type: ignore[arg-type]
+            from studies.plots import LR_TUNING_PNG, plot_lr_tuning
+
+            plot_lr_tuning(records, out / LR_TUNING_PNG, metric=spec.lr_tuning.metric)
         else:
             from studies.kinds.search.report import write_claims_report
             from studies.kinds.search.workflow import SHARED, _sequential_of
