@@ -78,7 +78,9 @@ def _futility_text(futile: Mapping[str, Any], *, seeds_used: int | None, price: 
     est, k, effect = futile.get("estimate"), futile.get("seeds"), float(futile.get("effect") or 0.0)
     sequential = futile.get("rule") == "sequential"
     interval = "confidence sequence" if sequential else "t-interval"
-    outcome = "futile" if sequential else "refuted"
+    # sequential: futility; fixed: the interval wholly on the other side of 0 refutes, one that only
+    # excludes the effects worth finding (the compare kind's margin) leaves the claim not reproduced
+    outcome = "futile" if sequential else ("not reproduced" if effect > 0 else "refuted")
     excludes = (
         f"excludes every effect of {num(effect)} or more in the claimed direction"
         if effect > 0

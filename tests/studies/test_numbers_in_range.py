@@ -284,6 +284,11 @@ def test_to_decide_on_the_wrong_side_gives_the_futility_seeds_not_a_power_count(
         futile=futile | {"rule": "fixed", "effect": 0.0},
     )
     assert "refuted at ≈29 seeds" in fixed and "t-interval" in fixed and "other side of 0" in fixed
+    # ... and one that only excludes the effects worth finding (a compare margin): not reproduced
+    margin = to_decide(
+        "inconclusive", [], None, None, seeds_used=8, cost=None, futile=futile | {"rule": "fixed"}
+    )
+    assert "not reproduced at ≈29 seeds" in margin and "every effect of 0.005 or more" in margin
     # the projection already met by the seeds used: said so (what holds it open are its other reasons)
     met = to_decide("inconclusive", ["failures"], None, None, seeds_used=40, cost=None, futile=futile)
     assert "from 29 seeds, no more than the 40 used" in met and "failures: fewer failed trials" in met

@@ -155,13 +155,13 @@ def test_rows_say_claim_verdict_estimate_seeds_cost_run_and_what_would_decide(
     assert h.mlflow_run == RUN_ID
     assert h.reproduce == f"autonorm-study reproduce {study}"
     # Inconclusive, and its difference points against the claim (corrected worse than linear):
-    # not a power count for |effect| but the seeds at which the claim would be refuted (the t-interval
-    # of this fixed design excluding every difference of the margin or more in the predicted
-    # direction, raised to the design's minimum), priced at this study's cost per seed (0.5 CPU-h /
-    # 2 seeds), and each other reason's remedy.
-    assert h.to_decide.startswith("difference -0.231 on the wrong side of the claim: refuted at ≈")
+    # not a power count for |effect| but the seeds at which the claim would be given up (the
+    # t-interval of this fixed design excluding every difference of the margin or more in the
+    # predicted direction: not reproduced; raised to the design's minimum), priced at this study's
+    # cost per seed (0.5 CPU-h / 2 seeds), and each other reason's remedy.
+    assert h.to_decide.startswith("difference -0.231 on the wrong side of the claim: not reproduced at ≈")
     assert "seeds for 80% power" not in h.to_decide
-    seeds = int(h.to_decide.split("refuted at ≈")[1].split(" seeds")[0])
+    seeds = int(h.to_decide.split("not reproduced at ≈")[1].split(" seeds")[0])
     assert seeds >= 5
     assert f"≈{seeds * 0.25:.2g} CPU-h, {seeds * 0.125:.2g} GPU-h" in h.to_decide
     assert "lr-at-range-edge: a wider η grid" in h.to_decide
