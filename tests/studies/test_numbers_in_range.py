@@ -435,3 +435,17 @@ def test_plan_pilot_says_when_the_pilot_points_against_the_claim(tmp_path: Path)
     assert "against's pilot estimate -0.5 lies on the wrong side of its claim" in text
     assert "given up at about 4 seeds" in text and "the t-interval" in text
     assert "for's pilot estimate" not in text
+
+
+def test_the_batchsize_table_shows_the_rho_interval_or_n_a() -> None:
+    from studies.kinds.batchsize.report import verdict_table
+
+    for seeds in (2, 3):
+        res = batchsize_trend(_table(seeds, monotone=False), n_perm=99, n_boot=200, min_seeds=2, **ARGS)
+        cells = [row["spearman ρ CI"] for row in verdict_table(res)]
+        if seeds < 3:
+            assert cells == ["n/a", "n/a"]
+        else:
+            for cell in cells:
+                lo, hi = (float(x) for x in cell.strip("[]").split(","))
+                assert -1.0 <= lo <= hi <= 1.0

@@ -91,6 +91,8 @@ _CELLS: dict[str, tuple[str, Any]] = {
     "p": ("p_value", fmt),
     "p (Holm)": ("p_value_holm", fmt),
     "spearman ρ": ("spearman_rho", fmt),
+    # its interval on the Fisher-z scale, inside [-1, 1]; none below 3 seeds
+    "spearman ρ CI": ("spearman_rho_ci", lambda ci: fmt_ci(ci) if ci else "n/a"),
     "n": ("n", fmt),
     "failed": ("n_failed", fmt),
 }
@@ -112,7 +114,8 @@ def verdict_table(result: Mapping[str, Any]) -> list[dict[str, str]]:
     """One row per arm of a single-budget result: controls first, then the fix arms.
 
     Columns: arm, role, verdict (a fix arm's verdict or a control's label), reasons, slope,
-    slope CI, interaction, interaction CI, p, p (Holm), spearman ρ, n, failed.
+    slope CI, interaction, interaction CI, p, p (Holm), spearman ρ, spearman ρ CI ("n/a" below 3
+    seeds), n, failed.
     """
     control = result["control"]
     return [
