@@ -41,6 +41,11 @@ as_root() {
   fi
 }
 
+create_venv() {
+  "$PY" -m venv "$VENV"
+  install_dependencies
+}
+
 install_dependencies() {
   # torch first and exactly: a bare `torch` requirement would pull a multi-GB CUDA build.
   # Byte-compiled once, after the installs, on every core (pip's own compile is one file at a time: ~50 s
@@ -85,14 +90,15 @@ main() {
   mkdir -p "$(dirname "$SETUP_LOG")"
   echo "--- $(date -u '+%Y-%m-%d %H:%M:%S') scripts/setup.sh $*" >>"$SETUP_LOG"
 
-  if [ ! -x "$VENV/bin/python" ]; then
-    step "creating $VENV with $($PY --version 2>&1); install output -> $SETUP_LOG" "$PY" -m venv "$VENV"
-  fi
   # Reinstall only when the dependency declaration changed.
   local stamp="$VENV/.autonorm-deps" want
   want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
-  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    step "installing dependencies (first run: a few minutes)" install_dependencies
+  if [ ! -x "$VENV/bin/python" ]; then
+    step "creating $VENV with $($PY --version 2>&1) and installing the dependencies (a few minutes; output -> $SETUP_LOG)" \
+      create_venv
+    echo "$want" >"$stamp"
+  elif [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    step "installing the dependencies (they changed; output -> $SETUP_LOG)" install_dependencies
     echo "$want" >"$stamp"
   fi
   # The project's own modules too (a second, cheap run only checks timestamps).

@@ -172,7 +172,8 @@ def load_for_run(load: Callable[[Sequence[str]], Any], *, file: Any = None) -> A
 
 
 def print_where(outcome: Any, *, file: Any = None) -> None:
-    """Where a finished study's results are: its directory, its MLflow store, direct UI links."""
+    """Where a finished study's results are, in two lines: its directory; its MLflow study run and
+    runs table as direct UI links (with how to serve a local store)."""
     from workers.tracking import http_limits, mlflow_links
 
     out = file or sys.stdout
@@ -194,12 +195,12 @@ def print_where(outcome: Any, *, file: Any = None) -> None:
         )
         return
     runs, run = mlflow_links(outcome.tracking_uri, experiment_id, outcome.parent_run_id)
-    print(f"[{outcome.name}] MLflow study run: {run}; all runs: {runs}", file=out)
-    if not outcome.tracking_uri.startswith(("http://", "https://")):
-        print(
-            f"[{outcome.name}]   (serve it with: mlflow ui --backend-store-uri {outcome.tracking_uri})",
-            file=out,
-        )
+    serve = (
+        ""
+        if outcome.tracking_uri.startswith(("http://", "https://"))
+        else f" (serve it with: mlflow ui --backend-store-uri {outcome.tracking_uri})"
+    )
+    print(f"[{outcome.name}] MLflow{serve}: study run {run}; all runs {runs}", file=out)
     out.flush()
 
 

@@ -92,3 +92,28 @@ def test_the_browser_is_the_test_commands_not_the_first_commands(tmp_path: Path)
     if not (Path("/usr/bin/chromium").exists() and Path("/usr/bin/chromedriver").exists()):
         assert "STUB-INSTALL" in log.read_text()
     assert "--browser" in (ROOT / "scripts" / "test.sh").read_text()
+
+
+def test_a_fresh_set_up_prints_three_lines(tmp_path: Path) -> None:
+    """From nothing: the virtualenv with its dependencies, the data sets, ready; pip's output in the log.
+    (``PY`` and ``install_dependencies`` are stand-ins: the real ones take minutes.)"""
+    venv = tmp_path / "venv"
+    fake_python = tmp_path / "python3"
+    fake_python.write_text(
+        '#!/bin/sh\n# "-m venv DIR": a virtualenv whose python does nothing\n'
+        'mkdir -p "$3/bin" && printf "#!/bin/sh\\nexit 0\\n" > "$3/bin/python" && chmod +x "$3/bin/python"\n'
+        'echo "--version" "$@"\n'
+    )
+    fake_python.chmod(0o755)
+    log = tmp_path / "setup.log"
+    stub = "install_dependencies() { echo Collecting torch==2.13.0; echo Successfully installed torch; }\n"
+    proc = _bash(stub + "main", log=log, env={"VENV": str(venv), "PYTHON": str(fake_python)})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].startswith(f"[setup] creating {venv} with ") and f"output -> {log}" in lines[0]
+    assert lines[1].startswith("[setup] offline data sets") and lines[2].startswith("[setup] ready: ")
+    assert "Successfully installed torch" in log.read_text() and "Collecting" not in proc.stdout
+    assert (venv / ".autonorm-deps").is_file()  # a second run only checks
+    again = _bash(stub + "main", log=log, env={"VENV": str(venv), "PYTHON": str(fake_python)})
+    assert len(again.stdout.splitlines()) == 2, again.stdout

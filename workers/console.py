@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import sys
 import threading
@@ -32,6 +33,7 @@ from types import TracebackType
 from typing import Any, ClassVar, TextIO
 
 __all__ = [
+    "CHECKPOINT_LINE",
     "DRIVER_LOG",
     "OWN_LINE",
     "ROUTED_LOGGERS",
@@ -48,6 +50,10 @@ ROUTED_LOGGERS = ("ray", "mlflow", "optuna", "alembic", "py.warnings")
 """Loggers whose records go to the driver log (their children's too)."""
 _LOG_ONLY = ("ray.tune", "ray.train")
 """Loggers whose records never reach the terminal, whatever their level."""
+CHECKPOINT_LINE = "Checkpoint successfully created"
+"""Ray Train's INFO line (logger ``ray.train._internal.storage``) at every checkpoint a trial reports:
+once per trial per epoch, forwarded from the trial's process to the driver's output."""
+SHOW_CHECKPOINT_LOGS_ENV = "AUTONORM_SHOW_CHECKPOINT_LOGS"
 AUTOSCALER_EVENT = ":event_summary:"
 """What marks an autoscaler line Ray would print (``ray._private.worker.filter_autoscaler_events``)."""
 OWN_LINE = re.compile(r"^\[[^\]\s]+\] ")
@@ -225,6 +231,10 @@ def _routing(handler: Callable[[Any], None]) -> Callable[[Any], None]:
             return
         if data.get("pid") == "autoscaler":  # Ray prints only its events of these: so does the log
             lines = [line for line in lines if AUTOSCALER_EVENT in str(line)]
+        if (
+            os.environ.get(SHOW_CHECKPOINT_LOGS_ENV) != "1"
+        ):  # one a trial epoch: the trials' own logs have them
+            lines = [line for line in lines if CHECKPOINT_LINE not in str(line)]
         own = [line for line in lines if OWN_LINE.match(str(line))]
         if len(own) != len(lines):
             who = data.get("actor_name") or data.get("task_name") or ""

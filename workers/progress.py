@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from ray.tune import Callback
+
+from workers.console import CHECKPOINT_LINE, SHOW_CHECKPOINT_LOGS_ENV
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial
@@ -31,11 +34,6 @@ __all__ = [
     "format_eta",
     "quiet_checkpoint_logs",
 ]
-
-CHECKPOINT_LINE = "Checkpoint successfully created"
-"""Ray Train's INFO line (logger ``ray.train._internal.storage``) at every checkpoint a trial reports:
-once per trial per epoch, forwarded from the trial's process to the driver's output."""
-SHOW_CHECKPOINT_LOGS_ENV = "AUTONORM_SHOW_CHECKPOINT_LOGS"
 
 
 def _without_checkpoint_lines(handler: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -387,12 +385,17 @@ class ProgressCallback(Callback):  # type: ignore[misc]
         if self._bar is None:
             from tqdm import tqdm
 
+            # The terminal's size, given (a pseudo-terminal may say 0 x 0, which tqdm takes for "no room":
+            # it then shows nothing); the line is trimmed to the width, as a wrapped line would not be
+            # overwritten by the next refresh.
+            size = shutil.get_terminal_size((120, 24))
             self._bar = tqdm(
                 total=None,
                 bar_format="{desc}",
                 file=self._out(),
                 leave=True,
-                dynamic_ncols=True,
+                ncols=size.columns,
+                nrows=max(size.lines, 2),
                 mininterval=0,
             )
             _OPEN.add(self)

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from workers import console
-from workers.console import DRIVER_LOG, StudyConsole, route_worker_output, terminal, tune_output
+from workers.console import (
+    CHECKPOINT_LINE,
+    DRIVER_LOG,
+    StudyConsole,
+    route_worker_output,
+    terminal,
+    tune_output,
+)
 
 
 class _Dispatcher:
@@ -104,9 +111,11 @@ def test_worker_output_goes_to_the_log_except_the_services_own_lines(tmp_path: P
             }
         )
         dispatcher.emit({"pid": "autoscaler", "lines": ["Node status", "Resized to 4 CPUs :event_summary:"]})
+        ckpt = f"{CHECKPOINT_LINE} at: Checkpoint(filesystem=local, path=/r/t/checkpoint_000003)"
+        dispatcher.emit({"pid": 43, "lines": [ckpt]})  # one a trial epoch: not even in the log
     dispatcher.emit({"pid": 7, "lines": ["after the study"]})  # the wrapper follows the active console
     assert printed == [[own], ["after the study"]]
     text = log.read_text()
     assert "(ImplicitFunc pid=42) UserWarning: x\n(ImplicitFunc pid=42) more\n" in text
     assert "Resized to 4 CPUs" in text and "Node status" not in text
-    assert "after the study" not in text and own not in text
+    assert "after the study" not in text and own not in text and CHECKPOINT_LINE not in text
