@@ -159,6 +159,10 @@ class StudyConsole:
         self._captured_warnings = not _warnings_captured()
         logging.captureWarnings(True)
         StudyConsole._active = self
+        # Optuna gives its logger a terminal handler when it is imported (a search phase imports it
+        # later, and logs at once): imported first (~25 ms once Ray and MLflow are), so that it is routed.
+        with contextlib.suppress(ImportError):
+            import optuna.logging  # noqa: F401
         self.adopt_loggers()
         if self.announce:
             tag = f"[{self.name}] " if self.name else ""

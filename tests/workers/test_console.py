@@ -39,7 +39,7 @@ def test_foreign_loggers_go_to_the_driver_log_and_come_back_after(
 ) -> None:
     ray_logger = logging.getLogger("ray")
     before = (list(ray_logger.handlers), ray_logger.propagate)
-    for name in ("ray", "mlflow", "optuna"):  # as the libraries set them when imported
+    for name in ("ray", "mlflow"):  # as the libraries set them when imported
         monkeypatch.setattr(logging.getLogger(name), "level", logging.INFO)
     log = tmp_path / "s" / DRIVER_LOG
     with StudyConsole(log, name="s", announce=True):
@@ -119,3 +119,18 @@ def test_worker_output_goes_to_the_log_except_the_services_own_lines(tmp_path: P
     assert "(ImplicitFunc pid=42) UserWarning: x\n(ImplicitFunc pid=42) more\n" in text
     assert "Resized to 4 CPUs" in text and "Node status" not in text
     assert "after the study" not in text and own not in text and CHECKPOINT_LINE not in text
+
+
+def test_optuna_says_its_study_was_created_in_the_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A search phase imports Optuna (which gives its logger a terminal handler then) and creates its
+    study at once: the "A new study created" line goes to the log, not to the terminal."""
+    log = tmp_path / DRIVER_LOG
+    with StudyConsole(log, announce=False):
+        import optuna
+
+        optuna.create_study(study_name="quiet-console")
+    out, err = capsys.readouterr()
+    assert out == "" and err == ""
+    assert "A new study created in memory with name: quiet-console" in log.read_text()
