@@ -17,7 +17,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LEARNING_CURVES_PNG", "LR_TUNING_PNG", "curve_rows", "plot_learning_curves", "plot_lr_tuning"]
+__all__ = [
+    "LEARNING_CURVES_PNG",
+    "LR_TUNING_PNG",
+    "curve_rows",
+    "plot_learning_curves",
+    "plot_lr_tuning",
+    "write_study_plots",
+]
 
 LR_TUNING_PNG = "lr_tuning.png"
 LEARNING_CURVES_PNG = "learning_curves.png"
@@ -89,12 +96,47 @@ def plot_lr_tuning(records: Mapping[str, Mapping[str, Any]], path: Path, *, metr
     return path
 
 
-def curve_rows(trials: Iterable[Any], *, arm_of: Any, metric: str) -> list[dict[str, Any]]:
-    """Per-epoch rows ``{arm, seed, epoch, value}`` of trials read with their history (a repeated
-    epoch of a restarted trial: its last value)."""
+def write_study_plots(
+    records: Mapping[str, Mapping[str, Any]],
+    trials: Iterable[tuple[str, Any]],
+    out_dir: Path,
+    *,
+    metric: str,
+    report: Path | None,
+) -> dict[str, Path]:
+    """:data:`LR_TUNING_PNG` from the tuning ``records`` (budget -> cell -> record) and
+    :data:`LEARNING_CURVES_PNG` from the confirmatory ``trials`` (``(arm, trial)`` pairs, each read
+    with its history) in ``out_dir``, linked at the end of ``report`` (a ``report.md``) when given.
+
+    Returns:
+        ``{"plot_lr_tuning": path, "plot_learning_curves": path}``, for those drawn.
+    """
+    out: dict[str, Path] = {}
+    tuning = plot_lr_tuning(records, out_dir / LR_TUNING_PNG, metric=metric)
+    if tuning is not None:
+        out["plot_lr_tuning"] = tuning
+    curves = plot_learning_curves(
+        curve_rows(trials, metric=metric), out_dir / LEARNING_CURVES_PNG, metric=metric
+    )
+    if curves is not None:
+        out["plot_learning_curves"] = curves
+    if report is not None and report.is_file() and out:
+        lines = ["", "## Tuning and learning curves", ""]
+        if tuning is not None:
+            lines += [f"![{metric} against the learning rate per tuning cell]({LR_TUNING_PNG})", ""]
+        if curves is not None:
+            lines += [f"![{metric} against the epoch per arm]({LEARNING_CURVES_PNG})", ""]
+        report.write_text(
+            report.read_text(encoding="utf-8").rstrip("\n") + "\n" + "\n".join(lines), encoding="utf-8"
+        )
+    return out
+
+
+def curve_rows(trials: Iterable[tuple[str, Any]], *, metric: str) -> list[dict[str, Any]]:
+    """Per-epoch rows ``{arm, seed, epoch, value}`` of ``(arm, trial)`` pairs read with their history
+    (a repeated epoch of a restarted trial: its last value)."""
     rows: dict[tuple[str, Any, int, Any], dict[str, Any]] = {}
-    for t in trials:
-        arm = str(arm_of(t))
+    for arm, t in trials:
         seed = t.config.get("seed")
         b = (t.config.get("training") or {}).get("batch_size")
         for h in getattr(t, "history", None) or []:

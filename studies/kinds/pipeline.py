@@ -609,36 +609,17 @@ class TunedDesignKind(FolderKind):
     ) -> dict[str, Path]:
         """``lr_tuning.png`` and ``learning_curves.png`` (:mod:`studies.plots`) in the study
         directory, linked from the report's end; logged with the other outputs."""
-        from studies.plots import (
-            LEARNING_CURVES_PNG,
-            LR_TUNING_PNG,
-            curve_rows,
-            plot_learning_curves,
-            plot_lr_tuning,
-        )
+        from studies.plots import write_study_plots
         from studies.study_dir import StudyDir
         from workers.results import read_trials
 
-        metric = spec.lr_tuning.metric
-        out: dict[str, Path] = {}
-        tuning = plot_lr_tuning(records, out_dir / LR_TUNING_PNG, metric=metric)
-        if tuning is not None:
-            out["plot_lr_tuning"] = tuning
         where = StudyDir.of(spec)
-        trials = [t for name in confirm_phases for t in read_trials(where.phase_plan(name), history=True)]
-        curves = plot_learning_curves(
-            curve_rows(trials, arm_of=arm_of, metric=metric), out_dir / LEARNING_CURVES_PNG, metric=metric
-        )
-        if curves is not None:
-            out["plot_learning_curves"] = curves
-        if report is not None and report.is_file() and out:
-            lines = ["", "## Tuning and learning curves", ""]
-            if tuning is not None:
-                lines += [f"![{metric} against the learning rate per tuning cell]({LR_TUNING_PNG})", ""]
-            if curves is not None:
-                lines += [f"![{metric} against the epoch per arm]({LEARNING_CURVES_PNG})", ""]
-            report.write_text(report.read_text(encoding="utf-8").rstrip("\n") + "\n" + "\n".join(lines))
-        return out
+        trials = [
+            (arm_of(t), t)
+            for name in confirm_phases
+            for t in read_trials(where.phase_plan(name), history=True)
+        ]
+        return write_study_plots(records, trials, out_dir, metric=spec.lr_tuning.metric, report=report)
 
     # ---- status / report, from the study directory ---------------------------------------------
 

@@ -222,8 +222,14 @@ def test_the_page_is_the_same_bytes_for_the_same_directories(
     # The same studies named the other way round, one of them twice: the same page.
     write_page([first, second, root], tmp_path / "b.md")
     assert (tmp_path / "a.md").read_bytes() == (tmp_path / "b.md").read_bytes()
-    assert text.count("\n| before_37 |") == 2 and text.count("\n| another |") == 2
-    assert f"`autonorm-study reproduce {second}`" in text and RUN_ID in text
+    # One section per study, in name order, its run and reproduce command once, then its hypotheses.
+    sections = [line for line in text.splitlines() if line.startswith("### ")]
+    assert len(sections) == 2 and "another" in sections[0] and "before_37" in sections[1]
+    assert text.count(f"`autonorm-study reproduce {second}`") == 1 and text.count(RUN_ID) == 1
+    hypothesis = next(r.hypothesis for r in rows if r.hypothesis != "(study)")
+    assert text.count(f"\n| {hypothesis} |") == 2  # one hypothesis row per study
+    if (tmp_path / "a.png").exists():  # the claims figure: the same bytes too
+        assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
     # The command prints the rows (a header, its rule, one line per row) and writes the same page.
     assert main(["results", str(root), "--output", str(tmp_path / "c.md")]) == 0
     out = capsys.readouterr().out.splitlines()

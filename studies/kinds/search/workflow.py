@@ -466,7 +466,7 @@ def _write_claims(
         for t in read_trials(where.phase_plan(look_plan_name(arm, j)), history=False)
     ]
     verdict["scope"] = study_scope(configs, table, metric=spec.confirm.metric, gpu_hours=spent[2])
-    return write_claims_report(
+    files = write_claims_report(
         verdict["claims"],
         table,
         gate_logs,
@@ -482,6 +482,18 @@ def _write_claims(
         shared={k: verdict[k] for k in SHARED if k in verdict},
         sequential=_sequential_of(verdict),
     )
+    from studies.plots import write_study_plots
+
+    trials = [
+        (arm, t)
+        for arm in spec.confirm.arms
+        for j in range(1, _n_looks(spec) + 1)
+        for t in read_trials(where.phase_plan(look_plan_name(arm, j)), history=True)
+    ]
+    plots = write_study_plots(
+        {"": tuned}, trials, out_dir, metric=spec.search.metric, report=files.get("markdown")
+    )
+    return {**files, **plots}
 
 
 SHARED = ("kind", "study_verdict", "hypotheses", "scope", "freeze", "reported_arms")
