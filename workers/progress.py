@@ -408,7 +408,8 @@ class ProgressCallback(Callback):  # type: ignore[misc]
         if bar is not None:
             bar.close()
 
-    def _begin(self, total: int | None = None) -> None:
+    def _begin(self) -> None:
+        """The phase's start: its first line off a terminal (on one, the refreshed line shows it)."""
         if self._started:
             return
         self._started = True
@@ -416,7 +417,7 @@ class ProgressCallback(Callback):  # type: ignore[misc]
             self._start = self._clock()
         if self._is_tty():
             return
-        n = total if total is not None else self.total
+        n = self.total
         self._emit(f"[{self.name}] started: {n} trials" if n else f"[{self.name}] started")
         self._last_print = self._clock()
 
