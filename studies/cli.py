@@ -62,8 +62,11 @@ from studies.entrypoints import (
     overrides_from_args,
     print_spec_error,
     print_where,
+    validate_command,
 )
-from studies.kinds import DEFAULT_KIND, KINDS, kind_for, load_study, presets_of
+from studies.entrypoints import decidable as _decidable
+from studies.entrypoints import load_target as _load_target
+from studies.kinds import DEFAULT_KIND, KINDS, kind_for
 from studies.results import add_arguments as add_results_arguments
 from studies.running import run_study_spec
 from studies.schema import SpecError, SpecIssue, resolve_storage_path
@@ -99,26 +102,6 @@ _TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # --------------------------------------------------------------------------------------------------
 
 
-def _load_target(target: str, args: argparse.Namespace, extra: Sequence[str] = ()) -> Any:
-    """A spec file (with preset/overrides, then ``extra``), or a study directory holding
-    ``study_spec.yaml``."""
-    path = Path(target)
-    if path.is_dir():
-        spec_file = path / SPEC_FILE
-        if not spec_file.is_file():
-            raise SpecError(
-                [SpecIssue("", f"no {SPEC_FILE} in {target}: not a study directory", None, str(spec_file))]
-            )
-        if args.preset:
-            raise SpecError(
-                [SpecIssue("", "--preset applies to spec files, not to a study directory", None, target)]
-            )
-        # The directory is <storage_path>/<name>: wherever it is now, that is where the study lives.
-        here = f"storage_path={json.dumps(str(path.resolve().parent))}"
-        return load_study(spec_file, [here, *overrides_from_args(args), *extra], kind=args.kind, stored=True)
-    return load_study(path, [*overrides_from_args(args), *extra], preset=args.preset, kind=args.kind)
-
-
 def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
@@ -126,67 +109,6 @@ def _print_json(obj: Any) -> None:
 # --------------------------------------------------------------------------------------------------
 # validate / run / resume
 # --------------------------------------------------------------------------------------------------
-
-
-def _describe(spec: Any) -> str:
-    return kind_for(spec).describe(spec)
-
-
-def _decidable(spec: Any, args: argparse.Namespace) -> Any:
-    from studies.decidability import check_decidable
-
-    return check_decidable(spec, kind_for(spec), allow_exploratory=getattr(args, "allow_exploratory", False))
-
-
-def _cmd_validate(args: argparse.Namespace) -> int:
-    """Each file as given (with --preset/--set), and every preset it defines: every file's errors
-    (printed as each file is checked), then exit 2 when any had one."""
-    targets = list(dict.fromkeys([*args.spec, *args.spec_flag]))
-    if not targets:
-        print("validate: a spec is needed: validate SPEC [SPEC ...] or --spec PATH", file=sys.stderr)
-        return EXIT_SPEC_ERROR
-    if args.print and len(targets) > 1:
-        print("validate: --print takes one spec (stdout is that resolved spec)", file=sys.stderr)
-        return EXIT_SPEC_ERROR
-    if len(targets) == 1:
-        return _validate_one(targets[0], args)
-    failed = 0
-    for target in targets:
-        try:
-            _validate_one(target, args)
-        except SpecError as e:
-            print_spec_error(e)
-            failed += 1
-    if failed:
-        print(f"{failed} of {len(targets)} specs invalid", file=sys.stderr)
-        return EXIT_SPEC_ERROR
-    return 0
-
-
-def _validate_one(target: str, args: argparse.Namespace) -> int:
-    """One spec file (or study directory) and every preset it defines; raises :class:`SpecError`."""
-    spec = _decidable(_load_target(target, args), args)
-    # With --print, stdout is the resolved spec alone (`validate ... --print > my_spec.yaml` loads again).
-    status_to = sys.stderr if args.print else sys.stdout
-    if args.print:
-        print(spec.to_yaml(), end="")
-    print(f"ok: {spec.name} (kind {spec.kind}): {_describe(spec)}", file=status_to)
-    path = Path(target)
-    errors: list[SpecIssue] = []
-    if path.is_file() and not args.preset:
-        for preset in presets_of(path):
-            try:
-                other = _decidable(
-                    load_study(path, overrides_from_args(args), preset=preset, kind=args.kind), args
-                )
-                print(f"ok: preset {preset}: {other.name}: {_describe(other)}", file=status_to)
-            except SpecError as e:
-                errors += [
-                    SpecIssue(i.path, f"[preset {preset}] {i.message}", i.line, i.source) for i in e.issues
-                ]
-    if errors:
-        raise SpecError(errors)
-    return 0
 
 
 def _run(spec: Any, args: argparse.Namespace) -> int:
@@ -703,7 +625,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the resolved spec (a loadable YAML; status lines go to stderr)",
     )
-    p.set_defaults(func=_cmd_validate)
+    p.set_defaults(func=validate_command)
 
     p = sub.add_parser("plan", help="what a study will run and cost before launch; seeds needed from a pilot")
     _spec_argument(p, "spec", "spec YAML (or a study directory)", optional=True)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from studies.schema import SpecError
+from studies.schema import SpecError, SpecIssue
 from workers.errors import StudyError
 
 __all__ = [
@@ -34,15 +34,18 @@ __all__ = [
     "EXIT_STUDY_ERROR",
     "add_layer_options",
     "add_study_options",
+    "decidable",
     "durable_storage_path",
     "in_ray_job_package",
     "load_for_run",
     "load_from_args",
+    "load_target",
     "overrides_from_args",
     "print_spec_error",
     "print_where",
     "run_interruptible",
     "study_main",
+    "validate_command",
 ]
 
 EXIT_SPEC_ERROR = 2
@@ -120,6 +123,100 @@ def load_from_args(
 
 def print_spec_error(err: SpecError, *, file: Any = None) -> None:
     print(err.format(), file=file or sys.stderr)
+
+
+# ---- what the CLI's commands share, and `validate` -------------------------------------------------
+
+
+def load_target(target: str, args: argparse.Namespace, extra: Sequence[str] = ()) -> Any:
+    """A spec file (with preset/overrides, then ``extra``), or a study directory holding
+    ``study_spec.yaml``."""
+    from studies.kinds import load_study
+    from studies.study_dir import SPEC_FILE
+
+    path = Path(target)
+    if path.is_dir():
+        spec_file = path / SPEC_FILE
+        if not spec_file.is_file():
+            raise SpecError(
+                [SpecIssue("", f"no {SPEC_FILE} in {target}: not a study directory", None, str(spec_file))]
+            )
+        if args.preset:
+            raise SpecError(
+                [SpecIssue("", "--preset applies to spec files, not to a study directory", None, target)]
+            )
+        # The directory is <storage_path>/<name>: wherever it is now, that is where the study lives.
+        here = f"storage_path={json.dumps(str(path.resolve().parent))}"
+        return load_study(spec_file, [here, *overrides_from_args(args), *extra], kind=args.kind, stored=True)
+    return load_study(path, [*overrides_from_args(args), *extra], preset=args.preset, kind=args.kind)
+
+
+def _describe(spec: Any) -> str:
+    from studies.kinds import kind_for
+
+    return kind_for(spec).describe(spec)
+
+
+def decidable(spec: Any, args: argparse.Namespace) -> Any:
+    """``spec``, refused (:class:`SpecError`) when its design can never decide, unless exploratory
+    (``args.allow_exploratory``)."""
+    from studies.decidability import check_decidable
+    from studies.kinds import kind_for
+
+    return check_decidable(spec, kind_for(spec), allow_exploratory=getattr(args, "allow_exploratory", False))
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    """``autonorm-study validate``: each file as given (with --preset/--set), and every preset it
+    defines: every file's errors (printed as each file is checked), then exit 2 when any had one."""
+    targets = list(dict.fromkeys([*args.spec, *args.spec_flag]))
+    if not targets:
+        print("validate: a spec is needed: validate SPEC [SPEC ...] or --spec PATH", file=sys.stderr)
+        return EXIT_SPEC_ERROR
+    if args.print and len(targets) > 1:
+        print("validate: --print takes one spec (stdout is that resolved spec)", file=sys.stderr)
+        return EXIT_SPEC_ERROR
+    if len(targets) == 1:
+        return _validate_one(targets[0], args)
+    failed = 0
+    for target in targets:
+        try:
+            _validate_one(target, args)
+        except SpecError as e:
+            print_spec_error(e)
+            failed += 1
+    if failed:
+        print(f"{failed} of {len(targets)} specs invalid", file=sys.stderr)
+        return EXIT_SPEC_ERROR
+    return 0
+
+
+def _validate_one(target: str, args: argparse.Namespace) -> int:
+    """One spec file (or study directory) and every preset it defines; raises :class:`SpecError`."""
+    spec = decidable(load_target(target, args), args)
+    # With --print, stdout is the resolved spec alone (`validate ... --print > my_spec.yaml` loads again).
+    status_to = sys.stderr if args.print else sys.stdout
+    if args.print:
+        print(spec.to_yaml(), end="")
+    print(f"ok: {spec.name} (kind {spec.kind}): {_describe(spec)}", file=status_to)
+    path = Path(target)
+    errors: list[SpecIssue] = []
+    if path.is_file() and not args.preset:
+        from studies.kinds import load_study, presets_of
+
+        for preset in presets_of(path):
+            try:
+                other = decidable(
+                    load_study(path, overrides_from_args(args), preset=preset, kind=args.kind), args
+                )
+                print(f"ok: preset {preset}: {other.name}: {_describe(other)}", file=status_to)
+            except SpecError as e:
+                errors += [
+                    SpecIssue(i.path, f"[preset {preset}] {i.message}", i.line, i.source) for i in e.issues
+                ]
+    if errors:
+        raise SpecError(errors)
+    return 0
 
 
 RAY_PACKAGE_PREFIX = "_ray_pkg_"
