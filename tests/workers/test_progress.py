@@ -200,3 +200,29 @@ def test_eta_after_a_resume_counts_only_trials_finished_by_this_driver() -> None
     trials[6].status = "TERMINATED"
     cb.on_step_end(iteration=2, trials=trials)
     assert cb.lines[-1] == "[confirm-epochs] 7/8 trials, 1 running, ETA 1 min 00 s"
+
+
+def test_a_phase_names_its_best_trial_by_its_arm() -> None:
+    """The runner's progress line: the plan's metric and direction, the best trial named by the trial
+    runs' ``autonorm.arm`` tag template (else by the trial's readable name)."""
+    from workers.plan import StudyPlan
+    from workers.runner import _progress
+
+    plan = StudyPlan(
+        name="confirm-epochs",
+        base_config={"model": {"layer": {"type": "linear"}}},
+        metric="val_loss",
+        mode="min",
+        run_name="{model.layer.type}-s{seed}",
+    )
+    trial = SimpleNamespace(
+        trial_id="a",
+        status="TERMINATED",
+        config={"model.layer.type": "corrected", "seed": 3},
+        last_result={"status": "completed", "val_loss": 0.25},
+    )
+    by_arm = _progress(plan, 1, {"autonorm.arm": "{model.layer.type}"})
+    assert (by_arm.metric, by_arm.mode, by_arm.total) == ("val_loss", "min", 1)
+    assert by_arm.line([trial]).endswith("best so far: corrected 0.25")
+    by_name = _progress(plan, 1, {})
+    assert by_name.line([trial]).endswith("best so far: corrected-s3 0.25")
