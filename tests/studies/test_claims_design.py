@@ -390,3 +390,24 @@ def test_a_batchsize_fix_arm_whose_control_tuned_noisily_carries_the_reason() ->
     for r in noisy["arms"].values():
         if r.get("role") != "fix":
             assert NOISY not in str(r["reasons"])  # a control's label rests on no tuning comparison
+
+
+def test_the_grid_kinds_tuning_records_the_noise_as_their_spec_says() -> None:
+    from studies.tuning import tuned_lines, tuned_rates
+    from tests.studies.test_compare_analysis import _spec
+
+    spec = _spec()
+    grid = spec.lr_tuning.lr_grid()
+    near, best = grid.points[4], grid.points[5]  # an interior pick, its runner-up one SE behind
+    trials = [
+        _T(lr, v, s) for lr, vs in ((near, (0.84, 0.80)), (best, (0.86, 0.80))) for s, v in enumerate(vs)
+    ]
+    _, record = tuned_rates(["corrected"], trials, cell_of=lambda t: "corrected", tuning=spec.lr_tuning)
+    rec = record["corrected"]
+    assert (
+        spec.lr_tuning.flag_noisy and rec["lr"] == best and rec["runner_up"] == near and rec["noisy"] is True
+    )
+    assert NOISY in tuned_lines(record)[0]
+    stored = spec.lr_tuning.model_copy(update={"flag_noisy": False})  # a study stored before the field
+    _, before = tuned_rates(["corrected"], trials, cell_of=lambda t: "corrected", tuning=stored)
+    assert "noisy" not in before["corrected"] and NOISY not in tuned_lines(before)[0]
