@@ -330,12 +330,30 @@ def test_the_claims_report_marks_the_searched_arm_reported_only(tmp_path: Path) 
     table, logs = _table(8, [1.0] * 8)
     verdict = analyse(table, spec, gate_logs=logs, tuned={})
     shared = {k: verdict[k] for k in ("kind", "study_verdict", "hypotheses", "freeze", "reported_arms")}
+    tuned = {
+        "autonorm_s": {
+            "lr": 0.001,
+            "at_range_edge": False,
+            "scores": {"0.0001": 0.7, "0.001": 0.81},
+            "score_se": {"0.0001": 0.03, "0.001": 0.0125},
+            **tuning_noise({1e-4: [0.73, 0.67], 1e-3: [0.8225, 0.7975]}, 1e-3, "max"),
+        }
+    }
     paths = write_claims_report(
-        verdict["claims"], table, logs, tmp_path, title="t", protocol=None, data_kind="vision", shared=shared
+        verdict["claims"],
+        table,
+        logs,
+        tmp_path,
+        title="t",
+        protocol=None,
+        data_kind="vision",
+        shared=shared,
+        tuned_lr=tuned,
     )
     md = paths["markdown"].read_text()
     assert "autonorm_s_searched (reported only)" in md and "| autonorm_s |" in md
     assert "8 of 8 seeds froze" in md
+    assert "0.001: 0.81 ± 0.013" in md and "lr-tuning-noisy" not in md  # lead 0.11 > SE 0.03
     written = json.loads(paths["verdict"].read_text())
     assert written["freeze"]["seeds_frozen"] == 8 and "autonorm_s_searched" in written["reported_arms"]
 

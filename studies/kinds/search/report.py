@@ -258,13 +258,18 @@ def _tuned_table(tuned_lr: Mapping[Any, Any] | None) -> list[dict[str, str]]:
     for arm, rec in (tuned_lr or {}).items():
         if isinstance(rec, Mapping):
             scores = rec.get("scores") or {}
+            ses = rec.get("score_se") or {}  # each rate's standard error over the tuning seeds, when recorded
             rows.append(
                 {
                     "arm": str(arm),
                     "lr": fmt(rec.get("lr"), 4),
                     "at range edge": fmt(rec.get("at_range_edge")),
                     "refinement": fmt_refinement(rec.get("refine")),
-                    "mean score per lr": ", ".join(f"{k}: {fmt(v, 4)}" for k, v in scores.items()) or "–",
+                    "mean score per lr": ", ".join(
+                        f"{k}: {fmt(v, 4)}" + (f" ± {fmt(se, 2)}" if (se := ses.get(k)) is not None else "")
+                        for k, v in scores.items()
+                    )
+                    or "–",
                     "note": str(
                         rec.get("reason")
                         or (
