@@ -1,0 +1,281 @@
+"""The training-adequacy gate (issue #47 item 2, studies/adequacy.py): the budget check's plan and
+measurement, and what it does to the compare and batch-size verdicts (synthetic trials, no Ray)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from studies import adequacy
+from studies.kinds import KINDS, load_study
+from studies.kinds.batchsize.analysis import batchsize_trend
+from studies.kinds.compare.analysis import compare_arms
+from studies.kinds.compare.workflow import analyse as compare_analyse
+from studies.verdict_diff import compare_verdicts
+from workers.records import TrialRecord
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPARE = ROOT / "studies" / "specs" / "affine_divergence_table.yaml"
+BATCHSIZE = ROOT / "studies" / "specs" / "batchsize_correlation.yaml"
+#: two arms, 1 epoch, tuning seeds 1000 and 1001 (the compare smoke, smaller)
+SMALL = (
+    "training.epochs=1",
+    "arms=[corrected, linear_batchnorm]",
+    "seeds=[0, 1]",
+    "lr_tuning={low: 0.1, high: 1.0, points: 3, seeds: [1000, 1001], max_extensions: 0, refine: 0}",
+)
+LR = {"corrected": 1.0, "linear_batchnorm": 0.1}
+
+
+def _trial(arm: str, lr: float, seed: int, epochs: int, val: float, status: str = "completed") -> TrialRecord:
+    config = {"model": {"layer": {"type": arm}}, "training": {"lr": lr, "epochs": epochs}, "seed": seed}
+    return TrialRecord(f"{arm}-{lr}-{seed}-{epochs}", {}, config, status, {"val_accuracy": val})  # type: ignore[arg-type]
+
+
+def _compare(*extra: str) -> Any:
+    return load_study(COMPARE, [*SMALL, *extra], preset="smoke")
+
+
+# ---- the plan -----------------------------------------------------------------------------------
+
+
+def test_the_check_runs_each_arm_at_its_tuned_eta_for_twice_the_budget_on_the_tuning_seeds() -> None:
+    spec = _compare()
+    plan = adequacy.adequacy_plan(spec, "", LR)
+    cells, seeds = dict(plan.grid)["@"], dict(plan.grid)["seed"]
+    assert plan.name == "tune-adequacy" and seeds == (1000, 1001)
+    # the tuning ran the study's budget: its trials at the chosen eta are the 1x runs
+    assert [(c["model"]["layer"]["type"], c["training"]) for c in cells] == [
+        ("corrected", {"lr": 1.0, "epochs": 2}),
+        ("linear_batchnorm", {"lr": 0.1, "epochs": 2}),
+    ]
+    assert spec.adequacy_trials == 4 and spec.total_trials == spec.tuning_trials + spec.expected_trials + 4
+    names = [p.name for p in KINDS["compare"].phases(spec)]
+    assert names == ["tune", "tune-adequacy", "confirm"]
+    # a shorter tuning budget: the check runs the 1x budget itself
+    short = load_study(COMPARE, ["training.epochs=4", "lr_tuning.epochs=2"], preset="smoke")
+    epochs = sorted(
+        c["training"]["epochs"]
+        for c in dict(adequacy.adequacy_plan(short, "", dict.fromkeys(short.arm_names, 0.1)).grid)["@"]
+    )
+    assert epochs == [4] * len(short.arm_names) + [8] * len(short.arm_names)
+    assert short.adequacy_trials == 2 * len(short.arm_names) * 2
+    # switched off: no phase, no trials
+    off = _compare("analysis.adequacy.check=false")
+    assert off.adequacy_trials == 0 and "tune-adequacy" not in [p.name for p in KINDS["compare"].phases(off)]
+
+
+def test_batchsize_checks_every_arm_and_batch_size_on_one_tuning_seed_with_the_update_budget_doubled() -> (
+    None
+):
+    spec = load_study(BATCHSIZE, ["training.max_updates=40", "budgets=[updates]"], preset="smoke")
+    plan = adequacy.adequacy_plan(spec, "updates", dict.fromkeys(spec.arms, 0.5))
+    cells, seeds = dict(plan.grid)["@"], dict(plan.grid)["seed"]
+    assert seeds == (spec.lr_tuning.seeds[0],)
+    twice = [c for c in cells if c["training"]["max_updates"] == 80]
+    once = [c for c in cells if c["training"]["max_updates"] == 40]
+    keys = {adequacy.check_key(spec, c) for c in twice}
+    assert keys == {f"{a}@{b}" for a in spec.arms for b in spec.batch_sizes}
+    assert len(once) == len(twice)  # lr_policy constant: the tuning ran only the reference batch size
+    tuned = load_study(BATCHSIZE, ["lr_policy=tuned"], preset="smoke")
+    assert adequacy.reuses_tuning(tuned, "epochs") and not adequacy.reuses_tuning(spec, "updates")
+
+
+# ---- the measurement ----------------------------------------------------------------------------
+
+
+def test_gain_is_the_paired_improvement_at_twice_the_budget_and_flags_above_max_gain() -> None:
+    spec = _compare()  # no sequential section: max_gain 0.005
+    assert adequacy.max_gain(spec) == 0.005
+    tuning = [
+        _trial("corrected", 1.0, 1000, 1, 0.70),
+        _trial("corrected", 1.0, 1001, 1, 0.72),
+        _trial("corrected", 0.1, 1000, 1, 0.99),  # another eta: not the chosen one's run
+        _trial("linear_batchnorm", 0.1, 1000, 1, 0.90),
+        _trial("linear_batchnorm", 0.1, 1001, 1, 0.92),
+    ]
+    checks = [
+        _trial("corrected", 1.0, 1000, 2, 0.80),
+        _trial("corrected", 1.0, 1001, 2, 0.84),
+        _trial("linear_batchnorm", 0.1, 1000, 2, 0.902),
+        _trial("linear_batchnorm", 0.1, 1001, 2, 0.924),
+    ]
+    out = adequacy.measure(spec, "", LR, checks, tuning)
+    c, b = out["corrected"], out["linear_batchnorm"]
+    assert c["reached"] == pytest.approx(0.71) and c["gain"] == pytest.approx(0.11)
+    assert c["passed"] is False
+    assert c["reason"] == "under-trained: corrected reached 0.71, +0.11 at twice the budget"
+    assert b["gain"] == pytest.approx(0.003) and b["passed"] is True and b["reason"] is None
+    # a larger tolerance passes corrected; a floor above what linear_batchnorm reached fails it
+    loose = adequacy.measure(_compare("analysis.adequacy.max_gain=0.2"), "", LR, checks, tuning)
+    assert loose["corrected"]["passed"] is True
+    floored = adequacy.measure(_compare("analysis.adequacy.min_metric=0.95"), "", LR, checks, tuning)
+    assert floored["linear_batchnorm"]["passed"] is False
+    assert floored["linear_batchnorm"]["reason"].endswith("below min_metric 0.95")
+
+
+def test_a_failed_long_run_measures_no_gain_and_an_unrun_check_is_not_measured() -> None:
+    spec = _compare()
+    tuning = [_trial("corrected", 1.0, s, 1, 0.7) for s in (1000, 1001)]
+    checks = [_trial("corrected", 1.0, s, 2, math.nan, status="diverged") for s in (1000, 1001)]
+    out = adequacy.measure(spec, "", LR, checks, tuning)
+    assert out["corrected"]["gain"] is None and out["corrected"]["passed"] is True
+    assert "no gain measured" in out["corrected"]["note"]
+    assert out["linear_batchnorm"] == adequacy.NOT_MEASURED  # no 2x trial of it
+
+
+def test_max_gain_defaults_to_the_sequential_min_effect() -> None:
+    spec = load_study(BATCHSIZE, preset="local")
+    assert spec.sequential is not None
+    assert adequacy.max_gain(spec) == spec.sequential.min_effect == 0.005
+    assert adequacy.max_gain(load_study(BATCHSIZE, ["sequential.min_effect=0.02"], preset="local")) == 0.02
+
+
+# ---- the verdicts -------------------------------------------------------------------------------
+
+
+def _compare_table(means: dict[str, float], seeds: int = 8) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    return pd.DataFrame(
+        [
+            {
+                "arm": a,
+                "seed": s,
+                "status": "completed",
+                "test_accuracy": m + rng.normal(0, 0.002),
+                "train_loss": 0.3,
+            }
+            for a, m in means.items()
+            for s in range(seeds)
+        ]
+    )
+
+
+TWO = {
+    "corrected_vs_batchnorm": {"arm": "corrected", "reference": "linear_batchnorm", "predicted": "better"},
+    "batchnorm_vs_plain": {"arm": "linear_batchnorm", "reference": "linear", "predicted": "better"},
+}
+
+
+def _entry(passed: bool, arm: str) -> dict[str, Any]:
+    return {
+        "passed": passed,
+        "reached": 0.7,
+        "gain": 0.1 if not passed else 0.0,
+        "reason": None if passed else adequacy.reason(arm, 0.7, 0.1),
+    }
+
+
+def test_a_contrast_resting_on_an_under_trained_arm_is_inconclusive_and_the_others_are_not() -> None:
+    table = _compare_table({"corrected": 0.9, "linear_batchnorm": 0.85, "linear": 0.8, "prenorm_l2": 0.7})
+    kw: dict[str, Any] = {"failed_value": 0.1, "chance_loss": math.log(10), "min_seeds": 5}
+    plain = compare_arms(table, contrasts=TWO, **kw)
+    assert {n: c["verdict"] for n, c in plain["contrasts"].items()} == {
+        "corrected_vs_batchnorm": "better",
+        "batchnorm_vs_plain": "better",
+    }
+    checks = {a: _entry(a != "corrected", a) for a in ("corrected", "linear_batchnorm", "linear")}
+    gated = compare_arms(table, contrasts=TWO, adequacy=checks, **kw)
+    c = gated["contrasts"]["corrected_vs_batchnorm"]
+    assert c["verdict"] == "inconclusive" and c["hypothesis"] == "inconclusive"
+    assert c["reasons"] == ["under-trained: corrected reached 0.7, +0.1 at twice the budget"]
+    assert c["arms"] == ["corrected", "linear_batchnorm"]
+    assert gated["contrasts"]["batchnorm_vs_plain"]["verdict"] == "better"  # its arms passed
+    assert gated["study_verdict"] == "inconclusive"
+    assert gated["study_reasons"][0].startswith("not testable at this budget: corrected")
+    # a table-only arm that fails the check gates nothing and leaves the study testable
+    only = compare_arms(table, contrasts=TWO, adequacy={"prenorm_l2": _entry(False, "prenorm_l2")}, **kw)
+    assert only["study_verdict"] == "supported" and not only["study_reasons"][0].startswith("not testable")
+
+
+def test_the_compare_verdict_records_adequacy_per_arm_or_not_measured() -> None:
+    spec = _compare()
+    table = _compare_table({"corrected": 0.9, "linear_batchnorm": 0.85}, seeds=2)
+    entries = {"corrected": _entry(False, "corrected"), "linear_batchnorm": _entry(True, "linear_batchnorm")}
+    verdict = compare_analyse(table, spec, lr_tuning={}, adequacy={"": entries})
+    assert verdict["adequacy"] == entries
+    assert verdict["hypotheses"]["corrected_vs_batchnorm"]["arms"] == ["corrected", "linear_batchnorm"]
+    assert any(
+        r.startswith("under-trained: corrected")
+        for r in verdict["hypotheses"]["corrected_vs_batchnorm"]["reasons"]
+    )
+    off = compare_analyse(
+        table, _compare("analysis.adequacy.check=false"), lr_tuning={}, adequacy={"": entries}
+    )
+    assert off["adequacy"] == "not measured"
+    assert not any(
+        r.startswith("under-trained") for r in off["hypotheses"]["corrected_vs_batchnorm"]["reasons"]
+    )
+
+
+def _bs_table(slopes: dict[str, float]) -> pd.DataFrame:
+    rng = np.random.default_rng(1)
+    rows = []
+    for k, (arm, slope) in enumerate(slopes.items()):
+        for b in (8, 16, 32, 64, 128):
+            for s in range(8):
+                acc = 0.85 - 0.01 * k + slope * math.log2(b) + rng.normal(0, 0.003)
+                rows.append(
+                    {
+                        "arm": arm,
+                        "batch_size": b,
+                        "seed": s,
+                        "status": "completed",
+                        "test_accuracy": acc,
+                        "train_loss": 0.3,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def test_a_declining_control_with_a_flagged_cell_is_unclear_and_its_fix_arm_inconclusive() -> None:
+    table = _bs_table({"linear": -0.02, "linear_batchnorm": 0.0, "corrected": -0.05})
+    args: dict[str, Any] = {
+        "control": "linear",
+        "controls": ["linear", "linear_batchnorm"],
+        "chance_metric": 0.1,
+        "chance_loss": math.log(10),
+        "n_perm": 499,
+    }
+    plain = batchsize_trend(table, **args)
+    assert plain["controls"]["linear"] == "declines"
+    flagged = {
+        "linear@128": _entry(False, "linear@128"),
+        "linear_batchnorm@8": _entry(True, "linear_batchnorm@8"),
+    }
+    gated = batchsize_trend(table, adequacy={"": flagged}, **args)
+    assert gated["controls"]["linear"] == "unclear"  # never "declines" while a cell is flagged
+    assert gated["arms"]["linear"]["reasons"] == [adequacy.reason("linear@128", 0.7, 0.1)]
+    assert gated["controls"]["linear_batchnorm"] == plain["controls"]["linear_batchnorm"]  # its cell passed
+    assert gated["verdict"]["corrected"] == "inconclusive"
+    assert f"control {adequacy.reason('linear@128', 0.7, 0.1)}" in gated["arms"]["corrected"]["reasons"]
+    assert gated["study_reasons"][0].startswith("not testable at this budget: linear@128")
+
+
+# ---- stored studies -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("study", ["affine_divergence_table_local", "batchsize_correlation_local"])
+def test_a_stored_study_from_before_the_check_runs_without_it(study: str) -> None:
+    spec = load_study(ROOT / "results" / study / "study_spec.yaml", stored=True)
+    assert spec.analysis.adequacy.check is False and spec.adequacy_trials == 0
+    assert not any(p.name.endswith("-adequacy") for p in KINDS[spec.kind].phases(spec))
+
+
+def test_reproduce_takes_the_adequacy_fields_a_logged_verdict_predates_as_no_difference() -> None:
+    logged = {"study_verdict": "inconclusive", "hypotheses": {"h": {"verdict": "inconclusive"}}}
+    recomputed = {
+        **logged,
+        "adequacy": "not measured",
+        "hypotheses": {"h": {"verdict": "inconclusive", "arms": ["a", "b"]}},
+    }
+    assert compare_verdicts(logged, recomputed) == []
+    changed = compare_verdicts({**logged, "adequacy": {"a": {"passed": True}}}, recomputed)
+    assert [d.field for d in changed] == ["adequacy"]
+    # any other field a logged verdict lacks is still a difference
+    assert [d.field for d in compare_verdicts(logged, {**logged, "scope": {}})] == ["scope"]
