@@ -1,7 +1,7 @@
 """Training adequacy: was each arm trained to a comparable end before it was compared (issue #47)?
 
 A comparison of normalisers means something only when the arms were trained to a comparable end
-(/work/shared/PROTOCOL.md §5, docs/science.md "Training adequacy"). After a tuned design's tuning (its
+(docs/science.md §3.9, "Training adequacy"). After a tuned design's tuning (its
 range extensions and refinement included) and before its confirmatory phase, the *budget check* runs
 each confirmatory cell (an arm; the batch-size kind: an (arm, B) cell) at its tuned η for
 ``FACTOR`` (2) times the budget (epochs, and ``max_updates`` where set) on the check seeds (the
@@ -74,12 +74,12 @@ class AdequacySpec(BaseModel):
 
     model_config = FROZEN
 
-    check: StrictBool = True  # the budget check: each arm's tuned η at twice the budget (phase tune-adequacy)
+    check: StrictBool = True  # the budget check: each cell's tuned η at twice the budget (phase tune-adequacy); false: not measured
     max_gain: Annotated[float, Field(strict=False, ge=0, allow_inf_nan=False)] | None = (
-        None  # a larger gain at twice the budget: under-trained; None: sequential.min_effect, else 0.005
+        None  # lr_tuning.metric gain at twice the budget above which a cell is under-trained; None: sequential.min_effect, else 0.005
     )
     min_metric: Annotated[float, Field(strict=False, allow_inf_nan=False)] | None = (
-        None  # the floor each arm must reach at the budget (say its source in a comment); None: no floor
+        None  # the lr_tuning.metric each cell must reach at the budget (a preset says its source); None: no floor
     )
 
 
