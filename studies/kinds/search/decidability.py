@@ -64,8 +64,9 @@ def design_refusals(spec: Any) -> list[Undecidable]:
 def undecidable(spec: Any) -> list[Undecidable]:
     """The claims whose design cannot reach a decision: the gates of
     :func:`studies.kinds.search.claims.autonorm_claims` (``confirm.min_seeds``, the smallest sign-flip
-    p times the Holm family below ``alpha``), checked before the study runs."""
-    from studies.kinds.search.claims import _APPLIES, _CONTRASTS
+    p times the Holm family of the claimed contrasts below ``alpha``; a reported one, e, tested alone),
+    checked before the study runs, with :func:`design_refusals`."""
+    from studies.kinds.search.claims import _APPLIES, _CONTRASTS, REPORTED
     from studies.kinds.search.spec import data_kind_of
     from studies.stats import min_sign_flip_p as _min_attainable_p
 
@@ -76,10 +77,14 @@ def undecidable(spec: Any) -> list[Undecidable]:
     kind = confirm.data_kind if confirm.data_kind != "auto" else data_kind_of(spec.data)
     k, alpha, arms = len(confirm.seeds), confirm.alpha, set(confirm.arms)
     family = [c for c in _CONTRASTS if kind in _APPLIES[c[0]]]
+    claimed = [c for c in family if c[0] not in REPORTED]  # Holm's family; a reported claim is alone
     out: list[Undecidable] = list(refused)
     if getattr(spec, "sequential", None) is not None:
-        names = [f"claim {c}" for c, a, b, _ in family if {a, b} <= arms]
-        return refused + sequential_undecidable(spec, names, alpha)
+        groups = [claimed, *([c] for c in family if c[0] in REPORTED)]
+        for group in groups:
+            names = [f"claim {c}" for c, a, b, _ in group if {a, b} <= arms]
+            out += sequential_undecidable(spec, names, alpha) if names else []
+        return out
 
     def add(claim: str, p_of: Any) -> None:
         p = p_of(k)
@@ -87,7 +92,11 @@ def undecidable(spec: Any) -> list[Undecidable]:
         if p >= alpha:
             reasons.append(
                 "the sign-flip p"
-                + (f" times the Holm family size ({len(family)})" if claim in {c[0] for c in family} else "")
+                + (
+                    f" times the Holm family size ({len(claimed)})"
+                    if claim in {c[0] for c in claimed}
+                    else ""
+                )
                 + " cannot get below alpha"
             )
         if reasons:
@@ -97,8 +106,9 @@ def undecidable(spec: Any) -> list[Undecidable]:
             )
 
     for claim, arm_a, arm_b, alternative in family:
+        size = 1 if claim in REPORTED else len(claimed)
         if {arm_a, arm_b} <= arms:
-            add(claim, lambda n, alt=alternative: _min_attainable_p(n, alt) * len(family))
+            add(claim, lambda n, alt=alternative, size=size: _min_attainable_p(n, alt) * size)
     gated = bool(arms & {"autonorm", "autonorm_s"})
     if gated and kind in _APPLIES["c"]:
         add("c", lambda n: _min_attainable_p(n, "greater"))

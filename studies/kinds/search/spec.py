@@ -173,7 +173,8 @@ class ConfirmSpec(BaseModel):
     seeds: Annotated[tuple[_Seed, ...], Field(min_length=2)] = tuple(range(100, 110))
     lr_tuning: ConfirmLRSpec | None = ConfirmLRSpec()  # null: every arm uses the searched η
     metric: Literal["test_accuracy", "test_loss"] = "test_accuracy"
-    # 6: the fewest seeds at which a one-sided sign-flip p (1/2^K) times the 3-claim Holm family is < 0.05
+    # 6: the fewest seeds at which a one-sided sign-flip p (1/2^K) times the Holm family (a, b) is < 0.05, and
+    # claim e's two-sided 2/2^K alone (it is reported, outside Holm)
     min_seeds: Annotated[int, Field(strict=True, ge=2)] = 6
     alpha: Annotated[float, Field(strict=True, gt=0, lt=1)] = 0.05
     eps: Annotated[float, Field(strict=True, gt=0)] = 0.1  # claim d: "collapsed" = gate entropy below eps
