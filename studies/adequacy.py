@@ -325,3 +325,37 @@ def study_line(entries: Any) -> str | None:
     if not failed:
         return None
     return f"not testable at this budget: {', '.join(failed)} under-trained (training adequacy)"
+
+
+def report_section(verdict: Mapping[str, Any]) -> tuple[list[str], list[list[dict[str, str]]]]:
+    """The reports' "Training adequacy" section: its text and its table (one row per cell)."""
+    entries, rule_ = verdict.get("adequacy"), verdict.get("adequacy_rule") or {}
+    if not isinstance(entries, Mapping):
+        return [f"Training adequacy: {entries or NOT_MEASURED} (the budget check did not run)."], []
+
+    def num(v: Any, signed: bool = False) -> str:
+        return "n/a" if not isinstance(v, int | float) else (f"{v:+.4g}" if signed else f"{v:.4g}")
+
+    text = [
+        f"Each cell's tuned η trained for {rule_.get('factor', FACTOR)}x the budget on seeds "
+        f"{rule_.get('seeds')}: a gain in `{rule_.get('metric')}` above {num(rule_.get('max_gain'))}"
+        + (
+            f", or a reached value below {num(rule_.get('min_metric'))},"
+            if rule_.get("min_metric") is not None
+            else ""
+        )
+        + " marks it under-trained; what rests on it is inconclusive (a control unclear)."
+    ]
+    rows = [
+        {
+            "cell": str(cell),
+            "reached": num(e.get("reached")) if isinstance(e, Mapping) else "–",
+            "at twice the budget": num(e.get("reached_twice")) if isinstance(e, Mapping) else "–",
+            "gain": num(e.get("gain"), signed=True) if isinstance(e, Mapping) else "–",
+            "verdict": ("passed" if e.get("passed") else "under-trained")
+            if isinstance(e, Mapping)
+            else str(e),
+        }
+        for cell, e in entries.items()
+    ]
+    return text, [rows]

@@ -279,3 +279,16 @@ def test_reproduce_takes_the_adequacy_fields_a_logged_verdict_predates_as_no_dif
     assert [d.field for d in changed] == ["adequacy"]
     # any other field a logged verdict lacks is still a difference
     assert [d.field for d in compare_verdicts(logged, {**logged, "scope": {}})] == ["scope"]
+
+
+def test_the_reports_table_every_cell_or_say_not_measured() -> None:
+    entries = {"corrected": _entry(False, "corrected"), "linear": _entry(True, "linear")}
+    rule = {"factor": 2, "seeds": [1000], "metric": "val_accuracy", "max_gain": 0.005, "min_metric": None}
+    text, tables = adequacy.report_section({"adequacy": entries, "adequacy_rule": rule})
+    assert [(r["cell"], r["gain"], r["verdict"]) for r in tables[0]] == [
+        ("corrected", "+0.1", "under-trained"),
+        ("linear", "+0", "passed"),
+    ]
+    assert "above 0.005" in text[0]
+    text, tables = adequacy.report_section({"adequacy": "not measured"})
+    assert tables == [] and "not measured" in text[0]

@@ -29,6 +29,7 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 from scipy import stats
 
+from studies.adequacy import report_section
 from studies.kinds.batchsize.analysis import normalize_table
 from studies.reporting import (
     COLORS,
@@ -495,6 +496,7 @@ def _document(
     sections = [
         Section(heading, text, [rows], label_columns=labels) for heading, text, rows in _sections(result)
     ]
+    sections.append(Section("Training adequacy", *report_section(result)))
     return study_document(
         result,
         banner=_BANNER,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from studies import reporting
+from studies.adequacy import report_section
 
 __all__ = ["CONTRAST_COLORS", "plot_contrasts_forest", "write_compare_report"]
 
@@ -148,6 +149,7 @@ def _document(
                 [f"Selected on `{tuning_metric}` over the tuning seeds."],
                 [_lr_rows(lr_record, tuning_metric)],
             ),
+            reporting.Section("Training adequacy", *report_section(verdict)),
         ],
         method=[
             "each arm's learning rate tuned on held-out seeds (log grid, best mean validation metric, "
