@@ -429,3 +429,20 @@ def test_the_grid_kinds_tuning_records_the_noise_as_their_spec_says() -> None:
     stored = spec.lr_tuning.model_copy(update={"flag_noisy": False})  # a study stored before the field
     _, before = tuned_rates(["corrected"], trials, cell_of=lambda t: "corrected", tuning=stored)
     assert "noisy" not in before["corrected"] and NOISY not in tuned_lines(before)[0]
+
+
+def test_a_stored_compare_study_reads_flag_noisy_off_and_resumes_without_a_change(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from studies.running import _as_stored
+    from tests.studies.test_stored_specs import _old_spec
+
+    path = _old_spec(tmp_path)  # a compare study's study_spec.yaml written before flag_noisy existed
+    stored, fresh = load_study(path, stored=True), load_study(path)
+    assert stored.lr_tuning.flag_noisy is False and fresh.lr_tuning.flag_noisy is True
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    resumed = _as_stored(fresh, doc)  # `run SPEC` again: the field left to its default takes the stored value
+    assert resumed.lr_tuning.flag_noisy is False
+    assert "lr_tuning.flag_noisy: False, as the study ran" in capsys.readouterr().out
