@@ -33,6 +33,7 @@ def num(v: Any, digits: int = 3) -> str:
 
 _REMEDIES = (
     ("lr-at-range-edge", "a wider η grid (more lr_tuning range extensions)"),
+    ("lr-tuning-noisy", "more tuning seeds or lr_tuning.refine (informational: the η pick led by < 1 SE)"),
     ("optimisation-limited", "longer training (more epochs)"),
     ("failures", "fewer failed trials (a lower η or a longer warm-up)"),
 )

@@ -446,3 +446,14 @@ def test_a_stored_compare_study_reads_flag_noisy_off_and_resumes_without_a_chang
     resumed = _as_stored(fresh, doc)  # `run SPEC` again: the field left to its default takes the stored value
     assert resumed.lr_tuning.flag_noisy is False
     assert "lr_tuning.flag_noisy: False, as the study ran" in capsys.readouterr().out
+
+
+def test_the_results_page_says_what_answers_a_noisy_tuning() -> None:
+    from studies.decide import to_decide
+
+    text = to_decide("inconclusive", [f"{NOISY} (autonorm_s)"], None, seeds_used=8, cost=None)
+    assert (
+        text
+        == f"{NOISY} (autonorm_s): more tuning seeds or lr_tuning.refine (informational: the η pick led by < 1 SE)"
+    )
+    assert to_decide("supported", [f"{NOISY} (autonorm_s)"], None, seeds_used=8, cost=None) == "—"
