@@ -359,3 +359,21 @@ def report_section(verdict: Mapping[str, Any]) -> tuple[list[str], list[list[dic
         for cell, e in entries.items()
     ]
     return text, [rows]
+
+
+def logged_checks(spec: Any, verdict: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The check's entries per budget as a logged ``verdict.json`` records them (the inverse of
+    :func:`adequacy_record`): what an offline re-analysis, which has the confirmatory table but not
+    the check's trials, takes as its input. ``None``: not measured."""
+    entries = verdict.get("adequacy")
+    if not isinstance(entries, Mapping):
+        return None
+    budgets = [str(b) for b in spec.budget_names]
+    if len(budgets) == 1:
+        return {budgets[0]: dict(entries)}
+    out: dict[str, Any] = {b: {} for b in budgets}
+    for key, e in entries.items():
+        budget, _, cell = str(key).partition("/")
+        if budget in out:
+            out[budget][cell] = e
+    return out

@@ -121,7 +121,12 @@ def _table_and_inputs(
         design = kind.design()
         doc = _read_json(directory, "lr_tuning.json")
         records = {"": doc} if _budgets(spec, design) == [""] else dict(doc)
-        return _read_table(directory, "trials.csv"), dict(design.analysis_inputs(records))
+        from studies.adequacy import logged_checks
+
+        inputs = dict(design.analysis_inputs(records))
+        # the training-adequacy check's trials are not among the tables: its logged entries are an input
+        inputs["adequacy"] = logged_checks(spec, logged)
+        return _read_table(directory, "trials.csv"), inputs
     if (directory / "confirm_trials.csv").is_file():
         path = directory / GATE_LOGS_FILE
         if not path.is_file():

@@ -292,3 +292,17 @@ def test_the_reports_table_every_cell_or_say_not_measured() -> None:
     assert "above 0.005" in text[0]
     text, tables = adequacy.report_section({"adequacy": "not measured"})
     assert tables == [] and "not measured" in text[0]
+
+
+def test_an_offline_reanalysis_reads_the_checks_back_from_the_logged_verdict() -> None:
+    # trials.csv holds the confirmatory trials only: the check's entries come from verdict.json,
+    # split back per budget (several budgets: "<budget>/<cell>")
+    spec = load_study(BATCHSIZE, ["budgets=[epochs, updates]"], preset="smoke")
+    by_budget = {
+        "epochs": {"linear@8": _entry(False, "linear@8")},
+        "updates": {"linear@8": _entry(True, "linear@8")},
+    }
+    record = adequacy.adequacy_record(spec, by_budget)
+    assert set(record) == {"epochs/linear@8", "updates/linear@8"}
+    assert adequacy.logged_checks(spec, {"adequacy": record}) == by_budget
+    assert adequacy.logged_checks(spec, {"adequacy": "not measured"}) is None
