@@ -59,9 +59,11 @@ TINY: tuple[str, ...] = (
     "arms=[linear, corrected]",
     "lr_tuning={low: 0.1, high: 1.0, points: 3, seeds: [1000, 1001], max_extensions: 0, refine: 0}",
     "max_concurrent=1",  # one trial actor per phase: each actor process costs seconds of CPU to start
+    "analysis.adequacy.check=false",  # no training-adequacy phase (tests/studies/test_compare_study.py runs it)
 )
 """The overrides every tuned design's :attr:`~studies.contract.StudyKind.tiny` starts with: one
-epoch, two arms, three rates, no optional phase (no range extension, no refinement)."""
+epoch, two arms, three rates, no optional phase (no range extension, no refinement), no
+training-adequacy check."""
 
 
 @dataclass(frozen=True)
