@@ -306,3 +306,20 @@ def test_an_offline_reanalysis_reads_the_checks_back_from_the_logged_verdict() -
     assert set(record) == {"epochs/linear@8", "updates/linear@8"}
     assert adequacy.logged_checks(spec, {"adequacy": record}) == by_budget
     assert adequacy.logged_checks(spec, {"adequacy": "not measured"}) is None
+
+
+def test_resuming_a_study_stored_before_the_check_is_no_changed_spec_and_runs_no_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from studies.running import _check_unchanged
+    from studies.study_dir import SPEC_FILE, StudyDir
+    from tests.studies.test_stored_specs import _old_spec
+
+    path = _old_spec(tmp_path)  # a compare study's study_spec.yaml from before the check
+    here = f"storage_path={tmp_path / 'runs'}"
+    where = StudyDir.of(load_study(path, [here]))
+    where.write_text(SPEC_FILE, path.read_text(encoding="utf-8"))
+    for stored in (False, True):  # `run SPEC` (today's default: check on) and `resume STUDY_DIR`
+        resumed = _check_unchanged(load_study(path, [here], stored=stored), where, allow_changed=False)
+        assert resumed.analysis.adequacy.check is False and resumed.adequacy_trials == 0
+    assert "analysis.adequacy" in capsys.readouterr().out  # said once, for `run SPEC`

@@ -38,7 +38,10 @@ def test_a_stored_spec_without_refine_reads_as_refine_0(tmp_path: Path) -> None:
     assert stored.lr_tuning.refine == 0 and fresh.lr_tuning.refine == 2  # a new spec: today's default
     # ... and its trials ran one process each (before ``execution`` existed), a new spec's stacked
     assert stored.execution.stack == "off" and fresh.execution.stack == "auto"
-    assert stored.model_copy(update={"lr_tuning": fresh.lr_tuning, "execution": fresh.execution}) == fresh
+    # ... and it had no training-adequacy check (issue #47), which a new spec runs
+    assert stored.analysis.adequacy.check is False and fresh.analysis.adequacy.check is True
+    same = {"lr_tuning": fresh.lr_tuning, "execution": fresh.execution, "analysis": fresh.analysis}
+    assert stored.model_copy(update=same) == fresh
     # what the study runs: no refinement phase as stored, one (2 rates x 2 arms x 2 seeds) as new
     assert not any(p.refine for p in kind_for(stored).phases(stored))
     assert [len(p.configs) for p in kind_for(fresh).phases(fresh) if p.refine] == [8]

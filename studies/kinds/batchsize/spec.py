@@ -150,7 +150,7 @@ class BatchSizeStudySpec(ArmStudySpec):
     adequacy_seed_count: ClassVar[int] = 1  # the adequacy check runs each (arm, B) cell on one tuning seed
     stored_defaults: ClassVar[Mapping[str, Any]] = {
         **ArmStudySpec.stored_defaults,
-        "analysis.adequacy": {"check": False},
+        "analysis.adequacy": {"check": False, "max_gain": None, "min_metric": None},
     }
     """:attr:`ArmStudySpec.stored_defaults`, and a study stored before the training-adequacy check
     existed ran without it (its verdict says ``"adequacy": "not measured"``)."""

@@ -153,7 +153,7 @@ class CompareStudySpec(ArmStudySpec):
     study_tags: ClassVar[tuple[tuple[str, str], ...]] = (("autonorm.study", "compare"),)
     stored_defaults: ClassVar[Mapping[str, Any]] = {
         **ArmStudySpec.stored_defaults,
-        "analysis.adequacy": {"check": False},
+        "analysis.adequacy": {"check": False, "max_gain": None, "min_metric": None},
     }
     """:attr:`ArmStudySpec.stored_defaults`, and a study stored before the training-adequacy check
     existed ran without it (its verdict says ``"adequacy": "not measured"``)."""
