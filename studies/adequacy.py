@@ -27,6 +27,7 @@ Light: pydantic and the plan contract only; the kinds and the pipeline import it
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any
@@ -179,7 +180,9 @@ def adequacy_plan(
     plan: StudyPlan = spec.design_phase(
         phase_of(budget), budget, [*once, *twice], check_seeds(spec), tuning=False, environ=environ
     )
-    return plan
+    # a run's name says its budget: the 1x and 2x runs of a cell and seed are two runs
+    run_name = spec.trial_name + "-lr{training.lr:g}-e{training.epochs}-s{seed}"
+    return dataclasses.replace(plan, run_name=run_name)
 
 
 def adequacy_trials(spec: Any) -> int:

@@ -82,6 +82,10 @@ def test_batchsize_checks_every_arm_and_batch_size_on_one_tuning_seed_with_the_u
     keys = {adequacy.check_key(spec, c) for c in twice}
     assert keys == {f"{a}@{b}" for a in spec.arms for b in spec.batch_sizes}
     assert len(once) == len(twice)  # lr_policy constant: the tuning ran only the reference batch size
+    assert (
+        plan.run_name
+        == "{model.layer.type}-B{training.batch_size}-lr{training.lr:g}-e{training.epochs}-s{seed}"
+    )
     tuned = load_study(BATCHSIZE, ["lr_policy=tuned"], preset="smoke")
     assert adequacy.reuses_tuning(tuned, "epochs") and not adequacy.reuses_tuning(spec, "updates")
 

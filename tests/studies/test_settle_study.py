@@ -134,11 +134,13 @@ def test_sequential_looks_and_seeds_used_in_the_verdict(settled: dict[str, Any])
             assert h["decision"] in ("continue", "inconclusive") and h["ci"] == [None, None]
     assert verdict["looks"][-1]["hypotheses"]["corrected"]["decision"] == "inconclusive"
     assert (settled["dir"] / "intervals_vs_seeds.png").read_bytes()[:4] == b"\x89PNG"
-    # every trial run is accounted for: tuning (with extensions) + 3 seeds of the confirmatory grid
+    # every trial run is accounted for: tuning (with extensions) + the training-adequacy check + 3
+    # seeds of the confirmatory grid
     n_tuning = sum(rec["trials"] for rec in before["lr"]["epochs"].values())
-    assert len(before["runs"]) == n_tuning + 3 * spec.trials_per_seed
+    assert len(before["runs"]) == n_tuning + spec.adequacy_trials + 3 * spec.trials_per_seed
     phases = {r.data.tags["autonorm.phase"] for r in before["runs"]}
-    assert {"confirm-epochs", "confirm-epochs-look2"} <= phases
+    assert {"tune-epochs-adequacy", "confirm-epochs", "confirm-epochs-look2"} <= phases
+    assert set(verdict["adequacy"]) == {f"{a}@{b}" for a in spec.arms for b in spec.batch_sizes}
     # the study run's count, updated by each extension round and look, equals its trial runs
     assert int(before["study_tags"]["expected_trials"]) == len(before["runs"])
     assert not any(k.startswith("extend/") for k in before["study_tags"])
