@@ -30,6 +30,7 @@ from studies.kinds import (
     load_study,
     presets_of,
 )
+from studies.kinds.pipeline import TunedDesignKind
 from studies.planning import plan_study
 from studies.schema import SpecError
 from studies.scope import scope_line
@@ -245,7 +246,10 @@ def test_verdict_has_the_shared_fields(ran: Ran) -> None:
     assert verdict["study_verdict"] in STUDY_VERDICTS
     assert isinstance(verdict["hypotheses"], dict)
     for name, h in verdict["hypotheses"].items():
-        assert set(h) == HYPOTHESIS_FIELDS, name
+        # the shared fields, and (issue #47) the arms a tuned design's hypothesis rests on
+        assert set(h) - {"arms"} == HYPOTHESIS_FIELDS, name
+        if isinstance(ran.kind, TunedDesignKind):
+            assert h["arms"] and set(h["arms"]) <= set(ran.spec.arm_names), name
         assert h["verdict"] in ("supported", "refuted", "inconclusive")
         assert isinstance(h["reasons"], list)
     if verdict["hypotheses"]:
