@@ -805,11 +805,14 @@ def test_plan_json_counts_what_run_will_run(capsys: pytest.CaptureFixture[str]) 
     assert cli.main(["plan", str(BATCHSIZE), "--preset", "smoke", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     spec = load_study(BATCHSIZE, preset="smoke")
-    assert plan["trials"] == kind_for(spec).total_trials(spec) == 42
+    # 24 tuning + 18 confirmatory + 18 training-adequacy (3 arms x 3 B on one tuning seed, at the
+    # budget and at twice it)
+    assert spec.adequacy_trials == 18
+    assert plan["trials"] == kind_for(spec).total_trials(spec) == 42 + 18
     assert plan["wall_s"] > 0 and plan["cpu_hours"] > 0 and plan["gpu_hours"] == 0
     assert sum(p["trials"] for p in plan["phases"] if not p["optional"]) == plan["trials"]
     # every range extension firing: 3 rounds x 3 arms x 2 tuning seeds
-    assert plan["trials_max"] == plan["trials"] + spec.extension_trials_max == 42 + 18
+    assert plan["trials_max"] == plan["trials"] + spec.extension_trials_max == 60 + 18
     assert plan["wall_s_max"] > plan["wall_s"] and "trials_expected" not in plan  # a fixed design
 
 
@@ -828,7 +831,7 @@ def test_plan_json_counts_the_learning_rate_refinement(capsys: pytest.CaptureFix
     # 2 more rates per arm and budget, each on every tuning seed
     added = 2 * len(spec.arms) * len(spec.budgets) * len(spec.lr_tuning.seeds)
     assert added == 12
-    assert plans[2]["trials"] == plans[0]["trials"] + added == 42 + 12
+    assert plans[2]["trials"] == plans[0]["trials"] + added == 60 + 12  # 60: with the adequacy check
     assert plans[2]["trials_max"] == plans[0]["trials_max"] + added
     refined = [p for p in plans[2]["phases"] if p["refine"]]
     assert [(p["name"], p["trials"], p["optional"]) for p in refined] == [("tune-epochs-refine", added, True)]
