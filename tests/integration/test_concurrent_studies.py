@@ -79,6 +79,7 @@ _BATCHSIZE = [
     "analysis.n_boot=100",
     "analysis.n_perm=99",
     "max_concurrent=1",
+    "analysis.adequacy.check=false",  # the phases measured here: tuning, then the confirmatory grid
 ]
 STUDIES: dict[str, tuple[str, list[str]]] = {
     "search": (
@@ -101,6 +102,7 @@ STUDIES: dict[str, tuple[str, list[str]]] = {
             "lr_tuning.points=3",
             "lr_tuning.max_extensions=0",
             "max_concurrent=1",
+            "analysis.adequacy.check=false",
         ],
     ),
     "batchsize_a": ("studies/specs/batchsize_correlation.yaml", _BATCHSIZE),
