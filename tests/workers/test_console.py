@@ -126,11 +126,18 @@ def test_optuna_says_its_study_was_created_in_the_log(
 ) -> None:
     """A search phase imports Optuna (which gives its logger a terminal handler then) and creates its
     study at once: the "A new study created" line goes to the log, not to the terminal."""
-    log = tmp_path / DRIVER_LOG
-    with StudyConsole(log, announce=False):
-        import optuna
+    import optuna
 
-        optuna.create_study(study_name="quiet-console")
+    log = tmp_path / DRIVER_LOG
+    # Another test in this worker may have lowered Optuna's verbosity (a module-wide setting): the
+    # line is only written at INFO.
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    try:
+        with StudyConsole(log, announce=False):
+            optuna.create_study(study_name="quiet-console")
+    finally:
+        optuna.logging.set_verbosity(before)
     out, err = capsys.readouterr()
     assert out == "" and err == ""
     assert "A new study created in memory with name: quiet-console" in log.read_text()
