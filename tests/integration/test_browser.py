@@ -85,6 +85,7 @@ def study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             "lr_tuning.high=10.0",
             "lr_tuning.points=3",
             "lr_tuning.max_extensions=0",  # two phases (tuning, confirmatory): what this test reads
+            "analysis.adequacy.check=false",  # (no adequacy phase: a third phase run)
             "analysis.n_boot=200",
             "analysis.n_perm=99",
             "max_concurrent=1",  # one trial at a time: one trial actor per phase (an actor process costs seconds of CPU to start)
