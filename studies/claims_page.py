@@ -257,12 +257,6 @@ def _adequacy(verdict: Mapping[str, Any]) -> str:
     return f"{span}not measured"
 
 
-def _scope(verdict: Mapping[str, Any]) -> str:
-    from studies.results import scope_short
-
-    return scope_short(verdict.get("scope"))
-
-
 def _seeds(verdict: Mapping[str, Any]) -> str:
     for value in (
         verdict.get("seeds_used"),
@@ -285,8 +279,9 @@ def _reading(claim: PaperClaim, verdicts: Sequence[str]) -> str:
     return "open: the stored studies do not decide it"
 
 
-def claim_rows(studies: Sequence[Study]) -> list[ClaimRow]:
-    """One :class:`ClaimRow` per :data:`PAPER_CLAIMS` entry, from the stored studies' verdicts."""
+def claim_rows(studies: Sequence[Study], *, scope_text: Callable[[Any], str]) -> list[ClaimRow]:
+    """One :class:`ClaimRow` per :data:`PAPER_CLAIMS` entry, from the stored studies' verdicts;
+    ``scope_text`` writes a verdict's ``scope`` in a few words (the page's own)."""
     rows = []
     for claim in PAPER_CLAIMS:
         verdicts, estimates, points, seeds, adequacy, scopes = [], [], [], [], [], []
@@ -320,7 +315,7 @@ def claim_rows(studies: Sequence[Study]) -> list[ClaimRow]:
                         points.append(point)
             seeds.append(prefix + _seeds(verdict))
             adequacy.append(prefix + _adequacy(verdict))
-            scopes.append(prefix + _scope(verdict))
+            scopes.append(prefix + scope_text(verdict.get("scope")))
         verdict_text = "; ".join(sorted(set(verdicts), key=verdicts.index)) if verdicts else "not run"
         rows.append(
             ClaimRow(

@@ -558,7 +558,11 @@ def write_page(paths: Iterable[Path], output: Path) -> tuple[list[Row], str]:
 
     dirs = study_dirs(paths)
     rows = [row for d in dirs for row in result_rows(d)]
-    claims = claim_rows([(d.name, _read_json(d / VERDICT_FILE)) for d in dirs]) if rows else []
+    claims = (
+        claim_rows([(d.name, _read_json(d / VERDICT_FILE)) for d in dirs], scope_text=scope_short)
+        if rows
+        else []
+    )
     output.parent.mkdir(parents=True, exist_ok=True)
     figure = plot_claims(claims, output.with_suffix(".png")) if claims else None
     text = render_page(dirs, rows, claims, figure.name if figure is not None else None)
@@ -577,7 +581,7 @@ def main(
 ) -> int:
     """The CLI command: export ``export`` into ``to`` (default ``results``), with ``reanalyse`` rewrite
     each stored study's ``verdict.json`` from its own tables under today's rules
-    (:func:`studies.offline.rewrite_stored`, printing every verdict that changed), then print one row
+    (:func:`studies.stored.rewrite_stored`, printing every verdict that changed), then print one row
     per hypothesis of the stored studies in ``paths`` (default: ``to``) and write ``output`` (default
     ``docs/results.md``) from them. Exit 2 for a directory that is no study."""
     import sys
@@ -605,7 +609,8 @@ def main(
 
 def _reanalyse(dirs: Sequence[Path]) -> None:
     """``--reanalyse``: every stored study's verdict again under today's rules; the changes printed."""
-    from studies.offline import OfflineError, rewrite_stored, write_stored_report
+    from studies.offline import OfflineError
+    from studies.stored import rewrite_stored, write_stored_report
 
     for directory in dirs:
         try:
