@@ -146,18 +146,18 @@ def _confirm_cells(spec: Any, budget: str, lr: Mapping[str, float]) -> list[dict
 
 
 def _placeholder(spec: Any) -> dict[str, float]:
-    return dict.fromkeys(spec.tuning_cells, float(spec.training.lr))
+    return dict.fromkeys(spec.tuned_cells, float(spec.training.lr))
 
 
 def reuses_tuning(spec: Any, budget: str) -> bool:
     """Whether the tuning trials at the chosen η are the check's 1x runs: the tuning ran the study's
     budget (``lr_tuning.epochs`` unset or equal, or an updates budget) and every confirmatory cell is
-    a tuning cell (``lr_policy: tuned``, or a kind of one batch size)."""
+    a tuned cell (``lr_policy: tuned``, or a kind of one batch size)."""
     base = spec.base_config(budget=budget)["training"]
     tuning_epochs = spec.lr_tuning.epochs
     same_budget = base.get("budget", "epochs") != "epochs" or tuning_epochs in (None, base["epochs"])
     keys = {check_key(spec, c) for c in _confirm_cells(spec, budget, _placeholder(spec))}
-    return same_budget and keys <= set(spec.tuning_cells)
+    return same_budget and keys <= set(spec.tuned_cells)
 
 
 def _merged(cell: Mapping[str, Any], training: Mapping[str, Any]) -> dict[str, Any]:

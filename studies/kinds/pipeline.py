@@ -44,8 +44,8 @@ from studies.kinds.kit import (
     study_runner,
     with_seeds,
 )
-from studies.schema.arms import phase_name
-from studies.tuning import refine_points, tuned_rates
+from studies.schema.arms import CELL_STAGE, phase_name
+from studies.tuning import LRGrid, refine_points, tune, tuned_rates
 from workers.plan import StudyPlan
 
 __all__ = ["TINY", "Analysed", "TunedDesign", "TunedDesignKind", "all_decided"]
@@ -212,6 +212,11 @@ class TunedDesign(ABC):
     def tuning_line(self, spec: Any, budget: str, plan: StudyPlan) -> str:
         """Before a tuning phase."""
 
+    def cell_tuning_line(self, spec: Any, budget: str, plan: StudyPlan) -> str:
+        """Before the second tuning stage (``tune[-<budget>]-cells``)."""
+        cells = len(dict(plan.grid)["@"])
+        return f"phase {plan.name}: {cells} (cell, lr) points x {len(spec.lr_tuning.seeds)} seeds around each tuned lr"
+
     def extension_line(self, budget: str, round_: int, lrs: Rates) -> str:
         """Before a range-extension round: each edge cell's new η."""
         within = f" ({budget} budget)" if budget else ""
@@ -318,13 +323,48 @@ def adequacy_lines(entries: Any) -> list[str]:
 def _tuning_of(phases: Mapping[str, Sequence[Any]], budget: str) -> list[Any]:
     """The budget's tuning trials (``tune[-<budget>]``, its extension rounds and refinement) among
     ``phases`` (read back from the study directory)."""
-    tune = phase_name("tune", budget)
+    stems = (phase_name("tune", budget), phase_name("tune", budget) + CELL_STAGE)
     return [
         t
         for name, ts in phases.items()
+        for tune in stems
         if name == tune or name.startswith(f"{tune}-ext") or name == f"{tune}-refine"
         for t in ts
     ]
+
+
+def select_cell_rates(
+    spec: Any,
+    grids: Mapping[str, LRGrid],
+    reference: Mapping[str, Any],
+    trials: Sequence[Any],
+    *,
+    run_points: Any = None,
+    run_refine: Any = None,
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """The second tuning stage's selection (:meth:`~studies.schema.arms.ArmStudySpec.cell_grids`):
+    each finer cell's η on its own grid from the stage's ``trials``, extended and refined as the
+    first stage (:func:`studies.tuning.tune`). Returns the η per cell and the record: the first
+    stage's entries (``reference``, each marked ``"stage": "reference"``) and each cell's (``"stage":
+    "cell"``); a cell with no winner is left out."""
+    from studies.adequacy import check_key
+
+    tuning = spec.lr_tuning
+    record, _ = tune(
+        grids,
+        trials,
+        cell_of=lambda t: check_key(spec, t.config),
+        metric=tuning.metric,
+        mode=tuning.mode,
+        max_extensions=tuning.max_extensions,
+        run_points=run_points,
+        refine=tuning.refine,
+        run_refine=run_refine,
+        noise=bool(getattr(tuning, "flag_noisy", False)),
+    )
+    cells = {cell: {**rec, "stage": "cell"} for cell, rec in record.items() if rec["lr"] is not None}
+    first = {cell: {**rec, "stage": "reference"} for cell, rec in reference.items()}
+    return {cell: float(rec["lr"]) for cell, rec in cells.items()}, {**first, **cells}
 
 
 def _concat(tables: Sequence[Any]) -> Any:
@@ -344,30 +384,50 @@ class _Running:
     runner: Any
     environ: Environ
 
-    def tuning_rounds(self, budget: str, ran: list[Any]) -> dict[str, Any]:
-        """The budget's range-extension rounds and refinement, each run as its own tuning phase: the
+    def tuning_rounds(self, budget: str, ran: list[Any], stage: str = "") -> dict[str, Any]:
+        """The budget's range-extension rounds and refinement (of the tuning stage ``stage``: ``""``
+        or :data:`~studies.schema.arms.CELL_STAGE`), each run as its own tuning phase: the
         ``run_points`` and ``run_refine`` of :meth:`TunedDesign.select_learning_rates`; their trials
         are added to ``ran``."""
         d, spec, seeds = self.d, self.spec, len(self.spec.lr_tuning.seeds)
-        return {key: _recording(run, ran) for key, run in self._rounds(budget, d, spec, seeds).items()}
+        rounds = self._rounds(budget, d, spec, seeds, stage)
+        return {key: _recording(run, ran) for key, run in rounds.items()}
 
-    def _rounds(self, budget: str, d: TunedDesign, spec: Any, seeds: int) -> dict[str, Any]:
+    def _rounds(self, budget: str, d: TunedDesign, spec: Any, seeds: int, stage: str) -> dict[str, Any]:
+        env = self.environ
         return {
             "run_points": extension_runner(
                 self.runner,
-                lambda round_, lrs: spec.extension_plan(budget, round_, lrs, environ=self.environ),
+                lambda round_, lrs: spec.extension_plan(budget, round_, lrs, environ=env, stage=stage),
                 seeds=seeds,
                 line=lambda round_, lrs: d.extension_line(budget, round_, lrs),
                 tag=d.TAG,
             ),
             "run_refine": refine_runner(
                 self.runner,
-                lambda lrs: spec.refine_plan(budget, lrs, environ=self.environ),
+                lambda lrs: spec.refine_plan(budget, lrs, environ=env, stage=stage),
                 seeds=seeds,
                 tag=d.TAG,
                 label=f" ({budget} budget)" if budget else "",
             ),
         }
+
+    def cell_stage(
+        self, budget: str, lr: dict[str, float], record: dict[str, Any], ran: list[Any]
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        """The second tuning stage where the spec has one (:meth:`~studies.schema.arms.ArmStudySpec.cell_grids`),
+        run as ``tune[-<budget>]-cells`` (with its own extension rounds and refinement): the η per
+        finer cell and the merged record; its trials are added to ``ran``. Else ``lr`` and ``record``."""
+        grids = self.spec.cell_grids(lr)
+        if not grids:
+            return lr, record
+        plan = self.spec.cell_tuning_plan(budget, grids, environ=self.environ)
+        say(self.d.TAG, self.d.cell_tuning_line(self.spec, budget, plan))
+        trials = list(self.runner.run(plan).trials)
+        rounds = self.tuning_rounds(budget, trials, CELL_STAGE)
+        out = select_cell_rates(self.spec, grids, record, trials, **rounds)
+        ran.extend(trials)
+        return out
 
     def adequacy(self, budget: str, lr: Rates, tuning: Sequence[Any]) -> Any:
         """The budget check (:mod:`studies.adequacy`), run as the phase ``tune[-<budget>]-adequacy``:
@@ -428,7 +488,11 @@ class TunedDesignKind(FolderKind):
         rounds = tuning.max_extensions if grid.extendable else 0
         around = refine_points(grid, grid.point(1), tuning.refine)  # around an interior winner
         cells = spec.tuning_cells
-        edge, placeholder = dict.fromkeys(cells, tuning.high), dict.fromkeys(cells, spec.training.lr)
+        edge, placeholder = (
+            dict.fromkeys(cells, tuning.high),
+            dict.fromkeys(spec.tuned_cells, spec.training.lr),
+        )
+        grids = spec.cell_grids(dict.fromkeys(cells, spec.training.lr))
         out = []
         for budget in spec.budget_names:
             out.append(Phase.of(spec.tuning_plan(budget)))
@@ -437,11 +501,30 @@ class TunedDesignKind(FolderKind):
             ]
             if around:
                 out.append(Phase.of(spec.refine_plan(budget, dict.fromkeys(cells, around)), refine=True))
+            if grids:
+                out += self._cell_stage_phases(spec, budget, grids)
             if adequacy.enabled(spec):
                 out.append(Phase.of(adequacy.adequacy_plan(spec, budget, placeholder)))
             out.append(Phase.of(spec.confirmatory_plan(budget, placeholder)))
             looks = range(2, _n_looks(spec) + 1)  # a sequential design's looks after the first
             out += [Phase.of(spec.confirmatory_plan(budget, placeholder, look=j), look=True) for j in looks]
+        return out
+
+    @staticmethod
+    def _cell_stage_phases(spec: Any, budget: str, grids: Mapping[str, LRGrid]) -> list[Phase]:
+        """The second tuning stage's phases (for ``plan`` and ``status``): the cells' grids, their
+        optional extension rounds and the refinement (counted as if every winner were interior)."""
+        tuning = spec.lr_tuning
+        out = [Phase.of(spec.cell_tuning_plan(budget, grids))]
+        edge = {cell: g.next_point("high") for cell, g in grids.items() if g.extendable}
+        out += [
+            Phase.of(spec.extension_plan(budget, k, edge, stage=CELL_STAGE), optional=True)
+            for k in range(1, tuning.max_extensions + 1)
+            if edge
+        ]
+        around = {cell: refine_points(g, g.point(1), tuning.refine) for cell, g in grids.items()}
+        if any(around.values()):
+            out.append(Phase.of(spec.refine_plan(budget, around, stage=CELL_STAGE), refine=True))
         return out
 
     def with_seeds(self, spec: Any, k: int) -> Any:
@@ -478,6 +561,7 @@ class TunedDesignKind(FolderKind):
                 say(d.TAG, d.tuning_line(spec, budget, plan))
                 trials = list(runner.run(plan).trials)
                 lr, record = d.select_learning_rates(spec, trials, **r.tuning_rounds(budget, trials))
+                lr, record = r.cell_stage(budget, lr, record, trials)
                 records[budget] = record
                 for line in tuned_lines(record):
                     say(d.TAG, line)
@@ -673,6 +757,17 @@ class TunedDesignKind(FolderKind):
                 run_points=stored_rounds(spec, f"{tune}-ext"),
                 run_refine=stored_refinement(spec, f"{tune}-refine"),
             )
+            grids = spec.cell_grids(lr)
+            if grids:
+                cells = f"{tune}{CELL_STAGE}"
+                lr, record = select_cell_rates(
+                    spec,
+                    grids,
+                    record,
+                    phases.get(cells) or [],
+                    run_points=stored_rounds(spec, f"{cells}-ext"),
+                    run_refine=stored_refinement(spec, f"{cells}-refine"),
+                )
             records[budget] = record
             checks[budget] = _stored_check(spec, budget, lr, phases)
             looks = {phase_name("confirm", budget, j) for j in range(1, n_looks + 1)}

@@ -166,6 +166,10 @@ def arm_layer(model_type: str, arm: str) -> Any:
     return cls.model_validate({"type": model_type, "layer": {"type": arm}}).layer
 
 
+CELL_STAGE = "-cells"
+"""A second tuning stage's phase suffix (``tune[-<budget>]-cells``, its ``-ext<k>`` and ``-refine``)."""
+
+
 def phase_name(stem: str, budget: str = "", look: int = 1) -> str:
     """A tuned design's phase name (its folder, phase run and ``autonorm.phase`` tag): ``stem``
     (``tune``, ``confirm``), ``-<budget>`` for a named budget, ``-look<j>`` for a sequential
@@ -401,6 +405,23 @@ class ArmStudySpec(BaseModel):
         return self.arm_names
 
     @property
+    def tuned_cells(self) -> tuple[str, ...]:
+        """The cells the confirmatory phase reads an η for: :attr:`tuning_cells`, unless a second
+        tuning stage (:meth:`cell_grids`) tunes finer cells."""
+        return self.tuning_cells
+
+    def cell_grids(self, lr_ref: Mapping[str, float]) -> dict[str, LRGrid]:
+        """A second tuning stage (``tune[-<budget>]-cells``): each finer cell's grid around the first
+        stage's η (``lr_ref``); ``{}``: none (the default)."""
+        return {}
+
+    def cell_tuning_plan(
+        self, budget: str, grids: Mapping[str, LRGrid], *, environ: Mapping[str, str] | None = None
+    ) -> StudyPlan:
+        """The second tuning stage's phase; only a kind whose :meth:`cell_grids` returns grids has one."""
+        raise NotImplementedError(f"{type(self).__name__} has no second tuning stage")
+
+    @property
     def trials_per_seed(self) -> int:
         """Confirmatory trials one seed adds: every point of the grid under every budget."""
         return math.prod(len(v) for v in self._grid_values().values()) * len(self.budget_names)
@@ -518,21 +539,32 @@ class ArmStudySpec(BaseModel):
         return self.design_phase(phase_name("tune", budget), budget, cells, tuning=True, environ=environ)
 
     def extension_plan(
-        self, budget: str, round_: int, lrs: Mapping[str, float], *, environ: Mapping[str, str] | None = None
+        self,
+        budget: str,
+        round_: int,
+        lrs: Mapping[str, float],
+        *,
+        environ: Mapping[str, str] | None = None,
+        stage: str = "",
     ) -> StudyPlan:
-        """Range-extension round ``round_`` of the budget's tuning phase, ``tune[-<budget>]-ext<k>``:
-        each edge cell's one new η x the tuning seeds."""
+        """Range-extension round ``round_`` of the budget's tuning phase, ``tune[-<budget>][<stage>]-ext<k>``
+        (``stage``: a later tuning stage's suffix): each edge cell's one new η x the tuning seeds."""
         cells = [self.lr_cell(cell, lr) for cell, lr in sorted(lrs.items())]
-        name = f"{phase_name('tune', budget)}-ext{int(round_)}"
+        name = f"{phase_name('tune', budget)}{stage}-ext{int(round_)}"
         return self.design_phase(name, budget, cells, tuning=True, environ=environ)
 
     def refine_plan(
-        self, budget: str, lrs: Mapping[str, Sequence[float]], *, environ: Mapping[str, str] | None = None
+        self,
+        budget: str,
+        lrs: Mapping[str, Sequence[float]],
+        *,
+        environ: Mapping[str, str] | None = None,
+        stage: str = "",
     ) -> StudyPlan:
-        """The learning-rate refinement of the budget's tuning phase, ``tune[-<budget>]-refine``:
+        """The learning-rate refinement of the budget's tuning phase, ``tune[-<budget>][<stage>]-refine``:
         each cell's refinement rates x the tuning seeds."""
         cells = [self.lr_cell(cell, lr) for cell, rates in sorted(lrs.items()) for lr in rates]
-        name = f"{phase_name('tune', budget)}-refine"
+        name = f"{phase_name('tune', budget)}{stage}-refine"
         return self.design_phase(name, budget, cells, tuning=True, environ=environ)
 
     def lr_cell(self, cell: str, lr: float) -> dict[str, Any]:

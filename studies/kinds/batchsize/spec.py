@@ -34,6 +34,7 @@ from studies.schema import (
     TrainingSpec,
 )
 from studies.schema.arms import (
+    CELL_STAGE,
     CNN_ARMS,
     MLP_ARMS,
     Arm,
@@ -44,6 +45,7 @@ from studies.schema.arms import (
 )
 from studies.schema.sections import FROZEN
 from studies.sequential import SequentialSpec, look_seeds
+from studies.tuning import LRGrid, extension_trials_max, refine_trials
 from workers.plan import StudyPlan
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "AnalysisSpec",
     "BatchSizeStudySpec",
     "BatchSizeTrainingSpec",
+    "CellTuningSpec",
     "LRTuningSpec",
     "cell_key",
 ]
@@ -85,14 +88,38 @@ class BatchSizeTrainingSpec(PlainSGDTrainingSpec):
     SGD); the fields in :data:`SET_BY_STUDY` are set by the study and refused here."""
 
 
+class CellTuningSpec(BaseModel):
+    """The second tuning stage of ``lr_policy: tuned`` (Shallue et al. 2019: η tuned per batch size).
+
+    After each arm's η_ref is tuned at ``reference_batch_size`` on the spec's grid, every (arm, B)
+    cell tunes on ``points`` rates a factor ``ratio`` apart, centred on η_ref · (B / B_ref)^``exponent``
+    (0.5: the square-root rule's guess), with range extension and refinement as the first stage. The
+    points x tuning seeds of a cell train as the members of one stacked model (``execution.stack``).
+    """
+
+    model_config = FROZEN
+
+    points: Annotated[int, Field(strict=True, ge=3, le=16)] = 4  # rates per cell (>= 3: an interior)
+    ratio: Annotated[float, Field(strict=True, gt=1)] = 2.0  # between neighbouring rates
+    exponent: Annotated[float, Field(strict=True, ge=0, le=1)] = 0.5  # centre = η_ref (B/B_ref)^exponent
+
+    def grid(self, lr_ref: float, batch_size: int, reference_batch_size: int) -> LRGrid:
+        """The cell's grid: ``points`` rates ``ratio`` apart, centred on the scaled η_ref."""
+        centre = float(lr_ref) * (int(batch_size) / int(reference_batch_size)) ** self.exponent
+        return LRGrid.relative(centre, self.ratio ** ((self.points - 1) / 2), self.points)
+
+
 class LRTuningSpec(GridLRTuningSpec):
     """How each arm's learning rate is chosen before the confirmatory grid: :class:`GridLRTuningSpec`.
 
     Policies ``constant`` / ``linear`` / ``sqrt`` tune at ``reference_batch_size`` (one η per arm,
-    then held fixed or scaled with B); ``tuned`` tunes every (arm, B) cell.
+    then held fixed or scaled with B); ``tuned`` tunes every (arm, B) cell: on the whole grid, or,
+    with ``cells`` set, in two stages (η_ref per arm at the reference batch size, then a short grid
+    per cell around the scaled η_ref: :class:`CellTuningSpec`).
     """
 
     reference_batch_size: PosInt = 64
+    cells: CellTuningSpec | None = None  # lr_policy tuned: each cell's grid around the scaled η_ref
 
 
 class AnalysisSpec(BaseModel):
@@ -182,6 +209,10 @@ class BatchSizeStudySpec(ArmStudySpec):
             if len(set(values)) != len(values):
                 issues.append(SpecIssue(field, f"{field} must be distinct, got {list(values)}"))
         issues += self.batchnorm_issues("batch_sizes", self.batch_sizes)
+        if self.lr_tuning.cells is not None and self.lr_policy != "tuned":
+            issues.append(
+                SpecIssue("lr_tuning.cells", "tunes each (arm, B) cell: only with lr_policy: tuned; drop it")
+            )
         if "updates" not in self.budgets and self.training.max_updates is not None:
             issues.append(
                 SpecIssue("training.max_updates", "only used when budgets include 'updates'; drop it")
@@ -255,10 +286,67 @@ class BatchSizeStudySpec(ArmStudySpec):
 
     @property
     def tuning_cells(self) -> tuple[str, ...]:
-        """The cells whose η is tuned: ``arm`` (``cell_key(arm, B)`` for ``tuned``)."""
+        """The cells of the first tuning phase: ``arm`` (``cell_key(arm, B)`` for ``tuned`` without
+        ``lr_tuning.cells``)."""
+        if self.lr_policy == "tuned" and self.lr_tuning.cells is None:
+            return self.tuned_cells
+        return tuple(self.arms)
+
+    @property
+    def tuned_cells(self) -> tuple[str, ...]:
+        """The cells the confirmatory phase reads an η for: ``arm``, or ``cell_key(arm, B)`` for
+        ``tuned``."""
         if self.lr_policy == "tuned":
             return tuple(cell_key(a, b) for a in self.arms for b in self.batch_sizes)
         return tuple(self.arms)
+
+    def cell_grids(self, lr_ref: Mapping[str, float]) -> dict[str, LRGrid]:
+        """The second tuning stage's grid per (arm, B) cell around each arm's η_ref (``lr_ref``, arm ->
+        η at the reference batch size; an arm without one gets no cells); ``{}`` without
+        ``lr_tuning.cells``."""
+        cells, ref = self.lr_tuning.cells, self.lr_tuning.reference_batch_size
+        if cells is None or self.lr_policy != "tuned":
+            return {}
+        return {
+            cell_key(a, b): cells.grid(lr_ref[a], b, ref)
+            for a in self.arms
+            if a in lr_ref
+            for b in self.batch_sizes
+        }
+
+    def cell_tuning_plan(
+        self, budget: str, grids: Mapping[str, LRGrid], *, environ: Mapping[str, str] | None = None
+    ) -> StudyPlan:
+        """Phase ``tune[-<budget>]-cells``: every cell's grid (:meth:`cell_grids`) x the tuning seeds."""
+        cells = [self.lr_cell(cell, lr) for cell, grid in sorted(grids.items()) for lr in grid.points]
+        name = f"{phase_name('tune', budget)}{CELL_STAGE}"
+        return self.design_phase(name, budget, cells, tuning=True, environ=environ)
+
+    @property
+    def tuning_trials(self) -> int:
+        """Both tuning stages: the first's cells x grid points, the second's cells x its points, x
+        tuning seeds x budgets."""
+        per_seed = len(self.tuning_cells) * self.lr_tuning.points
+        if self.lr_tuning.cells is not None and self.lr_policy == "tuned":
+            per_seed += len(self.tuned_cells) * self.lr_tuning.cells.points
+        return per_seed * len(self.lr_tuning.seeds) * len(self.budget_names)
+
+    def _stage_grids(self) -> list[LRGrid]:
+        first = [self.lr_tuning.lr_grid()] * len(self.tuning_cells)
+        second = list(self.cell_grids(dict.fromkeys(self.arms, float(self.training.lr))).values())
+        return first + second
+
+    @property
+    def extension_trials_max(self) -> int:
+        """The most trials range extensions can add: every cell of both stages, every round, budget."""
+        seeds, rounds = len(self.lr_tuning.seeds), self.lr_tuning.max_extensions
+        return extension_trials_max(self._stage_grids(), seeds, rounds) * len(self.budget_names)
+
+    @property
+    def refine_trials(self) -> int:
+        """The refinement's trials when every winner of both stages is interior."""
+        seeds, n = len(self.lr_tuning.seeds), self.lr_tuning.refine
+        return refine_trials(self._stage_grids(), seeds, n) * len(self.budget_names)
 
     # ---- plans --------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from studies.kinds.kit import (
     verdict_tags,
 )
 from studies.kinds.pipeline import Analysed, Spent, TunedDesign
+from studies.schema.arms import CELL_STAGE
 from studies.tuning import noisy_reasons
 from workers.plan import StudyPlan
 from workers.records import TrialRecord
@@ -230,17 +231,26 @@ def _resolved_phases(spec: BatchSizeStudySpec, table: Any, lr_records: Mapping[s
     refinement rate won, or why none ran) and the tuned η per arm / cell; the confirmatory phase's batch
     sizes, seeds and the η each arm used at each batch size (scaled for ``linear`` / ``sqrt``)."""
     out: dict[str, Any] = {}
-    sizes = spec.batch_sizes if spec.lr_policy == "tuned" else (spec.lr_tuning.reference_batch_size,)
+    two_stage = spec.lr_policy == "tuned" and spec.lr_tuning.cells is not None
+    sizes = (
+        spec.batch_sizes
+        if spec.lr_policy == "tuned" and not two_stage
+        else (spec.lr_tuning.reference_batch_size,)
+    )
     for budget in spec.budgets:
         record = lr_records.get(budget) or {}
-        out[f"tune-{budget}"] = {
-            "batch_sizes": [int(b) for b in sizes],
-            "seeds": [int(x) for x in spec.lr_tuning.seeds],
-            "epochs": spec.lr_tuning.epochs or spec.training.epochs,
-            "lr_grid": {cell: [float(x) for x in rec.get("grid") or []] for cell, rec in record.items()},
-            "lr_refine": {cell: rec.get("refine") for cell, rec in record.items()},
-            "tuned_lr": {cell: rec.get("lr") for cell, rec in record.items()},
-        }
+        stages = {"": {c: r for c, r in record.items() if r.get("stage") != "cell"}}
+        if two_stage:
+            stages[CELL_STAGE] = {c: r for c, r in record.items() if r.get("stage") == "cell"}
+        for stage, recs in stages.items():
+            out[f"tune-{budget}{stage}"] = {
+                "batch_sizes": [int(b) for b in (spec.batch_sizes if stage else sizes)],
+                "seeds": [int(x) for x in spec.lr_tuning.seeds],
+                "epochs": spec.lr_tuning.epochs or spec.training.epochs,
+                "lr_grid": {cell: [float(x) for x in rec.get("grid") or []] for cell, rec in recs.items()},
+                "lr_refine": {cell: rec.get("refine") for cell, rec in recs.items()},
+                "tuned_lr": {cell: rec.get("lr") for cell, rec in recs.items()},
+            }
         sub = (
             table[table["budget"] == budget] if len(table) and "budget" in table.columns else table.iloc[0:0]
         )
@@ -291,11 +301,12 @@ class BatchSizeDesign(TunedDesign):
         return look_arms(spec, verdict, budget)
 
     def cell_of(self, spec: BatchSizeStudySpec, trial: TrialRecord) -> str:
-        """Its arm, or ``cell_key(arm, B)`` for ``lr_policy: tuned``."""
+        """The first tuning stage's cell: its arm, or ``cell_key(arm, B)`` for ``lr_policy: tuned``
+        on the whole grid (with ``lr_tuning.cells`` the first stage tunes each arm at the reference B)."""
         arm = arm_of(trial)
-        return (
-            cell_key(arm, int(trial.config["training"]["batch_size"])) if spec.lr_policy == "tuned" else arm
-        )
+        cells = set(spec.tuning_cells)
+        key = cell_key(arm, int(trial.config["training"]["batch_size"]))
+        return key if key in cells else arm
 
     analyse = staticmethod(analyse)
 
@@ -371,7 +382,8 @@ class BatchSizeDesign(TunedDesign):
         return f", lr_policy={spec.lr_policy}"
 
     def tuning_line(self, spec: BatchSizeStudySpec, budget: str, plan: StudyPlan) -> str:
-        return f"phase lr_tuning ({budget} budget): {len(plan.grid[0][1])} cells x {len(spec.lr_tuning.seeds)} seeds"
+        where = "" if spec.tuning_cells != spec.arm_names else f" at B={spec.lr_tuning.reference_batch_size}"
+        return f"phase lr_tuning ({budget} budget): {len(plan.grid[0][1])} (cell, lr) points{where} x {len(spec.lr_tuning.seeds)} seeds"
 
     def confirm_line(self, spec: BatchSizeStudySpec, budget: str, plan: StudyPlan) -> str:
         return f"phase confirmatory ({budget} budget): {plan.name} (grid, FIFO, full budget)"
