@@ -237,6 +237,10 @@ def _estimate(h: Mapping[str, Any], name: str = "") -> str:
     """``difference 0.0036 [-0.00025, 0.0075]``: the estimate after its ``name``
     (:func:`studies.reporting.estimate_name`), then its interval."""
     est, ci = h.get("estimate"), h.get("ci")
+    by_budget = h.get("by_budget")
+    if _num(est) == NONE and isinstance(by_budget, Mapping) and by_budget:
+        # several budgets, one estimate each (the batch-size kind's interaction per budget)
+        return "; ".join(f"{b}: {_estimate(e, name)}" for b, e in by_budget.items() if isinstance(e, Mapping))
     if _num(est) == NONE:
         return NONE
     interval = ""

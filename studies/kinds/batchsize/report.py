@@ -406,6 +406,45 @@ def plot_forest(result: Mapping[str, Any], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
+def plot_lr_vs_batch_size(result: Mapping[str, Any], path: str | Path) -> Path | None:
+    """The η each (arm, B) cell trained with against B (``result["per_budget"]``'s ``tuned_lr``), one
+    line per arm, log-log, one panel per budget, with the square-root rule through the control's
+    η at the smallest B for reference; ``None`` when the verdict has no η per cell."""
+    per_budget = result.get("per_budget")
+    if not isinstance(per_budget, Mapping) or not per_budget:
+        return None
+    fig = Figure(figsize=(5.5 * len(per_budget), 4))
+    axes = fig.subplots(1, len(per_budget), squeeze=False)
+    control = result.get("control")
+    for ax, (budget, reading) in zip(axes[0], per_budget.items()):
+        arms = reading.get("arms") or {}
+        colors = _arm_colors(sorted(arms, key=lambda a: (a != control, a)))
+        for arm, r in arms.items():
+            pts = sorted(
+                (int(b), float(v)) for b, v in (r.get("tuned_lr") or {}).items() if _finite(v) and v > 0
+            )
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o", color=colors[arm], label=arm, lw=2 if arm == control else 1.2)
+        ref = sorted(
+            (int(b), float(v))
+            for b, v in ((arms.get(control) or {}).get("tuned_lr") or {}).items()
+            if _finite(v) and v > 0
+        )
+        if len(ref) >= 2:
+            b0, lr0 = ref[0]
+            xs = [b for b, _ in ref]
+            ax.plot(xs, [lr0 * (b / b0) ** 0.5 for b in xs], ls=":", color="grey", label="√B rule")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size B")
+        ax.set_ylabel("tuned learning rate η")
+        ax.set_title(f"{budget} budget: η per (arm, B) cell")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 # --------------------------------------------------------------------------------------------------
 # Markdown and HTML
 
@@ -506,6 +545,11 @@ def _document(
         title=title,
         intro=[
             f"**Hypothesis.** {result.get('hypothesis', '')}",
+            *(
+                f"**Reading.** {r['reading']}"
+                for r in (result.get("per_budget") or {}).values()
+                if isinstance(r, Mapping) and r.get("reading")
+            ),
             f"Metric `{result['metric']}` (higher is {'better' if hib else 'worse'}); control arm "
             f'`{result["control"]}`. "Worse as B grows" means a {result.get("direction", "negative")} slope '
             "vs log2 B.",
@@ -556,7 +600,7 @@ def write_batchsize_report(
 
     Returns:
         Output name -> path: ``verdict``, ``trials``, ``markdown``, ``html``, ``plot_metric``,
-        ``plot_forest`` and, for a sequential design, ``plot_looks`` (``intervals_vs_seeds.png``:
+        ``plot_forest``, ``plot_lr`` (``lr_vs_batch_size.png``, :func:`plot_lr_vs_batch_size`) and, for a sequential design, ``plot_looks`` (``intervals_vs_seeds.png``:
         each hypothesis's confidence sequence against the seeds).
     """
     paths = begin_report(
@@ -572,6 +616,10 @@ def write_batchsize_report(
     )
     plot_forest(verdict, paths["plot_forest"])
     plots = [paths["plot_metric"], paths["plot_forest"]]
+    lr_plot = plot_lr_vs_batch_size(verdict, Path(out_dir) / "lr_vs_batch_size.png")
+    if lr_plot is not None:
+        paths["plot_lr"] = lr_plot
+        plots.append(lr_plot)
     if verdict.get("looks"):
         from studies.sequential import plot_intervals
 

@@ -123,11 +123,13 @@ def analyse(table: Any, spec: BatchSizeStudySpec, **inputs: Any) -> dict[str, An
         verdict.update(_sequential_summary(spec, verdict))
     _note_noisy(verdict, table, spec.control)
     arms = verdict.get("arms") or {}
+    per_budget = budget_readings(spec, verdict, inputs.get("lr_records") or {})
     hypotheses = {
         arm: {
             **hypothesis_entry(arms.get(arm) or {}, estimate="interaction", ci="interaction_ci"),
             "verdict": label,
             "arms": [arm, spec.control],
+            **_by_budget(arm, per_budget),
         }
         for arm, label in (verdict.get("verdict") or {}).items()
     }
@@ -136,8 +138,89 @@ def analyse(table: Any, spec: BatchSizeStudySpec, **inputs: Any) -> dict[str, An
         "study_verdict": verdict.get("study_verdict"),
         "hypotheses": hypotheses,
         **verdict,
+        "per_budget": per_budget,
         "adequacy": adequacy.adequacy_record(spec, checks),
         "adequacy_rule": adequacy.rule(spec),
+    }
+
+
+_PER_ARM = ("slope", "slope_ci", "interaction", "interaction_ci", "n_seeds")
+
+
+def budget_readings(
+    spec: BatchSizeStudySpec, verdict: Mapping[str, Any], lr_records: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Per budget run, the reading at a glance: ``{"verdict", "reasons", "reading", "arms"}`` with, per
+    arm, its label, slope per doubling of B and interaction against the control (each with its
+    interval), seeds, and the η per batch size (``tuned_lr``: ``{B: η}``, :func:`_cell_lr`). ``reading``: the budget's verdict in one sentence with
+    its numbers."""
+    budgets = verdict.get("budgets") or {spec.budgets[0]: verdict}
+    out: dict[str, Any] = {}
+    for budget, result in budgets.items():
+        record = lr_records.get(budget) or {}
+        labels = {**(result.get("verdict") or {}), **(result.get("controls") or {})}
+        arms = {}
+        for arm, r in (result.get("arms") or {}).items():
+            lrs = {str(b): _cell_lr(spec, record, arm, b) for b in spec.batch_sizes}
+            arms[arm] = {
+                "role": "control" if arm in spec.control_arms else "fix",
+                "verdict": labels.get(arm),
+                **{k: r.get(k) for k in _PER_ARM},
+                "tuned_lr": lrs,
+            }
+        out[budget] = {
+            "verdict": result.get("study_verdict"),
+            "reasons": list(result.get("study_reasons") or []),
+            "reading": _reading(budget, result.get("study_verdict"), arms, spec.control),
+            "arms": arms,
+        }
+    return out
+
+
+def _cell_lr(spec: BatchSizeStudySpec, record: Mapping[str, Any], arm: str, b: int) -> float | None:
+    """The η the (arm, B) cell trains with: its own (``tuned``), else the arm's η at the reference
+    batch size, scaled with B for ``linear`` / ``sqrt``."""
+    own = (record.get(cell_key(arm, b)) or {}).get("lr")
+    if own is not None or spec.lr_policy == "tuned":
+        return float(own) if own is not None else None
+    ref = (record.get(arm) or {}).get("lr")
+    if ref is None:
+        return None
+    power = {"linear": 1.0, "sqrt": 0.5}.get(spec.lr_policy, 0.0)
+    return float(ref) * (b / spec.lr_tuning.reference_batch_size) ** power
+
+
+def _reading(budget: str, label: Any, arms: Mapping[str, Mapping[str, Any]], control: str) -> str:
+    """One sentence: the budget's verdict, each fix arm's interaction and each control's slope."""
+    fix = [
+        f"{arm} {_num(r.get('interaction'))} {_ci(r.get('interaction_ci'))} ({r.get('verdict')})"
+        for arm, r in arms.items()
+        if r["role"] == "fix"
+    ]
+    controls = [
+        f"{arm} {_num(r.get('slope'))} {_ci(r.get('slope_ci'))} ({r.get('verdict')})"
+        for arm, r in arms.items()
+        if r["role"] == "control"
+    ]
+    return (
+        f"{budget} budget, {label}: interaction per doubling of B against {control}: "
+        + "; ".join(fix)
+        + "; control slopes per doubling: "
+        + "; ".join(controls)
+        + "."
+    )
+
+
+def _by_budget(arm: str, per_budget: Mapping[str, Any]) -> dict[str, Any]:
+    """With several budgets a fix arm's hypothesis has no one estimate: its interaction per budget."""
+    if len(per_budget) < 2:
+        return {}
+    return {
+        "by_budget": {
+            b: {"estimate": p["arms"][arm].get("interaction"), "ci": p["arms"][arm].get("interaction_ci")}
+            for b, p in per_budget.items()
+            if arm in p["arms"]
+        }
     }
 
 
@@ -309,6 +392,10 @@ class BatchSizeDesign(TunedDesign):
         return key if key in cells else arm
 
     analyse = staticmethod(analyse)
+
+    def analysis_inputs(self, records: Mapping[str, Any]) -> dict[str, Any]:
+        """The tuning records per budget: ``verdict.json["per_budget"]`` lists each cell's tuned η."""
+        return {"lr_records": dict(records)}
 
     def confirm_table(
         self, spec: BatchSizeStudySpec, trials: Sequence[TrialRecord], budget: str, record: Mapping[str, Any]
