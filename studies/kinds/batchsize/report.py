@@ -433,8 +433,8 @@ def plot_lr_vs_batch_size(result: Mapping[str, Any], path: str | Path) -> Path |
         )
         if len(ref) >= 2:
             b0, lr0 = ref[0]
-            xs = [b for b, _ in ref]
-            ax.plot(xs, [lr0 * (b / b0) ** 0.5 for b in xs], ls=":", color="grey", label="√B rule")
+            sizes = [b for b, _ in ref]
+            ax.plot(sizes, [lr0 * (b / b0) ** 0.5 for b in sizes], ls=":", color="grey", label="√B rule")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("batch size B")
