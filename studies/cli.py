@@ -154,9 +154,24 @@ def _cmd_extend(args: argparse.Namespace) -> int:
     except ExtendRefused as e:
         print(f"extend refused: {e}", file=sys.stderr)
         return EXIT_SPEC_ERROR
-    _print_json(outcome.summary)
+    if args.json:  # the study printed its verdict, lines per hypothesis and cost already
+        _print_json(outcome.summary)
+    else:
+        print(extend_line(outcome, args.seeds))
     print_where(outcome)
     return 0
+
+
+def extend_line(outcome: Any, seeds: int) -> str:
+    """``extend``'s one line after the study's own: the seeds added, the study verdict now and the
+    trials run in all (the count ``status`` and ``ls`` show)."""
+    summary = outcome.summary or {}
+    trials = summary.get("trials")
+    ran = f", trials run: {trials}" if isinstance(trials, int) else ""
+    return (
+        f"[{outcome.name}] extended by {seeds} seed{'' if seeds == 1 else 's'}: "
+        f"study verdict {summary.get('study_verdict')}{ran}"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -351,9 +366,14 @@ def format_status(spec: Any, status: Mapping[str, Any]) -> list[str]:
     its selection metric, never the test set's)."""
     by_status = dict(sorted((status.get("by_status") or {}).items()))
     lines = [f"study {spec.name} ({spec.kind}) at {status['directory']}"]
+    from workers.console import format_wall
+
     lines.append(
-        f"trials: {status['trials']} of {status['expected_trials']}" + ("" if by_status else " (none yet)")
+        f"trials run: {status['trials']} of {status['expected_trials']} planned"
+        + ("" if by_status else " (none yet)")
     )
+    if status.get("wall_s") is not None:  # a finished study: the wall time its run wrote
+        lines.append(f"wall time: {format_wall(status['wall_s'])}")
     lines += aligned([{"status": k, "trials": v} for k, v in by_status.items()])
     phases = status.get("phases") or {}
     if phases:
@@ -668,6 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("extend", help="more seeds for a finished sequential study (its looks stay valid)")
     p.add_argument("target", help="the study directory (<storage_path>/<name>)")
     p.add_argument("--seeds", type=int, required=True, help="how many more confirmatory seeds")
+    p.add_argument("--json", action="store_true", help="print the extended study's summary as JSON")
     add_layer_options(p)
     p.set_defaults(func=_cmd_extend)
 

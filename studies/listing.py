@@ -3,7 +3,9 @@
 A study is its MLflow study run (``autonorm.role = study``): its name, kind (``autonorm.kind``), the
 run's state, its study verdict (the ``verdict/study`` tag, written when the study ends), how many
 trials it ran (``actual_trials``, else the ``expected_trials`` param of a study still running), its
-wall time (``actual_command_wall_s``, else ``actual_wall_s``) and when it started. The store is read a
+wall time (``actual_wall_s``: the number ``verdict.json``, the report and the run's closing lines show,
+:meth:`workers.study.StudyRunner.cost`; ``actual_command_wall_s`` for a run that logged only that)
+and when it started. The store is read a
 page at a time, so a store of many studies costs one request per thousand of them.
 """
 
@@ -49,7 +51,7 @@ def list_studies(tracking_uri: str) -> list[dict[str, Any]]:
             trials = _number(metrics.get("actual_trials"))
             if trials is None:
                 trials = _number(params.get("expected_trials"))
-            wall = _number(metrics.get("actual_command_wall_s"))
+            wall = _number(metrics.get("actual_wall_s"))
             rows.append(
                 {
                     "study": run.info.run_name,
@@ -57,7 +59,7 @@ def list_studies(tracking_uri: str) -> list[dict[str, Any]]:
                     "state": run.info.status,
                     "study_verdict": tags.get("verdict/study"),
                     "trials": int(trials) if trials is not None else None,
-                    "wall_s": wall if wall is not None else _number(metrics.get("actual_wall_s")),
+                    "wall_s": wall if wall is not None else _number(metrics.get("actual_command_wall_s")),
                     "started": time.strftime(
                         "%Y-%m-%d %H:%M:%S", time.gmtime((run.info.start_time or 0) / 1000)
                     ),
@@ -80,6 +82,8 @@ def format_studies(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no study in this tracking store"
 
+    from workers.console import format_wall
+
     def cell(v: Any) -> str:
         return "-" if v is None else str(v)
 
@@ -88,7 +92,7 @@ def format_studies(rows: list[dict[str, Any]]) -> str:
     )
     lines = [header]
     for r in rows:
-        wall = f"{r['wall_s'] / 60:.1f} min" if r["wall_s"] is not None else "-"
+        wall = format_wall(r["wall_s"])
         lines.append(
             f"{str(r['study'])[:36]:<36} {cell(r['kind']):<10} {cell(r['state']):<9} "
             f"{cell(r['study_verdict']):<17} {cell(r['trials']):>6} {wall:>9}  {r['started']}"

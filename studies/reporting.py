@@ -50,6 +50,7 @@ __all__ = [
     "save_figure",
     "study_document",
     "to_yaml",
+    "with_study_cost",
     "write_json",
 ]
 
@@ -184,7 +185,8 @@ def json_safe(obj: Any) -> Any:
 def begin_report(out_dir: str | Path, verdict: Any, table: Any, **plots: str) -> dict[str, Path]:
     """The output paths of a fixed-design kind's report in ``out_dir`` (made if missing): ``verdict``
     (``verdict.json``), ``trials`` (``trials.csv``), ``markdown``, ``html`` and each of ``plots``
-    (name -> file name); writes ``verdict.json`` (NaN as null) and ``trials.csv`` (``table``) now."""
+    (name -> file name); writes ``verdict.json`` (NaN as null; inside a study run with the run's cost
+    in its ``resources``, :func:`with_study_cost`) and ``trials.csv`` (``table``) now."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -194,7 +196,7 @@ def begin_report(out_dir: str | Path, verdict: Any, table: Any, **plots: str) ->
         "html": out / "report.html",
         **{name: out / file for name, file in plots.items()},
     }
-    write_json(paths["verdict"], verdict)
+    write_json(paths["verdict"], with_study_cost(verdict))
     table.to_csv(paths["trials"], index=False)
     return paths
 
@@ -211,9 +213,33 @@ def to_yaml(obj: Any) -> str:
     return yaml.safe_dump(json_safe(obj), sort_keys=False, allow_unicode=True)
 
 
-def resources_lines(wall_time_s: float | None, cpu_hours: float | None, gpu_hours: float | None) -> list[str]:
-    minutes = wall_time_s / 60.0 if finite(wall_time_s) else None
-    return [f"wall time: {fmt(minutes)} min", f"CPU hours: {fmt(cpu_hours)}", f"GPU hours: {fmt(gpu_hours)}"]
+def resources_lines(
+    wall_time_s: float | None,
+    cpu_hours: float | None,
+    gpu_hours: float | None,
+    *,
+    trials: int | None = None,
+) -> list[str]:
+    """The report's resources: the trials run (when known), the wall time as every output prints it
+    (:func:`workers.console.format_wall`, ``–`` when unknown), CPU and GPU hours."""
+    from workers.console import format_wall
+
+    wall = format_wall(wall_time_s) if finite(wall_time_s) else "–"
+    head = [f"trials run: {int(trials)}"] if finite(trials) else []
+    return [*head, f"wall time: {wall}", f"CPU hours: {fmt(cpu_hours)}", f"GPU hours: {fmt(gpu_hours)}"]
+
+
+def with_study_cost(verdict: Any) -> Any:
+    """``verdict`` (a ``verdict.json`` dictionary, changed in place and returned) with the running
+    study's cost in its ``resources`` (:func:`workers.cost.running_cost`: ``trials``, ``wall_time_s``,
+    ``cpu_hours``, ``gpu_hours``, the numbers of the run's closing lines and of ``ls``); unchanged
+    outside a study run (``report`` keeps what the run wrote)."""
+    from workers.cost import running_cost
+
+    cost = running_cost()
+    if cost is not None and isinstance(verdict, dict):
+        verdict["resources"] = {**(verdict.get("resources") or {}), **cost}
+    return verdict
 
 
 # --------------------------------------------------------------------------------------------------
@@ -386,7 +412,8 @@ def study_document(
 ) -> Document:
     """The :class:`Document` of a study's ``verdict`` (its ``verdict.json``): the study verdict, the
     scope line, ``banner`` when the design is exploratory, the resources ``spent`` (wall s, CPU h,
-    GPU h) with how the trials were trained (its ``execution``), and the ``protocol`` as YAML;
+    GPU h) and the trials run (its ``resources``' ``trials``) with how the trials were trained (its
+    ``execution``), and the ``protocol`` as YAML;
     ``fields``: the kind's own (headline, title, intro, ...)."""
     from studies.scope import execution_lines, scope_line
 
@@ -394,7 +421,10 @@ def study_document(
         scope=scope_line(verdict.get("scope")),
         verdict=str(verdict["study_verdict"]),
         banner=banner if verdict.get("exploratory") else "",
-        resources=[*resources_lines(*spent), *execution_lines(verdict.get("execution"))],
+        resources=[
+            *resources_lines(*spent, trials=(verdict.get("resources") or {}).get("trials")),
+            *execution_lines(verdict.get("execution")),
+        ],
         protocol=to_yaml(dict(protocol)) if protocol else "",
         **fields,
     )

@@ -39,6 +39,7 @@ __all__ = [
     "ROUTED_LOGGERS",
     "StudyConsole",
     "active",
+    "format_wall",
     "route_worker_output",
     "terminal",
     "tune_output",
@@ -58,6 +59,17 @@ AUTOSCALER_EVENT = ":event_summary:"
 """What marks an autoscaler line Ray would print (``ray._private.worker.filter_autoscaler_events``)."""
 OWN_LINE = re.compile(r"^\[[^\]\s]+\] ")
 """A line of the service's own (``[<study or phase>] ...``), forwarded from a trial worker."""
+
+
+def format_wall(seconds: float | None) -> str:
+    """A study's wall time as every output prints it (the run's closing lines, ``status``, ``ls``,
+    the report): minutes, one decimal (``0.6 min``); ``-`` when unknown. ``verdict.json``,
+    ``status --json`` and ``ls --json`` keep the seconds."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds != seconds:
+        return "-"
+    if seconds in (float("inf"), float("-inf")):
+        return "-"
+    return f"{seconds / 60:.1f} min"
 
 
 class _LogFile:

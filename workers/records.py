@@ -41,6 +41,9 @@ class TrialRecord:
         node_id: Ray node of the last report, when any.
         mlflow_run_id: its child run, when one was created.
         history: every reported result in order (filled by :func:`workers.results.read_trials`).
+        name: its readable name, the name of its MLflow run (``corrected-B32-s0``), where the reader
+            knew its phase's run-name template (:func:`studies.kinds.kit.read_phase_trials`); else
+            ``None``.
     """
 
     trial_id: str
@@ -51,6 +54,7 @@ class TrialRecord:
     node_id: str | None = None
     mlflow_run_id: str | None = None
     history: tuple[dict[str, Any], ...] = ()
+    name: str | None = None
 
 
 def trial_status(tune_status: str, last_result: Mapping[str, Any] | None) -> TrialStatus:

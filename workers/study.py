@@ -13,6 +13,7 @@ Nothing here knows what a phase means; it knows only where things go.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from workers.console import format_wall
 from workers.plan import StorageConfig, StudyPlan, TrackingConfig
 from workers.records import StudyResult
 from workers.runner import run_study
@@ -123,6 +125,8 @@ class StudyRunner:
         self._console: Any = None
         self.results: list[tuple[str, StudyPlan, StudyResult]] = []
         self.started = time.monotonic()
+        self._stopped: float | None = None  # the wall time, once the clock stopped (:meth:`cost`)
+        self._registered: contextlib.ExitStack | None = None
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -148,6 +152,10 @@ class StudyRunner:
         except BaseException:
             self._close_console()
             raise
+        from workers.cost import registered
+
+        self._registered = contextlib.ExitStack()
+        self._registered.enter_context(registered(self.cost))  # the report writers' numbers
         return self
 
     def _open_console(self) -> None:
@@ -196,6 +204,9 @@ class StudyRunner:
     ) -> None:
         from workers.interrupts import StudyInterrupted
 
+        if self._registered is not None:
+            self._registered.close()
+            self._registered = None
         stopped = exc_type is not None and issubclass(exc_type, KeyboardInterrupt | StudyInterrupted)
         status = "FINISHED" if exc_type is None else "KILLED" if stopped else "FAILED"
         if exc_type is None:
@@ -227,28 +238,62 @@ class StudyRunner:
             metrics={"expected_trials": float(self.expected_trials)},
         )
 
-    def actual(self) -> dict[str, float]:
-        """What the study cost so far, in the keys of ``planned``."""
+    @property
+    def trials_run(self) -> int:
+        """Every trial of every phase this runner ran or restored (a stacked group's members each
+        count): what ``status`` counts in the study directory once the study has finished."""
+        return sum(len(result.trials) for _, _, result in self.results)
+
+    def cost(self) -> dict[str, float]:
+        """The study's one trial count and one wall time (with its CPU and GPU hours):
+        ``{"trials", "wall_time_s", "cpu_hours", "gpu_hours"}``, the source of every output that
+        shows them (the closing lines, ``verdict.json``'s ``resources``, the report, the study run's
+        ``actual_trials`` / ``actual_wall_s`` that ``ls`` reads). Its first call stops the study's
+        clock (:attr:`wall_time_s`): a kind calls it once its last phase has run, for the verdict."""
         cpu_h, gpu_h = self.resource_hours()
-        trials = sum(len(result.trials) for _, _, result in self.results)
         return {
-            "wall_s": self.wall_time_s,
-            "command_wall_s": _process_age_s(),
-            "trials": float(trials),
+            "trials": self.trials_run,
+            "wall_time_s": self.wall_time_s,
             "cpu_hours": cpu_h,
             "gpu_hours": gpu_h,
         }
 
+    def actual(self) -> dict[str, float]:
+        """What the study cost (:meth:`cost`), in the keys of ``planned``; ``command_wall_s``: the
+        command's own wall time since its process started (what ``plan``'s ``wall_s`` predicts)."""
+        cost = self.cost()
+        return {
+            "wall_s": cost["wall_time_s"],
+            "command_wall_s": _process_age_s(),
+            "trials": float(cost["trials"]),
+            "cpu_hours": cost["cpu_hours"],
+            "gpu_hours": cost["gpu_hours"],
+        }
+
     def _log_actual(self) -> None:
         actual = self.actual()
-        if self.planned:
-            parts = [
-                f"{k} {self.planned[k]:.4g} planned / {actual[k]:.4g} actual"
-                for k in ("wall_s", "trials", "cpu_hours")
-                if k in self.planned and k in actual
-            ]
-            print(f"[{self.name}] " + ", ".join(parts), flush=True)
+        print(f"[{self.name}] {self.closing_line(actual)}", flush=True)
         self.log_outputs(metrics={f"actual_{k}": v for k, v in actual.items()})
+
+    def closing_line(self, actual: Mapping[str, float] | None = None) -> str:
+        """``trials run: 60 (60 planned), wall time: 0.6 min (0.4 planned), CPU hours: 0.0061 (0.0018
+        planned)``: the study's cost (:meth:`cost`, named as the report and ``status`` name it)
+        beside the estimate made before launch."""
+        actual = self.actual() if actual is None else actual
+        planned = self.planned
+
+        def was(key: str, text: str) -> str:
+            return f" ({text} planned)" if key in planned else ""
+
+        return ", ".join(
+            [
+                f"trials run: {int(actual['trials'])}" + was("trials", f"{planned.get('trials', 0):.0f}"),
+                f"wall time: {format_wall(actual['wall_s'])}"
+                + was("wall_s", format_wall(planned.get("wall_s")).removesuffix(" min")),
+                f"CPU hours: {actual['cpu_hours']:.2g}"
+                + was("cpu_hours", f"{planned.get('cpu_hours', 0):.2g}"),
+            ]
+        )
 
     # -------------------------------------------------------------------------------- phases
 
@@ -397,4 +442,10 @@ class StudyRunner:
 
     @property
     def wall_time_s(self) -> float:
-        return time.monotonic() - self.started
+        """The study's wall time: from this runner's start until the clock stops, at the first read
+        (of this or :meth:`cost`), which every kind makes once its last phase has run, to put the
+        cost in its verdict. Every later reader (the closing lines, the ``actual_wall_s`` metric)
+        gets that same number."""
+        if self._stopped is None:
+            self._stopped = time.monotonic() - self.started
+        return self._stopped

@@ -47,6 +47,7 @@ __all__ = [
     "stored_rounds",
     "study_outcome",
     "study_runner",
+    "study_wall_s",
     "trial_row",
     "verdict_tags",
     "with_seeds",
@@ -95,15 +96,26 @@ def study_runner(study: StudyPlan, *, expected_trials: int, **options: Any) -> A
 
 def read_phase_trials(phases: Sequence[Phase], spec: Any, *, history: bool = False) -> dict[str, list[Any]]:
     """Each of ``phases``' trials (``workers.runner.TrialRecord``) read back from the study directory, by
-    phase name in run order; an optional phase (an extension round, a later look) that never ran is
-    left out."""
+    phase name in run order, each with its ``name`` (its MLflow run's, from the phase's run-name
+    template); an optional phase (an extension round, a later look) that never ran is left out."""
+    import dataclasses
+
     from studies.study_dir import StudyDir
     from workers.results import read_trials
+    from workers.tracking.names import record_run_name
 
     where = StudyDir.of(spec)
     out = {}
     for phase in phases:
-        trials = read_trials(where.phase_plan(phase.name), history=history)
+        trials = [
+            dataclasses.replace(
+                t,
+                name=record_run_name(
+                    phase.plan.run_name, plan_name=phase.name, trial_id=t.trial_id, config=t.config
+                ),
+            )
+            for t in read_trials(where.phase_plan(phase.name), history=history)
+        ]
         if trials or not phase.optional:  # an extension round that never ran is not a phase
             out[phase.name] = trials
     return out
@@ -162,8 +174,18 @@ def phase_status(
             for name, ts in phases.items()
         },
         "study_verdict": verdict.get("study_verdict") if verdict else None,
+        "wall_s": study_wall_s(verdict),
     }
     return fields, verdict
+
+
+def study_wall_s(verdict: Mapping[str, Any] | None) -> float | None:
+    """The study's wall time in seconds as its run wrote it into ``verdict.json`` (``resources``'
+    ``wall_time_s``, :meth:`workers.study.StudyRunner.cost`); ``None`` before the study finished."""
+    value = ((verdict or {}).get("resources") or {}).get("wall_time_s")
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def arm_of(trial: Any) -> str:
@@ -220,10 +242,12 @@ def verdict_tags(
 
 
 def status_row(phase: str, trial: Any, **fields: Any) -> dict[str, Any]:
-    """One row of an arm design's ``status`` table: phase, trial, status, arm, seed, lr, then ``fields``."""
+    """One row of an arm design's ``status`` table: phase, trial (its MLflow run's name, as
+    :func:`read_phase_trials` reads it; Tune's id when it has none), status, arm, seed, lr, then
+    ``fields``."""
     return {
         "phase": phase,
-        "trial": trial.trial_id,
+        "trial": getattr(trial, "name", None) or trial.trial_id,
         "status": trial.status,
         "arm": arm_of(trial),
         "seed": trial.config.get("seed"),
@@ -275,16 +299,21 @@ def study_outcome(
     tuned_lr: Any,
 ) -> StudyOutcome:
     """The :class:`StudyOutcome` of a fixed-design kind's finished ``run``: its summary is the study,
-    its ``study_verdict``, the kind's ``verdicts`` (e.g. per arm or per contrast), the trials by
-    status (``table``'s ``status`` column), ``tuned_lr`` and where the run lives."""
+    its ``study_verdict``, the kind's ``verdicts`` (e.g. per arm or per contrast), the trials run in
+    every phase and the wall time (:meth:`workers.study.StudyRunner.cost`: the numbers of
+    ``verdict.json``, the report, ``status`` and ``ls``), the confirmatory trials by status
+    (``table``'s ``status`` column), ``tuned_lr`` and where the run lives."""
     from collections import Counter
 
     counts = Counter(str(s) for s in table["status"]) if not table.empty else Counter()
+    cost = runner.cost()
     summary = {
         "study": spec.name,
         "study_verdict": verdict.get("study_verdict"),
         **verdicts,
-        "trials": dict(counts),
+        "trials": int(cost["trials"]),
+        "wall_s": cost["wall_time_s"],
+        "confirmatory_trials": dict(counts),
         "tuned_lr": tuned_lr,
         "parent_run_id": runner.run_id,
         "tracking_uri": runner.tracking_uri,

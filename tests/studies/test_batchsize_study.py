@@ -3,6 +3,8 @@ local Ray (the smoke preset with real training; a planted world with a cheap tri
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import re
@@ -292,6 +294,7 @@ def test_script_exits_2_on_a_bad_spec_and_dry_run_counts_every_phase(
 #: The end-to-end smoke below runs without the training-adequacy phase (its tests are about the two
 #: phases, outputs, MLflow and stacking; the planted study and the compare smoke run the check).
 NO_CHECK = ("analysis.adequacy.check=false",)
+RUN_OUTPUT = "run_output.txt"  # beside the smoke's study directory: what its run printed
 
 
 @pytest.fixture(scope="module")
@@ -304,7 +307,12 @@ def smoke(
     spec = smoke_spec(
         f"storage_path={storage}", "arms=[linear,corrected]", "max_concurrent=1", *NO_CHECK
     )  # one trial at a time: one trial actor per phase (an actor process costs seconds of CPU to start)
-    return spec, run_study_spec(spec, progress=False)
+    printed = io.StringIO()  # what the run printed, kept for the test of its closing lines
+    with contextlib.redirect_stdout(printed):
+        out = run_study_spec(spec, progress=False)
+    (storage / RUN_OUTPUT).write_text(printed.getvalue())
+    print(printed.getvalue(), end="")
+    return spec, out
 
 
 @pytest.fixture(scope="module")
@@ -431,7 +439,7 @@ def test_status_report_and_resume_work_on_the_study_directory(
     text = capsys.readouterr().out
     assert "{" not in text and "}" not in text, text
     lines = text.splitlines()
-    assert f"trials: {spec.total_trials} of {spec.total_trials}" in lines
+    assert f"trials run: {spec.total_trials} of {spec.total_trials} planned" in lines
     phase_table = [
         ln.split() for ln in lines if ln.split()[:1] in (["phase"], ["tune-epochs"], ["confirm-epochs"])
     ]
@@ -475,7 +483,7 @@ def test_status_report_and_resume_work_on_the_study_directory(
         zip(original["trial_id"], original["mlflow_run_id"])
     )
     md = (report / "report.md").read_text()
-    assert "wall time: – min" not in md and "wall time: " in md
+    assert "wall time: –" not in md and "wall time: " in md
     assert cli.main(["resume", study_dir]) == 0  # finished: restores every phase, runs nothing
     client = MlflowClient(tracking_uri=out.tracking_uri)
     exp = client.get_run(out.parent_run_id).info.experiment_id  # type: ignore[arg-type]
@@ -483,6 +491,79 @@ def test_status_report_and_resume_work_on_the_study_directory(
     assert len(trials) == spec.total_trials  # nothing duplicated
     summaries = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'summary'")
     assert sorted(r.info.run_name for r in summaries) == sorted(spec.arms)  # none added by resume
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_trials_run_and_wall_time_agree_in_the_run_status_ls_verdict_and_report(
+    smoke: tuple[BatchSizeStudySpec, StudyOutcome], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One trial count and one wall time (issue 48): the run's closing lines and its summary,
+    ``status``, ``ls``, ``verdict.json`` and ``report.md`` show the same numbers, the seconds equal
+    where they are kept as seconds, the same minutes where they are printed."""
+    from studies import cli
+    from workers.console import format_wall
+
+    spec, out = smoke
+    study_dir = Path(out.study_dir)
+    resources = json.loads((study_dir / "verdict.json").read_text())["resources"]
+    trials, wall = resources["trials"], resources["wall_time_s"]
+    assert trials == spec.total_trials and wall > 0  # every phase's trials: tuning and confirmatory
+    shown = format_wall(wall)
+    # the run: its summary (--json) and its closing lines
+    assert (out.summary["trials"], out.summary["wall_s"]) == (trials, wall)
+    printed = (Path(spec.storage_path) / RUN_OUTPUT).read_text().splitlines()
+    (closing,) = [ln for ln in printed if ln.startswith(f"[{spec.name}] trials run: ")]
+    assert closing.split("trials run: ")[1].split()[0] == str(trials)
+    walls = [ln for ln in printed if "wall time" in ln]
+    assert closing in walls and len(walls) >= 2  # the runner's line and the kind's closing line
+    assert all(shown in ln for ln in walls), (shown, walls)
+    # status
+    assert cli.main(["status", str(study_dir), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["trials"], status["wall_s"]) == (trials, wall)
+    assert cli.main(["status", str(study_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"trials run: {trials} of {trials} planned" in lines and f"wall time: {shown}" in lines
+    # ls
+    assert cli.main(["ls", "--tracking-uri", out.tracking_uri, "--json"]) == 0
+    (row,) = [r for r in json.loads(capsys.readouterr().out) if r["study"] == spec.name]
+    assert (row["trials"], row["wall_s"]) == (trials, wall)
+    assert cli.main(["ls", "--tracking-uri", out.tracking_uri]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(spec.name)]
+    assert line.split()[4] == str(trials) and shown in line
+    # the report
+    md = (study_dir / "report.md").read_text()
+    assert f"- trials run: {trials}\n" in md and f"- wall time: {shown}\n" in md
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_status_names_each_trial_by_its_mlflow_run_name(
+    smoke: tuple[BatchSizeStudySpec, StudyOutcome], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``status`` rows carry the trial's MLflow run name (``corrected-B32-s0``), never Tune's id
+    (``8883d_00000-m3``), one row per trial run."""
+    from mlflow import MlflowClient
+
+    from studies import cli
+
+    _, out = smoke
+    assert cli.main(["status", out.study_dir, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    client = MlflowClient(tracking_uri=out.tracking_uri)
+    exp = client.get_run(out.parent_run_id).info.experiment_id  # type: ignore[arg-type]
+    runs = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'trial'", max_results=5000)
+    by_phase: dict[str, list[str]] = {}
+    for run in runs:
+        by_phase.setdefault(run.data.tags["autonorm.phase"], []).append(run.info.run_name)
+    assert {p: sorted(n) for p, n in by_phase.items()} == {
+        p: sorted(r["trial"] for r in rows if r["phase"] == p) for p in {r["phase"] for r in rows}
+    }
+    tune_ids = {r.data.tags["ray.trial_id"] for r in runs}
+    assert not tune_ids & {r["trial"] for r in rows}
+    confirm = [r for r in rows if r["phase"] == "confirm-epochs"]
+    assert all(r["trial"] == f"{r['arm']}-B{r['batch_size']}-s{r['seed']}" for r in confirm), confirm
 
 
 @pytest.mark.ray

@@ -251,7 +251,7 @@ def test_markdown_per_arm_summary_tuned_lr_config_and_resources(written: tuple) 
     assert "| 5 | 1 (1 diverged) |" in dyt  # the failure is counted, not dropped
     assert "0.0003: 0.7, 0.001: 0.8" in md and "no tuning trial completed" in md
     assert "## Best searched configuration" in md and "depth: 4" in md
-    assert "wall time: 90 min" in md and "CPU hours: 1.25" in md and "GPU hours: –" in md
+    assert "wall time: 90.0 min" in md and "CPU hours: 1.25" in md and "GPU hours: –" in md
 
 
 @pytest.mark.parametrize(("n_seeds", "underpowered"), [(3, True), (12, False)])

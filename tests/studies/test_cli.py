@@ -186,9 +186,44 @@ def test_study_directory_is_a_target(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert cli.main(["status", str(study_dir)]) == 0
     out = capsys.readouterr().out
     total = kind_for(spec).total_trials(spec)
-    assert f"trials: 0 of {total} (none yet)" in out
+    assert f"trials run: 0 of {total} planned (none yet)" in out
     assert cli.main(["validate", str(tmp_path)]) == 2  # a directory without study_spec.yaml
     assert "not a study directory" in capsys.readouterr().err
+
+
+def test_extend_prints_a_summary_line_and_json_only_with_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``extend`` ends like ``run``: a line for a person (the seeds added, the verdict, the trials
+    run) and where the outputs are; the summary as JSON only with ``--json``."""
+    import json
+
+    import studies.running
+    from studies.kinds import StudyOutcome
+
+    spec = load_study(SHIPPED, [f"storage_path={tmp_path}"], preset="smoke")
+    StudyDir.of(spec).write_text(SPEC_FILE, spec.to_yaml())
+    outcome = StudyOutcome(
+        "search",
+        spec.name,
+        str(tmp_path / spec.name),
+        f"sqlite:///{tmp_path}/mlflow.db",
+        None,
+        summary={"study": spec.name, "study_verdict": "supported", "trials": 46, "wall_s": 12.5},
+    )
+    asked: list[int] = []
+    monkeypatch.setattr(studies.running, "extend_study", lambda s, seeds: asked.append(seeds) or outcome)
+    target = str(tmp_path / spec.name)
+    assert cli.main(["extend", target, "--seeds", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "{" not in text, text
+    lines = text.splitlines()
+    assert lines[0] == f"[{spec.name}] extended by 2 seeds: study verdict supported, trials run: 46"
+    assert lines[1] == f"[{spec.name}] results: {outcome.study_dir}"
+    assert cli.main(["extend", target, "--seeds", "1", "--json"]) == 0
+    text = capsys.readouterr().out
+    assert json.loads(text[: text.rindex("}") + 1]) == outcome.summary
+    assert "extended by" not in text and asked == [2, 1]
 
 
 def test_moved_study_directory_is_found_where_it_is(

@@ -106,6 +106,20 @@ def trial_index(trial: Any) -> int | None:
     return int(match.group(1)) if match else None
 
 
+_MEMBER_SUFFIX = re.compile(r"-m\d+$")
+
+
+def record_run_name(template: str, *, plan_name: str, trial_id: str, config: Mapping[str, Any]) -> str:
+    """The MLflow run name of a trial read back as a record (its id and resolved config): what the
+    plan's :class:`TrialNamer` named its run (a stacked group's member ``<group id>-m<k>`` takes its
+    group's ``{index}``, as its run did)."""
+    from types import SimpleNamespace
+
+    index = trial_index(SimpleNamespace(trial_id=_MEMBER_SUFFIX.sub("", trial_id)))
+    template = template or f"{plan_name}-{{index:03d}}"
+    return render_run_name(template, config, index if index is not None else trial_id)
+
+
 class TrialNamer:
     """Tune's ``trial_name_creator`` and the trial run's MLflow name: ``template`` rendered with the
     trial's resolved config (:func:`render_run_name`). Picklable: Tune stores it with the experiment.
