@@ -20,7 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PAPER_CLAIMS", "ClaimRow", "PaperClaim", "Point", "claim_lines", "claim_rows", "plot_claims"]
+__all__ = [
+    "PAPER_CLAIMS",
+    "ClaimRow",
+    "PaperClaim",
+    "Point",
+    "claim_lines",
+    "claim_rows",
+    "interval_text",
+    "plot_claims",
+    "point",
+]
 
 NONE = "—"
 #: The smallest effect the page shades as negligible when a study states none (the specs' default).
@@ -64,54 +74,33 @@ class PaperClaim:
         text: the claim in words.
         unit: what the estimate measures (``accuracy difference`` ...).
         paper: what the paper reached, and on what (its scope), for the adequacy and scope cells.
-        tests: ``verdict -> [(hypothesis, short label), ...]``: the hypotheses of a stored study that
-            test this claim (empty: the study does not test it).
         decided_by: the hypothesis whose verdict is the claim's (``c``: both sub-layer types;
             ``(study)``: the study verdict of a compound claim); ``None``: each tested hypothesis's.
+
+    Which stored studies test a claim, with which hypotheses, is their kind's to say
+    (:meth:`studies.contract.StudyKind.paper_claims`, by ``label``; :func:`tests`), and so is an
+    estimand other than a hypothesis's own estimate (:meth:`~studies.contract.StudyKind.claim_estimates`):
+    the page names no kind.
     """
 
     label: str
     text: str
     unit: str
     paper: str
-    tests: Callable[[Mapping[str, Any]], list[tuple[str, str]]]
     decided_by: str | None = None
 
-
-def _claims_study(data_kind: str, *names: str) -> Callable[[Mapping[str, Any]], list[tuple[str, str]]]:
-    def tests(verdict: Mapping[str, Any]) -> list[tuple[str, str]]:
-        if verdict.get("kind") != "search" or verdict.get("data_kind") not in (data_kind, "any"):
-            return []
-        short = (lambda n: n) if len(names) > 1 else (lambda n: data_kind)
-        return [(n, short(n)) for n in names if n in (verdict.get("hypotheses") or {})]
-
-    return tests
+    def tests(self, verdict: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """The hypotheses of a stored ``verdict.json`` that test this claim (empty: none), as its
+        kind says (:meth:`studies.contract.StudyKind.paper_claims`)."""
+        kind = _kind(verdict)
+        return list(kind.paper_claims(verdict).get(self.label) or []) if kind is not None else []
 
 
-def _claims_both(name: str) -> Callable[[Mapping[str, Any]], list[tuple[str, str]]]:
-    def tests(verdict: Mapping[str, Any]) -> list[tuple[str, str]]:
-        if verdict.get("kind") != "search" or name not in (verdict.get("hypotheses") or {}):
-            return []
-        return [(name, str(verdict.get("data_kind") or name))]
+def _kind(verdict: Mapping[str, Any]) -> Any:
+    """The registered kind a ``verdict.json`` names (``None``: a kind not installed here)."""
+    from studies.kinds import KINDS
 
-    return tests
-
-
-def _batchsize(verdict: Mapping[str, Any]) -> list[tuple[str, str]]:
-    if verdict.get("kind") != "batchsize":
-        return []
-    return [("(study)", "study")]
-
-
-def _compare(model: str, *contrasts: str) -> Callable[[Mapping[str, Any]], list[tuple[str, str]]]:
-    def tests(verdict: Mapping[str, Any]) -> list[tuple[str, str]]:
-        scope = verdict.get("scope") if isinstance(verdict.get("scope"), Mapping) else {}
-        model_type = ((scope or {}).get("model") or {}).get("type")
-        if verdict.get("kind") != "compare" or model_type != model:
-            return []
-        return [(c, c) for c in contrasts if c in (verdict.get("hypotheses") or {})]
-
-    return tests
+    return KINDS.get(str(verdict.get("kind")))
 
 
 #: The papers' claims, in the order the page lists them. ``paper`` quotes the papers' own numbers
@@ -124,21 +113,18 @@ PAPER_CLAIMS: tuple[PaperClaim, ...] = (
         "RandomSelector ≥ learned AutoNorm gate on stationary (vision) data",
         "accuracy difference, RandomSelector − AutoNorm",
         "ViT, Fashion-MNIST 92.95 %",
-        _claims_study("vision", "a"),
     ),
     PaperClaim(
         "(b)",
         "freezing the gate after a warm-up (AutoNorm-S) beats AutoNorm",
         "accuracy difference, AutoNorm-S − AutoNorm",
         "ViT, Fashion-MNIST 92.95 %; PTB POS tagger 97.42 %",
-        _claims_both("b"),
     ),
     PaperClaim(
         "(c)",
         "NLP gates prefer DyT in deep layers",
         "slope of the DyT weight per block (pre-attention; pre-MLP)",
         "PTB POS tagger 97.42 %",
-        _claims_study("text", "c_attn", "c_mlp"),
         decided_by="c",
     ),
     PaperClaim(
@@ -146,21 +132,19 @@ PAPER_CLAIMS: tuple[PaperClaim, ...] = (
         "vision gates collapse to LayerNorm early",
         "share of layers collapsed by the early epoch",
         "ViT, Fashion-MNIST 92.95 %",
-        _claims_study("vision", "d"),
     ),
     PaperClaim(
         "batch size",
         "divergence-corrected layers get worse as batch size grows; BatchNorm, LayerNorm, plain do not",
         "interaction slope per doubling of B, fix − control",
         "no accuracy reported",
-        _batchsize,
+        decided_by="(study)",
     ),
     PaperClaim(
         "main table, MLP",
         "the corrected linear layer beats BatchNorm and LayerNorm",
         "accuracy difference, corrected − BN / − LN",
         "MLPs reach ~89 % on Fashion-MNIST",
-        _compare("mlp", "corrected_vs_batchnorm", "corrected_vs_layernorm"),
         decided_by="(study)",
     ),
     PaperClaim(
@@ -168,13 +152,6 @@ PAPER_CLAIMS: tuple[PaperClaim, ...] = (
         "PatchNorm beats conv+BN and conv+LN; both beat plain conv",
         "accuracy difference, PatchNorm − BN / − LN; BN / LN − plain",
         "small CNNs reach 91–93 % on Fashion-MNIST",
-        _compare(
-            "cnn",
-            "patchnorm_vs_batchnorm",
-            "patchnorm_vs_layernorm",
-            "batchnorm_vs_plain",
-            "layernorm_vs_plain",
-        ),
         decided_by="(study)",
     ),
 )
@@ -188,7 +165,7 @@ def _num(v: Any) -> str:
     return f"{float(v):+.4f}" if _finite(v) else NONE
 
 
-def _point(label: str, est: Any, ci: Any, verdict: str) -> Point | None:
+def point(label: str, est: Any, ci: Any, verdict: str) -> Point | None:
     """A figure point, or ``None`` without a finite estimate (an interval bound may be open)."""
     if not _finite(est):
         return None
@@ -197,7 +174,7 @@ def _point(label: str, est: Any, ci: Any, verdict: str) -> Point | None:
     return Point(label, float(est), lo, hi, verdict)
 
 
-def _interval(est: Any, ci: Any) -> str:
+def interval_text(est: Any, ci: Any) -> str:
     if not _finite(est):
         return NONE
     if isinstance(ci, list | tuple) and len(ci) == 2 and all(_finite(c) for c in ci):
@@ -218,29 +195,6 @@ def _entry(verdict: Mapping[str, Any], name: str) -> Mapping[str, Any]:
         if isinstance(block, Mapping) and isinstance(block.get(name), Mapping):
             return block[name]
     return {}
-
-
-def _batchsize_points(study: str, verdict: Mapping[str, Any]) -> tuple[list[str], list[Point]]:
-    """Per budget run: each fix arm's interaction with its interval (the batch-size estimand)."""
-    texts, points = [], []
-    budgets = verdict.get("budgets")
-    results = budgets if isinstance(budgets, Mapping) and budgets else {"": verdict}
-    for budget, result in results.items():
-        arms = result.get("arms") if isinstance(result, Mapping) else None
-        parts = []
-        for arm in result.get("fix_arms") or []:
-            r = (arms or {}).get(arm) or {}
-            est, ci = r.get("interaction"), r.get("interaction_ci")
-            parts.append(f"{arm} {_interval(est, ci)}")
-            point = _point(
-                f"batch size, {budget + ': ' if budget else ''}{arm}", est, ci, str(r.get("verdict") or NONE)
-            )
-            if point is not None:
-                points.append(point)
-        reading = (verdict.get("claim_by_budget") or {}).get(budget)
-        head = f"{budget}" + (f" ({reading})" if reading else "")
-        texts.append(f"{head}: " + "; ".join(parts) if head else "; ".join(parts))
-    return texts, points
 
 
 def _adequacy(verdict: Mapping[str, Any]) -> str:
@@ -290,17 +244,19 @@ def claim_rows(studies: Sequence[Study], *, scope_text: Callable[[Any], str]) ->
             if not tested:
                 continue
             prefix = f"{study}: " if len([s for s, v in studies if claim.tests(v)]) > 1 else ""
-            if claim.label == "batch size":
-                texts, pts = _batchsize_points(study, verdict)
+            if claim.decided_by == "(study)":
                 verdicts.append(str(verdict.get("study_verdict") or NONE))
+            elif claim.decided_by is not None:
+                decided = (verdict.get("hypotheses") or {}).get(claim.decided_by) or {}
+                verdicts.append(_shown_verdict(decided, _entry(verdict, claim.decided_by)))
+            own = _kind(verdict).claim_estimates(claim.label, study, verdict)
+            if own is not None:  # the kind's own estimand (the batch-size kind's interactions)
+                texts, pts = own
                 estimates.append(prefix + " | ".join(texts))
                 points += pts
+                if claim.decided_by is None:  # each of its points' verdicts
+                    verdicts += [p.verdict for p in pts]
             else:
-                if claim.decided_by == "(study)":
-                    verdicts.append(str(verdict.get("study_verdict") or NONE))
-                elif claim.decided_by is not None:
-                    decided = (verdict.get("hypotheses") or {}).get(claim.decided_by) or {}
-                    verdicts.append(_shown_verdict(decided, _entry(verdict, claim.decided_by)))
                 for name, short in tested:
                     h = (verdict.get("hypotheses") or {}).get(name) or {}
                     entry = _entry(verdict, name)
@@ -309,10 +265,10 @@ def claim_rows(studies: Sequence[Study], *, scope_text: Callable[[Any], str]) ->
                         verdicts.append(shown)
                     est = h.get("estimate", entry.get("estimate"))
                     ci = h.get("ci", entry.get("ci"))
-                    estimates.append(f"{short} {_interval(est, ci)}")
-                    point = _point(f"{claim.label}: {short}", est, ci, shown)
-                    if point is not None:
-                        points.append(point)
+                    estimates.append(f"{short} {interval_text(est, ci)}")
+                    found = point(f"{claim.label}: {short}", est, ci, shown)
+                    if found is not None:
+                        points.append(found)
             seeds.append(prefix + _seeds(verdict))
             adequacy.append(prefix + _adequacy(verdict))
             scopes.append(prefix + scope_text(verdict.get("scope")))

@@ -203,6 +203,25 @@ class StudyKind(ABC):
             verdict: dict[str, Any] = json.loads((Path(tmp) / "verdict.json").read_text(encoding="utf-8"))
         return verdict
 
+    # ---- the results page (studies.claims_page) ------------------------------------------------
+
+    def paper_claims(self, verdict: Mapping[str, Any]) -> dict[str, list[tuple[str, str]]]:
+        """Which of the papers' claims (:data:`studies.claims_page.PAPER_CLAIMS`, by ``label``) a
+        stored ``verdict.json`` of this kind tests, and with what: ``{label: [(hypothesis, short
+        label), ...]}``, each hypothesis a key of ``verdict["hypotheses"]`` (``"(study)"``: the study
+        verdict). The results page reads only this, so a new kind needs no edit of the page.
+        Default: none."""
+        return {}
+
+    def claim_estimates(
+        self, label: str, study: str, verdict: Mapping[str, Any]
+    ) -> tuple[list[str], list[Any]] | None:
+        """The results page's estimate cells and figure points (:class:`studies.claims_page.Point`) for
+        the paper claim ``label`` this kind's ``verdict`` (of the stored study ``study``) tests, where
+        its estimand is not a hypothesis's own ``estimate`` and ``ci`` (the batch-size kind's
+        per-budget interactions). ``None`` (the default): each tested hypothesis's own."""
+        return None
+
     # ---- seeds: plan --pilot and extend ---------------------------------------------------------
 
     def power(

@@ -136,6 +136,8 @@ def _table_and_inputs(
             "gate_logs": read_gate_logs(path),
             "tuned": dict(logged.get("tuned_lr") or {}),
             "searched": logged.get("best_config") is not None,
+            # the training-adequacy check's trials are not among the tables: its logged entries are an input
+            "adequacy": logged.get("adequacy") if isinstance(logged.get("adequacy"), Mapping) else None,
         }
         return _read_table(directory, "confirm_trials.csv"), inputs
     raise OfflineError(

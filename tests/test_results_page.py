@@ -8,6 +8,7 @@ Runs over whatever ``results/`` holds (no study yet: the page says so); a study 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,3 +119,56 @@ def test_the_page_opens_with_one_row_per_claim_and_its_figure(tmp_path: Path, cl
         for name, contrast in (verdict.get("contrasts") or {}).items():
             if contrast.get("verdict") == "equivalent":
                 assert any(f"| {name} |" in line and "| equivalent |" in line for line in hypothesis_rows)
+
+
+def test_the_claims_table_asks_each_kind_which_claims_it_tests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page names no kind (issue #47): a kind says which of the papers' claims its verdict tests
+    (``paper_claims``) and, where its estimand is its own, what to show (``claim_estimates``)."""
+    import json
+    import re
+
+    from studies import claims_page
+    from studies.contract import StudyKind
+    from studies.kinds import KINDS
+
+    source = (ROOT / "studies" / "claims_page.py").read_text(encoding="utf-8")
+    assert not re.search(r"""["'](search|compare|batchsize)["']""", source)
+    assert '.get("kind") ==' not in source and '.get("kind") !=' not in source
+
+    class Replication(StudyKind):  # a new kind: claim (b) on its own, and its own estimand for (d)
+        name = "replication"
+        example = ("", None)
+
+        def paper_claims(self, verdict: Any) -> dict[str, list[tuple[str, str]]]:
+            return {"(b)": [("b_again", "replicated")], "(d)": [("(study)", "study")]}
+
+        def claim_estimates(self, label: str, study: str, verdict: Any) -> Any:
+            if label != "(d)":
+                return None
+            return ["collapse share 0.9"], [claims_page.Point("(d): replicated", 0.9, 0.8, 1.0, "supported")]
+
+        spec_class = phases = run = analyse = status = report = lambda self, *a, **k: None  # type: ignore[assignment]
+
+    monkeypatch.setitem(KINDS, "replication", Replication())  # type: ignore[abstract]
+    verdict = {
+        "kind": "replication",
+        "study_verdict": "supported",
+        "hypotheses": {"b_again": {"verdict": "supported", "estimate": 0.02, "ci": [0.01, 0.03]}},
+    }
+    rows = {r.claim.split(" ")[0]: r for r in claims_page.claim_rows([("rep", verdict)], scope_text=str)}
+    assert (
+        rows["(b)"].verdict == "supported" and "replicated +0.0200 [+0.0100, +0.0300]" in rows["(b)"].estimate
+    )
+    assert rows["(d)"].estimate == "collapse share 0.9" and rows["(d)"].points[0].estimate == 0.9
+    assert rows["(d)"].verdict == "supported"  # its own points' verdicts
+    assert rows["(a)"].verdict == "not run"  # it tests neither (a) nor anything else
+    # a verdict of a kind not installed here tests nothing
+    assert all(
+        r.verdict == "not run"
+        for r in claims_page.claim_rows([("x", {**verdict, "kind": "gone"})], scope_text=str)
+    )
+    # every shipped kind names only claims the page lists
+    labels = {c.label for c in claims_page.PAPER_CLAIMS}
+    for study in study_dirs([RESULTS]):
+        stored = json.loads((study / "verdict.json").read_text(encoding="utf-8"))
+        assert set(KINDS[stored["kind"]].paper_claims(stored)) <= labels

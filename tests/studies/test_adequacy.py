@@ -3,6 +3,7 @@ measurement, and what it does to the compare and batch-size verdicts (synthetic 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -327,3 +328,195 @@ def test_resuming_a_study_stored_before_the_check_is_no_changed_spec_and_runs_no
         resumed = _check_unchanged(load_study(path, [here], stored=stored), where, allow_changed=False)
         assert resumed.analysis.adequacy.check is False and resumed.adequacy_trials == 0
     assert "analysis.adequacy" in capsys.readouterr().out  # said once, for `run SPEC`
+
+
+# ---- the claims (search) kind -------------------------------------------------------------------
+
+SEARCH = ROOT / "studies" / "specs" / "autonorm_search.yaml"
+STORED_CLAIMS = ["autonorm_claims_text", "autonorm_claims_vision"]
+
+
+def _search_trial(arm: str, lr: float, seed: int, epochs: int, val: float) -> TrialRecord:
+    config = {"model": {"norm": {"type": arm}}, "training": {"lr": lr, "epochs": epochs}, "seed": seed}
+    return TrialRecord(f"{arm}-{lr}-{seed}-{epochs}", {}, config, "completed", {"val_accuracy": val})  # type: ignore[arg-type]
+
+
+def test_the_claims_check_runs_each_arm_a_claim_rests_on_at_twice_the_budget_on_a_tuning_seed() -> None:
+    from studies.kinds.search import adequacy as search_adequacy
+
+    smoke = load_study(SEARCH, preset="smoke")  # digits: the image claims a, b, d (and e, reported)
+    phases = {p.name: p for p in KINDS["search"].phases(smoke)}
+    checked = [
+        n.removeprefix("confirm-tune-").removesuffix("-adequacy") for n in phases if n.endswith("-adequacy")
+    ]
+    # a: random_selector, autonorm; b: autonorm_s, autonorm; e: autonorm_s, frozen_ln; d: autonorm
+    assert checked == ["frozen_ln", "random_selector", "autonorm", "autonorm_s"]
+    for arm in checked:
+        names = list(phases)
+        # after the arm's tuning, before its confirmation
+        assert names.index(f"confirm-tune-{arm}") < names.index(f"confirm-tune-{arm}-adequacy")
+        assert names.index(f"confirm-tune-{arm}-adequacy") < names.index(f"confirm-{arm}")
+        (config,) = phases[f"confirm-tune-{arm}-adequacy"].configs  # the tuning trials hold the 1x run
+        assert config["training"]["epochs"] == 2 * smoke.training.epochs and config["seed"] == 200
+    assert search_adequacy.check_trials(smoke) == 4
+    # text: no claim a, so no random_selector; a shorter tuning budget: the check runs the 1x too
+    text = load_study(SEARCH, ["confirm.lr_tuning.epochs=2"], preset="text")
+    assert search_adequacy.checked_arms(text) == ["frozen_ln", "autonorm", "autonorm_s"]
+    (phase,) = [p for p in KINDS["search"].phases(text) if p.name == "confirm-tune-autonorm-adequacy"]
+    assert sorted(c["training"]["epochs"] for c in phase.configs) == [6, 12]
+    assert {c["seed"] for c in phase.configs} == {200}  # one tuning seed of [200, 201]
+    assert search_adequacy.check_trials(text) == 3 * 2
+    # the plan counts them; switched off there are none
+    off = load_study(SEARCH, ["analysis.adequacy.check=false"], preset="smoke")
+    assert KINDS["search"].total_trials(smoke) == KINDS["search"].total_trials(off) + 4
+    assert not any(p.name.endswith("-adequacy") for p in KINDS["search"].phases(off))
+
+
+def test_the_claims_check_measures_the_gain_over_the_tuning_run_at_the_confirmed_eta() -> None:
+    from studies.kinds.search.adequacy import measure
+
+    spec = load_study(SEARCH, preset="smoke")  # 3 epochs; max_gain 0.005 (no sequential min_effect)
+    tuning = [
+        _search_trial("autonorm", 0.01, 200, 3, 0.70),  # the confirmed eta: the 1x run
+        _search_trial("autonorm", 0.001, 200, 3, 0.95),  # another eta: not the arm's budget run
+    ]
+    long = [_search_trial("autonorm", 0.01, 200, 6, 0.80)]
+    entry = measure(spec, "autonorm", 0.01, long, tuning)
+    assert isinstance(entry, dict) and entry["passed"] is False
+    assert entry["reached"] == pytest.approx(0.70) and entry["gain"] == pytest.approx(0.10)
+    assert entry["reason"] == "under-trained: autonorm reached 0.7, +0.1 at twice the budget"
+    flat = measure(spec, "autonorm", 0.01, [_search_trial("autonorm", 0.01, 200, 6, 0.703)], tuning)
+    assert isinstance(flat, dict) and flat["passed"] is True and flat["gain"] == pytest.approx(0.003)
+    # a floor the arm misses fails it whatever its gain
+    floored = load_study(SEARCH, ["analysis.adequacy.min_metric=0.9"], preset="smoke")
+    low = measure(floored, "autonorm", 0.01, [_search_trial("autonorm", 0.01, 200, 6, 0.70)], tuning)
+    assert isinstance(low, dict) and low["passed"] is False and "below min_metric 0.9" in low["reason"]
+    # no run at twice the budget: not measured
+    assert measure(spec, "autonorm", 0.01, [], tuning) == adequacy.NOT_MEASURED
+
+
+def _claims_table(seeds: int = 8) -> tuple[pd.DataFrame, dict[Any, Any]]:
+    levels = {
+        "frozen_ln": 0.80,
+        "frozen_dyt": 0.75,
+        "random_selector": 0.83,
+        "autonorm": 0.78,
+        "autonorm_s": 0.84,
+        "autonorm_s_searched": 0.79,
+    }
+    rows, logs = [], {}
+    for arm, level in levels.items():
+        for s in range(seeds):
+            acc = level + 0.002 * ((s * 7 + len(arm)) % 5)
+            rows.append(
+                {
+                    "arm": arm,
+                    "seed": 100 + s,
+                    "status": "completed",
+                    "test_accuracy": acc,
+                    "val_accuracy": acc,
+                    "train_loss": 0.3,
+                    "lr": 1e-3,
+                    "trial_id": f"{arm}-{s}",
+                    "mlflow_run_id": None,
+                    "selector_frozen": 1.0 if arm == "autonorm_s" else None,
+                }
+            )
+            logs[(arm, 100 + s)] = [
+                {"epoch": e, **{f"gate_entropy/layer_{j}": 0.5 for j in range(4)}} for e in (1, 2)
+            ]
+    return pd.DataFrame(rows), logs
+
+
+def test_a_claim_resting_on_an_under_trained_arm_is_inconclusive_and_every_claim_lists_its_arms() -> None:
+    from studies.kinds.search.workflow import analyse as claims_analyse
+
+    spec = load_study(
+        SEARCH, ["sequential=null", "confirm.seeds=[100,101,102,103,104,105,106,107]"], preset="vision"
+    )
+    table, logs = _claims_table()
+    entries = {arm: _entry(True, arm) for arm in ("frozen_ln", "random_selector", "autonorm", "autonorm_s")}
+    passed = claims_analyse(table, spec, gate_logs=logs, tuned={}, adequacy=entries)
+    assert passed["claims"]["a"]["verdict"] == "supported" and passed["claims"]["b"]["verdict"] == "supported"
+    # an entry for every confirmatory arm; the arms no claim rests on are not measured
+    assert set(passed["adequacy"]) == set(spec.confirm.arms)
+    assert passed["adequacy"]["frozen_dyt"] == passed["adequacy"]["autonorm_s_searched"] == "not measured"
+    assert passed["adequacy_rule"]["arms"] == ["frozen_ln", "random_selector", "autonorm", "autonorm_s"]
+    arms = {cid: h["arms"] for cid, h in passed["hypotheses"].items()}
+    assert arms["a"] == ["random_selector", "autonorm"] and arms["b"] == ["autonorm_s", "autonorm"]
+    assert arms["e"] == ["autonorm_s", "frozen_ln"] and arms["d"] == ["autonorm"]
+    flagged = claims_analyse(
+        table, spec, gate_logs=logs, tuned={}, adequacy={**entries, "autonorm_s": _entry(False, "autonorm_s")}
+    )
+    for cid in ("b", "e"):  # autonorm_s's claims: never supported or refuted
+        claim = flagged["claims"][cid]
+        assert claim["verdict"] == "inconclusive" and flagged["hypotheses"][cid]["verdict"] == "inconclusive"
+        assert any(r.startswith("under-trained: autonorm_s") for r in claim["reasons"])
+    assert flagged["claims"]["a"] == passed["claims"]["a"]  # resting on arms that passed: unchanged
+    assert flagged["claims"]["d"]["verdict"] == passed["claims"]["d"]["verdict"]
+    assert flagged["study_verdict"] != "supported" and passed["study_verdict"] == "supported"
+    # without the check, nothing measured and nothing gated
+    off = claims_analyse(table, spec, gate_logs=logs, tuned={})
+    assert off["adequacy"] == "not measured" and off["claims"]["b"]["verdict"] == "supported"
+
+
+def test_the_claims_report_tables_the_check_and_says_what_is_not_testable(tmp_path: Path) -> None:
+    from studies.kinds.search.report import write_claims_report
+    from studies.kinds.search.workflow import SHARED
+    from studies.kinds.search.workflow import analyse as claims_analyse
+
+    spec = load_study(
+        SEARCH, ["sequential=null", "confirm.seeds=[100,101,102,103,104,105,106,107]"], preset="vision"
+    )
+    table, logs = _claims_table()
+    entries = {"autonorm": _entry(True, "autonorm"), "autonorm_s": _entry(False, "autonorm_s")}
+    verdict = claims_analyse(table, spec, gate_logs=logs, tuned={}, adequacy=entries)
+    paths = write_claims_report(
+        verdict["claims"],
+        table,
+        logs,
+        tmp_path,
+        title="t",
+        protocol=None,
+        data_kind="vision",
+        shared={k: verdict[k] for k in SHARED if k in verdict},
+    )
+    written = json.loads(paths["verdict"].read_text())
+    assert written["adequacy"]["autonorm_s"]["passed"] is False and written["adequacy_rule"]["factor"] == 2
+    assert "not testable at this budget: autonorm_s under-trained" in written["study_verdict_line"]
+    md = paths["markdown"].read_text()
+    assert "## Training adequacy" in md and "| autonorm_s |" in md and "under-trained" in md
+
+
+@pytest.mark.parametrize("study", STORED_CLAIMS)
+def test_a_claims_study_stored_before_the_check_reads_not_measured_and_reproduces(
+    study: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from studies.cli import main
+    from studies.offline import reanalyse_tables
+
+    directory = ROOT / "results" / study
+    spec = load_study(directory / "study_spec.yaml", stored=True)
+    assert spec.analysis.adequacy.check is False
+    assert not any(p.name.endswith("-adequacy") for p in KINDS["search"].phases(spec))
+    logged = json.loads((directory / "verdict.json").read_text(encoding="utf-8"))
+    recomputed = reanalyse_tables(spec, KINDS["search"], directory, logged)
+    assert recomputed["adequacy"] == "not measured"
+    assert all(h["arms"] for h in recomputed["hypotheses"].values())
+    assert main(["reproduce", str(directory)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "reproduced"
+
+
+def test_resuming_a_claims_study_stored_before_the_check_is_no_changed_spec(tmp_path: Path) -> None:
+    from studies.running import _check_unchanged
+    from studies.study_dir import SPEC_FILE, StudyDir
+
+    path = tmp_path / "study_spec.yaml"
+    path.write_text((ROOT / "results" / "autonorm_claims_vision" / "study_spec.yaml").read_text("utf-8"))
+    here = f"storage_path={tmp_path / 'runs'}"
+    where = StudyDir.of(load_study(path, [here]))
+    where.write_text(SPEC_FILE, path.read_text(encoding="utf-8"))
+    for stored in (False, True):  # `run SPEC` (today's default: check on) and `resume STUDY_DIR`
+        resumed = _check_unchanged(load_study(path, [here], stored=stored), where, allow_changed=False)
+        assert resumed.analysis.adequacy.check is False
+        assert not any(p.name.endswith("-adequacy") for p in KINDS["search"].phases(resumed))

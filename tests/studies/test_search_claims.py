@@ -53,8 +53,11 @@ def test_trial_counts_and_confirm_validation() -> None:
     smoke = load_study(SEARCH, preset="smoke")
     assert smoke.confirm is not None
     # 4 search trials + 6 arms (claim b's AutoNorm-S and the searched one apart) x (2 lr points x 1
-    # tuning seed + 3 confirmatory seeds)
-    assert total_trials(smoke) == 4 + 6 * (2 * 1 + 3)
+    # tuning seed + 3 confirmatory seeds) + the training-adequacy check: the 4 arms the image claims
+    # rest on (a: random_selector, autonorm; b: autonorm_s, autonorm; e: autonorm_s, frozen_ln) at
+    # twice the budget on 1 tuning seed (the tuning trials hold the 1x runs)
+    assert total_trials(smoke) == 4 + 6 * (2 * 1 + 3) + 4
+    assert total_trials(load_study(SEARCH, ["analysis.adequacy.check=false"], preset="smoke")) == 4 + 6 * 5
     assert total_trials(load_study(SEARCH, ["confirm=null"], preset="smoke")) == 4
     with pytest.raises(SpecError) as err:
         load_study(SEARCH, ["confirm.seeds=[0,1,2]"], preset="smoke")
@@ -164,6 +167,15 @@ def test_claims_end_to_end(local_ray: None, tmp_path: Path) -> None:
     )
     assert searched["estimate"] == pytest.approx(d.mean()) and searched["n_seeds"] == n_seeds
     assert "autonorm_s_searched" not in json.dumps(claims)  # in no claim
+    # the training-adequacy check: every arm the claims rest on, at its confirmed eta for twice the
+    # budget on the tuning seed (the planted metric does not grow with training: zero gain, passed)
+    assert set(verdict["adequacy"]) == set(_LEVEL)
+    for arm in ("frozen_ln", "random_selector", "autonorm", "autonorm_s"):
+        entry = verdict["adequacy"][arm]
+        assert entry["passed"] is True and entry["gain"] == pytest.approx(0.0), (arm, entry)
+        assert entry["reached"] == pytest.approx(entry["reached_twice"])
+    assert verdict["adequacy"]["frozen_dyt"] == verdict["adequacy"]["autonorm_s_searched"] == "not measured"
+    assert {cid: h["arms"] for cid, h in verdict["hypotheses"].items()}["b"] == ["autonorm_s", "autonorm"]
     assert "autonorm_s_searched (reported only)" in (study_dir / "report.md").read_text()
     assert {
         "arm",
@@ -230,6 +242,12 @@ def test_claims_end_to_end(local_ray: None, tmp_path: Path) -> None:
         assert rec["lr"] == min(rates, key=lambda lr: abs(math.log10(lr / 2e-3)))
     names = {t.info.run_name for t in trials}
     assert {f"{arm}-s{seed}" for arm in _LEVEL for seed in seeds} <= names
+    checks = {
+        t.data.tags["autonorm.phase"] for t in trials if t.data.tags["autonorm.phase"].endswith("-adequacy")
+    }
+    assert checks == {
+        f"confirm-tune-{arm}-adequacy" for arm in ("frozen_ln", "random_selector", "autonorm", "autonorm_s")
+    }
     assert {"search-001", "search-002"} <= names
     # A regenerated report keeps the confirmatory trials' MLflow run ids.
     from studies.kinds import kind_for
@@ -285,3 +303,29 @@ def test_a_claim_about_an_arm_tuned_at_the_edge_of_its_grid_is_inconclusive() ->
     )
     assert claims["a"]["verdict_before_lr_gate"] == "refuted"
     assert claims["b"]["verdict"] == "supported" and claims["e"]["verdict"] == "supported"
+
+
+def test_the_expected_cost_counts_only_the_claimed_hypotheses_never_the_reported_e() -> None:
+    from studies.kinds.search.claims import REPORTED, claimed_sequential
+
+    assert claimed_sequential("vision") == ("a", "b")
+    assert claimed_sequential("text") == ("b", "c_attn", "c_mlp")
+    assert not set(claimed_sequential("vision") + claimed_sequential("text")) & REPORTED
+    vision = load_study(SEARCH, preset="vision")
+    text = load_study(SEARCH, preset="text")
+    assert vision.sequential_family == 2 and text.sequential_family == 3
+    # plan's expected cost uses that family
+    from studies.planning import _expected_cost
+
+    assert vision.sequential is not None
+    plan = dict.fromkeys(("trials", "wall_s", "cpu_hours", "gpu_hours"), 100.0)
+    cost = _expected_cost(vision, vision.sequential, plan, dict.fromkeys(plan, 50.0))
+    assert cost["expected"]["family"] == 2
+
+
+def test_a_search_without_claims_has_a_family_of_one_and_no_adequacy_phase() -> None:
+    from studies.kinds import KINDS
+
+    bare = load_study(SEARCH, ["confirm=null"], preset="smoke")
+    assert bare.sequential_family == 1
+    assert [p.name for p in KINDS["search"].phases(bare)] == ["search"]

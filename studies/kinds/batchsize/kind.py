@@ -31,6 +31,18 @@ class BatchSizeKind(TunedDesignKind):
             spec.BatchSizeStudySpec, decidability.undecidable, power.pilot, design=workflow.DESIGN
         )
 
+    def paper_claims(self, verdict: Mapping[str, Any]) -> dict[str, list[tuple[str, str]]]:
+        """The Affine Divergence paper's batch-size claim, decided by the study verdict."""
+        return {"batch size": [("(study)", "study")]}
+
+    def claim_estimates(
+        self, label: str, study: str, verdict: Mapping[str, Any]
+    ) -> tuple[list[str], list[Any]]:
+        """Per budget run: each fix arm's interaction with its interval (the batch-size estimand)."""
+        from studies.kinds.batchsize.page import claim_estimates
+
+        return claim_estimates(verdict)
+
     def extended_spec(self, spec: Any, seeds: int, verdict: Mapping[str, Any]) -> Any:
         """The seeds used so far, then ``seeds`` new ones above every seed any phase used (tuning
         seeds included), the looks made so far kept as looks."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from studies.kinds.kit import KindParts
@@ -32,6 +33,30 @@ class CompareKind(TunedDesignKind):
     def describe(self, spec: Any) -> str:
         contrasts = f"{len(spec.contrast_specs)} contrasts ({', '.join(spec.contrast_specs)})"
         return f"{len(spec.arm_names)} arms x {len(spec.seeds)} seeds, {contrasts}; {super().describe(spec)}"
+
+    def paper_claims(self, verdict: Mapping[str, Any]) -> dict[str, list[tuple[str, str]]]:
+        """The Affine Divergence paper's main table: its MLP row (corrected vs BN, LN) from a study
+        of MLPs, its CNN row (PatchNorm vs BN, LN; BN, LN vs plain) from one of CNNs (``scope``'s
+        model type)."""
+        scope = verdict.get("scope") if isinstance(verdict.get("scope"), Mapping) else {}
+        model = ((scope or {}).get("model") or {}).get("type")
+        rows = {
+            "mlp": ("main table, MLP", ("corrected_vs_batchnorm", "corrected_vs_layernorm")),
+            "cnn": (
+                "main table, CNN",
+                (
+                    "patchnorm_vs_batchnorm",
+                    "patchnorm_vs_layernorm",
+                    "batchnorm_vs_plain",
+                    "layernorm_vs_plain",
+                ),
+            ),
+        }
+        if model not in rows:
+            return {}
+        label, contrasts = rows[model]
+        tested = [(c, c) for c in contrasts if c in (verdict.get("hypotheses") or {})]
+        return {label: tested} if tested else {}
 
     def parts(self) -> KindParts:
         from studies.kinds.compare import decidability, power, spec, workflow

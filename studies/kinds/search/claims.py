@@ -67,8 +67,10 @@ __all__ = [
     "CONFIRM_COLUMNS",
     "REPORTED",
     "VERDICTS",
+    "applies",
     "arms_needed",
     "autonorm_claims",
+    "claimed_sequential",
     "hypothesis_arms",
     "paired_contrast",
 ]
@@ -131,6 +133,19 @@ _APPLIES: dict[str, frozenset[str]] = {
     "c_mlp": frozenset({"text"}),
     "d": frozenset({"vision"}),
 }
+
+
+def applies(claim: str, data_kind: str) -> bool:
+    """Whether ``claim`` is tested on ``data_kind`` data (``vision`` or ``text``; ``tabular``: none)."""
+    return data_kind in _APPLIES.get(claim, frozenset())
+
+
+def claimed_sequential(data_kind: str) -> tuple[str, ...]:
+    """The hypotheses a sequential claims study must decide on ``data_kind`` data: the claimed
+    contrasts (a, b on images; b on text; not :data:`REPORTED`'s e, tested alone and never a reason
+    for more seeds) and, on text, claim c's two sub-layer types."""
+    tested = [c[0] for c in _CONTRASTS] + ["c_attn", "c_mlp"]
+    return tuple(c for c in tested if applies(c, data_kind) and c not in REPORTED)
 
 
 def hypothesis_arms(claim: str, *, gate_arm: str = "autonorm") -> tuple[str, ...]:

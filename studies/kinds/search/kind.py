@@ -19,8 +19,9 @@ __all__ = ["SearchKind"]
 class SearchKind(FolderKind):
     """``kind: search``: one search under Ray Tune, then optionally the AutoNorm claims. Its phases:
     ``search``, then per confirmatory arm ``confirm-tune-<arm>``, its optional range-extension rounds
-    ``confirm-tune-<arm>-ext<k>``, and ``confirm-<arm>`` with a sequential design's optional later
-    looks (:mod:`studies.kinds.search.plans`)."""
+    ``confirm-tune-<arm>-ext<k>``, its refinement, for an arm a claim rests on the training-adequacy
+    check ``confirm-tune-<arm>-adequacy``, and ``confirm-<arm>`` with a sequential design's optional
+    later looks (:mod:`studies.kinds.search.plans`)."""
 
     name = "search"
     script = "studies/autonorm_search.py"
@@ -35,6 +36,7 @@ class SearchKind(FolderKind):
         "confirm.arms=[autonorm, autonorm_s]",
         "confirm.seeds=[100, 101]",
         "confirm.lr_tuning={factor: 10.0, points: 1, seeds: [200], max_extensions: 0}",
+        "analysis.adequacy.check=false",  # no training-adequacy phases (tests/studies/test_adequacy.py)
     )
 
     def parts(self) -> KindParts:
@@ -86,6 +88,24 @@ class SearchKind(FolderKind):
 
     def alpha(self, spec: Any) -> float:
         return float(getattr(spec.confirm, "alpha", 0.05))
+
+    def paper_claims(self, verdict: Mapping[str, Any]) -> dict[str, list[tuple[str, str]]]:
+        """The AutoNorm paper's claims a claims study tests: (b) on any data, (a) and (d) on images,
+        (c) (its two sub-layer types) on text; a search without claims tests none."""
+        hypotheses = verdict.get("hypotheses") or {}
+        data_kind = str(verdict.get("data_kind") or "")
+        if not hypotheses or not data_kind:
+            return {}
+        on = {"(a)": ("vision", ("a",)), "(c)": ("text", ("c_attn", "c_mlp")), "(d)": ("vision", ("d",))}
+        out: dict[str, list[tuple[str, str]]] = {}
+        if "b" in hypotheses:
+            out["(b)"] = [("b", data_kind)]
+        for label, (kind, names) in on.items():
+            if data_kind in (kind, "any"):
+                tested = [(n, n if len(names) > 1 else kind) for n in names if n in hypotheses]
+                if tested:
+                    out[label] = tested
+        return out
 
     def with_seeds(self, spec: Any, k: int) -> Any:
         """``k`` confirmatory seeds (with ``confirm:``; off the search and tuning seeds), else ``k``

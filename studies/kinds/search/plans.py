@@ -5,8 +5,9 @@ Phases, each in its own folder ``<study>/<phase>/`` with its own phase run under
 * ``search``: the Optuna (or grid) search;
 * with ``confirm:``, per arm: ``confirm-tune-<arm>`` (the η grid around the searched η on held-out
   tuning seeds, when ``confirm.lr_tuning`` is set; then its range extensions
-  ``confirm-tune-<arm>-ext<k>`` and its refinement ``confirm-tune-<arm>-refine``), then
-  ``confirm-<arm>`` (every confirmatory seed).
+  ``confirm-tune-<arm>-ext<k>`` and its refinement ``confirm-tune-<arm>-refine``), for an arm a
+  claim rests on the training-adequacy check ``confirm-tune-<arm>-adequacy``
+  (:mod:`studies.kinds.search.adequacy`), then ``confirm-<arm>`` (every confirmatory seed).
 
 """
 
@@ -190,14 +191,18 @@ def confirm_plan(
 def phases(spec: Any) -> list[Phase]:
     """``search``, then per confirmatory arm ``confirm-tune-<arm>``, its optional range-extension
     rounds ``confirm-tune-<arm>-ext<k>``, its refinement ``confirm-tune-<arm>-refine`` (counted by
-    ``plan`` as if the winner were interior), and ``confirm-<arm>`` (a sequential design's first look;
+    ``plan`` as if the winner were interior), for an arm a claim rests on its training-adequacy
+    check ``confirm-tune-<arm>-adequacy``, and ``confirm-<arm>`` (a sequential design's first look;
     its later looks are the optional ``confirm-<arm>-look<j>``). The
     best searched configuration is not known before the search: the spec's base config stands in
     for it (same model, data and budget; only sampled values differ)."""
+    from studies.kinds.search.adequacy import check_plan, checked_arms
+
     plan = search_plan(spec)
     out = [Phase.of(plan)]
     if spec.confirm is None:
         return out
+    checked = checked_arms(spec)
     lr = float(plan.base_config["training"]["lr"])
     for arm in spec.confirm.arms:
         base = arm_config(plan.base_config, arm, spec.confirm.freeze)
@@ -213,6 +218,8 @@ def phases(spec: Any) -> list[Phase]:
             around = refine_points(grid, grid.point(1), tune.refine)  # for the count
             if around:
                 out.append(Phase.of(refine_plan(spec, plan, base, arm, around), refine=True))
+        if arm in checked:  # the training-adequacy check at the arm's tuned eta (issue #47)
+            out.append(Phase.of(check_plan(spec, plan, base, arm)))
         out.append(Phase.of(confirm_plan(spec, plan, base, arm)))
         if spec.sequential is not None:  # the looks after the first: run until decided
             looks = range(2, len(spec.sequential.schedule()) + 1)

@@ -535,7 +535,10 @@ def _document(
     study_verdict: str,
     scope: str = "",
     design: Sequence[str] = (),
+    adequacy: Mapping[str, Any] | None = None,
 ) -> Document:
+    from studies.adequacy import report_section
+
     weak = underpowered_claims(claims)
     tuned_text = (
         []
@@ -568,6 +571,7 @@ def _document(
                 [_arm_table(df)],
             ),
             Section("Tuned learning rates", tuned_text, [_tuned_table(tuned_lr)]),
+            *([Section("Training adequacy", *report_section(adequacy))] if adequacy is not None else []),
             Section(
                 "Best searched configuration",
                 code=to_yaml(best_config) if best_config else "",
@@ -677,7 +681,10 @@ def write_claims_report(
         else:
             target.unlink(missing_ok=True)  # a half-written figure of a failed plot
 
-    line = claims_line(claims)
+    from studies.adequacy import study_line
+
+    untestable = study_line((shared or {}).get("adequacy"))
+    line = claims_line(claims) + (f"; {untestable}" if untestable else "")
     verdict = {
         **dict(shared or {}),
         "claims": claims,
@@ -711,6 +718,7 @@ def write_claims_report(
         study_verdict=str((shared or {}).get("study_verdict", "none")),
         scope=scope_line((shared or {}).get("scope")),
         design=design_lines(shared or {}),
+        adequacy=shared if shared and "adequacy" in shared else None,
     )
     paths["markdown"].write_text(render_markdown(doc, plots), encoding="utf-8")
     paths["html"].write_text(render_html(doc, plots), encoding="utf-8")

@@ -16,6 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
+from studies.adequacy import AdequacySpec
 from studies.schema.errors import SpecError, SpecIssue
 from studies.schema.execution import ExecutionSpec
 from studies.schema.plan import build_plan, plan_settings, spec_hash
@@ -53,6 +54,7 @@ __all__ = [
     "ConfirmFreezeSpec",
     "ConfirmLRSpec",
     "ConfirmSpec",
+    "SearchAnalysisSpec",
     "StudySpec",
     "data_kind_of",
 ]
@@ -200,6 +202,18 @@ class ConfirmSpec(BaseModel):
         return self
 
 
+class SearchAnalysisSpec(BaseModel):
+    """What the claims analysis checks besides the claims: the training-adequacy gate
+    (:mod:`studies.kinds.search.adequacy`), for the arms the claims rest on. A study stored before it
+    existed ran without the check (:attr:`StudySpec.stored_defaults`)."""
+
+    model_config = FROZEN
+
+    # training adequacy: each arm a claim rests on, at its confirmed configuration, for twice the
+    # budget on the first tuning seed (phase confirm-tune-<arm>-adequacy); a floor
+    adequacy: AdequacySpec = AdequacySpec()
+
+
 # --------------------------------------------------------------------------------------------------
 # The study spec
 # --------------------------------------------------------------------------------------------------
@@ -261,17 +275,20 @@ class StudySpec(SpecModel):
     confirm: ConfirmSpec | None = None  # the AutoNorm claims after the search; None: search only
     exploratory: StrictBool = False  # run a design that cannot decide (report marked exploratory)
     sequential: SequentialSpec | None = None  # confirm.seeds in looks (studies.sequential); None: fixed
+    analysis: SearchAnalysisSpec = SearchAnalysisSpec()  # the claims' training-adequacy gate
 
     stored_defaults: ClassVar[Mapping[str, Any]] = {
         "confirm.lr_tuning.refine": 0,
         "confirm.lr_tuning.flag_noisy": False,
         "confirm.freeze": None,
         "execution": {"stack": "off"},
+        "analysis": {"adequacy": {"check": False, "max_gain": None, "min_metric": None}},
     }
     """Fields added after studies were stored, with what a stored spec without them ran as
     (:func:`studies.schema.stored_defaults_missing`): no refinement before ``refine`` existed, no
-    tuning-noise flag before ``flag_noisy``, and claim b's AutoNorm-S was the searched configuration
-    before ``confirm.freeze``."""
+    tuning-noise flag before ``flag_noisy``, claim b's AutoNorm-S was the searched configuration
+    before ``confirm.freeze``, and no training-adequacy check before ``analysis.adequacy`` (its
+    verdict says ``"adequacy": "not measured"``)."""
 
     @model_validator(mode="after")
     def _cross(self) -> StudySpec:
@@ -325,12 +342,15 @@ class StudySpec(SpecModel):
 
     @property
     def sequential_family(self) -> int:
-        """Claims a sequential design must decide: a, b, e on images; b, e and claim c's two
-        sub-layer types on text."""
+        """Claimed hypotheses a sequential design must decide (``plan``'s expected cost): a and b on
+        images; b and claim c's two sub-layer types on text. The reported contrast e is tested alone
+        and keeps no seed running (:data:`studies.kinds.search.claims.REPORTED`): not counted."""
         if self.confirm is None:
             return 1
-        kind = self.confirm.data_kind if self.confirm.data_kind != "auto" else data_kind_of(self.data.type)
-        return 3 if kind == "vision" else 4
+        from studies.kinds.search.claims import claimed_sequential
+
+        kind = self.confirm.data_kind if self.confirm.data_kind != "auto" else data_kind_of(self.data)
+        return max(1, len(claimed_sequential(kind)))
 
     def base_config(self) -> dict[str, Any]:
         """The trial config every trial starts from (first seed)."""

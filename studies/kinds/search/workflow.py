@@ -39,6 +39,14 @@ from studies.kinds.kit import (
     stored_rounds,
     study_runner,
 )
+from studies.kinds.search.adequacy import (
+    adequacy_record,
+    adequacy_rule,
+    check_plan,
+    checked_arms,
+    gate_claims,
+    measure,
+)
 from studies.kinds.search.claims import CONFIRM_COLUMNS
 from studies.kinds.search.design import CLAIM_ARMS, FROZEN_COLUMN, design_fields, gate_lr_edges, gate_lr_noisy
 from studies.kinds.search.plans import (
@@ -164,9 +172,12 @@ def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
     """The ``verdict.json`` dictionary.
 
     With ``confirm:``: ``table`` is the confirmatory table (:func:`confirm_table`), ``inputs`` carry
-    ``gate_logs`` (per-epoch logs per (arm, seed)), ``tuned`` (each arm's lr-tuning record) and
-    ``searched`` (``False`` when no search trial completed); the claims, each gated for an η at its
-    grid's edge, and the study verdict (:func:`study_verdict_of`). Without: ``study_verdict: none``
+    ``gate_logs`` (per-epoch logs per (arm, seed)), ``tuned`` (each arm's lr-tuning record),
+    ``searched`` (``False`` when no search trial completed) and ``adequacy`` (the training-adequacy
+    check's entry per arm, :func:`studies.kinds.search.adequacy.measure`; absent: not measured); the
+    claims, each gated for an η at its grid's edge and for an arm it rests on that did not pass the
+    check (:func:`studies.kinds.search.adequacy.gate_claims`), each listing its ``arms``, and the
+    study verdict (:func:`study_verdict_of`). Without: ``study_verdict: none``
     and the best search trial (``inputs["best"]``, ``inputs["metric"]``).
     """
     if spec.confirm is None:
@@ -198,6 +209,8 @@ def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
     sequential = _sequential_fields(spec, claims.pop("_looks", None), trials_run=len(table))
     gate_lr_edges(claims, inputs.get("tuned") or {})
     gate_lr_noisy(claims, inputs.get("tuned") or {})
+    checks = adequacy_record(spec, inputs.get("adequacy"))
+    gate_claims(claims, checks)
     if not inputs.get("searched", True):
         for claim in claims.values():
             claim["verdict"] = "inconclusive"
@@ -205,11 +218,13 @@ def analyse(table: Any, spec: StudySpec, **inputs: Any) -> dict[str, Any]:
     return {
         "kind": spec.kind,
         "study_verdict": study_verdict_of(claims),
-        "hypotheses": {cid: hypothesis_entry(c) for cid, c in claims.items()},
+        "hypotheses": {cid: {**hypothesis_entry(c), "arms": list(c["arms"])} for cid, c in claims.items()},
         "claims": claims,
         "data_kind": _data_kind(spec),
         **design_fields(spec, table, inputs.get("gate_logs") or {}),
         **(sequential or {}),
+        "adequacy": checks,
+        "adequacy_rule": adequacy_rule(spec),
     }
 
 
@@ -322,6 +337,75 @@ def _run_looks(
         runner.set_expected_trials(runner.expected_trials + len(plans[j][1]) * len(running))
 
 
+def _tuning_trials(spec: StudySpec, arm: str) -> list[TrialRecord]:
+    """The arm's tuning trials (``confirm-tune-<arm>``, its extension rounds and refinement), read
+    from the study directory: the training-adequacy check's 1x runs where it reuses them."""
+    from studies.study_dir import StudyDir
+
+    assert spec.confirm is not None
+    tune = spec.confirm.lr_tuning
+    if tune is None:
+        return []
+    where = StudyDir.of(spec)
+    names = [
+        f"confirm-tune-{arm}",
+        *(f"confirm-tune-{arm}-ext{k}" for k in range(1, tune.max_extensions + 1)),
+        f"confirm-tune-{arm}-refine",
+    ]
+    return [t for name in names for t in read_trials(where.phase_plan(name), history=False)]
+
+
+def _run_check(
+    spec: StudySpec, plan: StudyPlan, runner: Any, base: Mapping[str, Any], arm: str
+) -> dict[str, Any] | str:
+    """The arm's training-adequacy check (phase ``confirm-tune-<arm>-adequacy``,
+    :mod:`studies.kinds.search.adequacy`) at its confirmed configuration ``base``; its entry, printed."""
+    from studies.adequacy import FACTOR
+
+    cplan = check_plan(spec, plan, base, arm)
+    lr = float(base["training"]["lr"])
+    print(
+        f"[{spec.name}] phase {cplan.name}: {arm} at lr={lr:g}, {FACTOR}x the budget on seed "
+        f"{dict(cplan.grid)['seed'][0]}: training adequacy",
+        flush=True,
+    )
+    entry = measure(spec, arm, lr, runner.run(cplan).trials, _tuning_trials(spec, arm))
+    print(f"[{spec.name}] {_check_line(arm, entry)}", flush=True)
+    return entry
+
+
+def _check_line(arm: str, entry: Any) -> str:
+    if not isinstance(entry, Mapping):
+        return f"{arm}: adequacy {entry}"
+    reached = "n/a" if entry.get("reached") is None else f"{entry['reached']:.4g}"
+    gain = "n/a" if entry.get("gain") is None else f"{entry['gain']:+.4g}"
+    state = "passed" if entry.get("passed") else f"UNDER-TRAINED ({entry.get('reason')})"
+    return f"{arm}: reached {reached}, {gain} at twice the budget -> {state}"
+
+
+def _stored_checks(spec: StudySpec, tuned: Mapping[str, Any], searched_lr: float | None) -> dict[str, Any]:
+    """The training-adequacy check read back from the study directory (``report``): each checked
+    arm's entry at the η it was confirmed at."""
+    from studies.kinds.search.adequacy import phase_of
+    from studies.study_dir import StudyDir
+
+    where = StudyDir.of(spec)
+    out: dict[str, Any] = {}
+    for arm in checked_arms(spec):
+        trials = read_trials(where.phase_plan(phase_of(arm)), history=False)
+        if not trials:
+            continue
+        record = tuned.get(arm)
+        if record is not None and not record.get("no_learning_rate_trained"):
+            lr = float(record["lr"])
+        elif searched_lr is not None:
+            lr = searched_lr
+        else:
+            continue
+        out[arm] = measure(spec, arm, lr, trials, _tuning_trials(spec, arm))
+    return out
+
+
 _EPOCH_SUMMARY_METRICS = ("test_accuracy", "val_accuracy", "train_loss")
 
 
@@ -365,6 +449,8 @@ def _confirm_and_claims(
     tuned: dict[str, Any] = {}
     run_ids: dict[str, str] = {}
     bases: dict[str, dict[str, Any]] = {}
+    checks: dict[str, Any] = {}
+    checked = checked_arms(spec)
     if best is None:
         print(f"[{spec.name}] no completed search trial: the confirmatory phase cannot run", flush=True)
     else:
@@ -407,6 +493,8 @@ def _confirm_and_claims(
                 lr = searched_lr if record["no_learning_rate_trained"] else float(record["lr"])
             base["training"]["lr"] = lr
             bases[arm] = base
+            if arm in checked:
+                checks[arm] = _run_check(spec, plan, runner, base, arm)
             if spec.sequential is None:
                 confirmed = runner.run(confirm_plan(spec, plan, base, arm))
                 _log_epoch_summaries(runner, look_plan_name(arm, 1), arm)
@@ -414,7 +502,9 @@ def _confirm_and_claims(
         if spec.sequential is not None:
             _run_looks(spec, plan, runner, bases, run_ids, tuned)
     table, gate_logs = confirm_table(spec, run_ids)
-    verdict = analyse(table, spec, gate_logs=gate_logs, tuned=tuned, searched=best is not None)
+    verdict = analyse(
+        table, spec, gate_logs=gate_logs, tuned=tuned, searched=best is not None, adequacy=checks
+    )
     claims = verdict["claims"]
     cpu_h, gpu_h = runner.resource_hours()
     out_dir = runner.local_dir()
@@ -496,7 +586,16 @@ def _write_claims(
     return {**files, **plots}
 
 
-SHARED = ("kind", "study_verdict", "hypotheses", "scope", "freeze", "reported_arms")
+SHARED = (
+    "kind",
+    "study_verdict",
+    "hypotheses",
+    "scope",
+    "freeze",
+    "reported_arms",
+    "adequacy",
+    "adequacy_rule",
+)
 """The analysis's fields the claims report writes into ``verdict.json`` (beside its own)."""
 
 
@@ -786,7 +885,15 @@ def _claims_report(
                 run_refine=stored_refinement(spec, f"confirm-tune-{arm}-refine"),
             )
     best = best_trial(trials, plan.metric, plan.mode)
-    verdict = analyse(table, spec, gate_logs=gate_logs, tuned=tuned, searched=best is not None)
+    searched_lr = float(best.config["training"]["lr"]) if best is not None else None
+    verdict = analyse(
+        table,
+        spec,
+        gate_logs=gate_logs,
+        tuned=tuned,
+        searched=best is not None,
+        adequacy=_stored_checks(spec, tuned, searched_lr),
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     cost = spent(spec, read_phase_trials(planned_phases(spec), spec), wall_time_s)
     files = _write_claims(spec, verdict, table, gate_logs, out_dir, best, tuned, cost)
