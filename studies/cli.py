@@ -332,6 +332,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return EXIT_SPEC_ERROR
     spec = _load_target(args.target, args)
     status = kind_for(spec).status(spec)
+    if "wall_s" not in status:  # a kind whose status does not read it: the wall time its run wrote
+        from studies.kinds.kit import study_wall_s
+        from studies.study_dir import StudyDir
+
+        text = StudyDir.of(spec).read_text("verdict.json")
+        status["wall_s"] = study_wall_s(json.loads(text) if text else None)
     if args.json:
         _print_json(status)
         return 0
@@ -564,9 +570,17 @@ def _report(spec: Any, out: Path) -> int:
     if why and not status["trials"]:
         print(f"the study has not finished ({why}); no trial has results yet, so no report", file=sys.stderr)
         return 1
+    from workers.cost import registered
+
+    # The regenerated verdict.json and report show the numbers status shows: the trials in the study
+    # directory and the wall time its run wrote (a re-analysis has no wall time of its own).
+    kept: dict[str, float] = {"trials": status["trials"]}
+    if status.get("wall_s") is not None:
+        kept["wall_time_s"] = status["wall_s"]
     existed = out.exists()
     try:
-        report = kind.report(spec, out)
+        with registered(lambda: dict(kept)):
+            report = kind.report(spec, out)
     except Exception as e:
         if why is None:
             raise

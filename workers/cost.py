@@ -26,7 +26,7 @@ _RUNNING: contextvars.ContextVar[Callable[[], dict[str, float]] | None] = contex
 @contextmanager
 def registered(cost: Callable[[], dict[str, float]]) -> Iterator[None]:
     """``cost`` answers :func:`running_cost` in this thread (and the contexts copied from it) inside
-    the block."""
+    the block: a :class:`workers.study.StudyRunner` its :meth:`~workers.study.StudyRunner.cost`."""
     token = _RUNNING.set(cost)
     try:
         yield
@@ -35,7 +35,8 @@ def registered(cost: Callable[[], dict[str, float]]) -> Iterator[None]:
 
 
 def running_cost() -> dict[str, float] | None:
-    """The cost (:data:`COST_KEYS`) of the study this thread is running; ``None`` outside a study run
-    (``report``, ``reproduce``: they keep what the run wrote)."""
+    """The cost (:data:`COST_KEYS`, or some of them) of the study this thread is running, or whose
+    report it regenerates (``autonorm-study report`` registers the study directory's trial count and
+    the wall time its run wrote); ``None`` otherwise (``reproduce``: a re-analysis costs nothing)."""
     cost = _RUNNING.get()
     return cost() if cost is not None else None

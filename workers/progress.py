@@ -141,6 +141,11 @@ def format_eta(seconds: float | None) -> str:
     return f"{s} s"
 
 
+def _trials(n: int) -> str:
+    """``trial`` for one, ``trials`` for any other count."""
+    return "trial" if n == 1 else "trials"
+
+
 _DONE = ("TERMINATED", "ERROR")
 _OPEN: weakref.WeakSet[ProgressCallback] = weakref.WeakSet()
 
@@ -346,7 +351,7 @@ class ProgressCallback(Callback):  # type: ignore[misc]
         failed = f" ({counts.failed} failed)" if counts.failed else ""
         best = self._best(counts)
         return (
-            f"[{self.name}] {counts.done}/{counts.total} trials{failed}, {counts.running} running, "
+            f"[{self.name}] {counts.done}/{counts.total} {_trials(counts.total)}{failed}, {counts.running} running, "
             f"ETA {format_eta(self._eta(counts))}" + (f", best so far: {best}" if best else "")
         )
 
@@ -354,8 +359,9 @@ class ProgressCallback(Callback):  # type: ignore[misc]
         took = format_eta(self._clock() - self._start) if self._start is not None else "?"
         failed = f" ({counts.failed} failed)" if counts.failed else ""
         best = self._best(counts)
-        return f"[{self.name}] done: {counts.done}/{counts.total} trials{failed} in {took}" + (
-            f", best: {best}" if best else ""
+        return (
+            f"[{self.name}] done: {counts.done}/{counts.total} {_trials(counts.total)}{failed} in {took}"
+            + (f", best: {best}" if best else "")
         )
 
     # ---------------------------------------------------------------------------- output
@@ -418,7 +424,7 @@ class ProgressCallback(Callback):  # type: ignore[misc]
         if self._is_tty():
             return
         n = self.total
-        self._emit(f"[{self.name}] started: {n} trials" if n else f"[{self.name}] started")
+        self._emit(f"[{self.name}] started: {n} {_trials(n)}" if n else f"[{self.name}] started")
         self._last_print = self._clock()
 
     # ---------------------------------------------------------------------------- Tune's hooks

@@ -532,8 +532,14 @@ def test_trials_run_and_wall_time_agree_in_the_run_status_ls_verdict_and_report(
     assert cli.main(["ls", "--tracking-uri", out.tracking_uri]) == 0
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(spec.name)]
     assert line.split()[4] == str(trials) and shown in line
-    # the report
+    # the report, and the one `report` regenerates from the study directory
     md = (study_dir / "report.md").read_text()
+    assert f"- trials run: {trials}\n" in md and f"- wall time: {shown}\n" in md
+    assert cli.main(["report", str(study_dir)]) == 0
+    capsys.readouterr()
+    again = json.loads((study_dir / "report" / "verdict.json").read_text())["resources"]
+    assert (again["trials"], again["wall_time_s"]) == (trials, wall)
+    md = (study_dir / "report" / "report.md").read_text()
     assert f"- trials run: {trials}\n" in md and f"- wall time: {shown}\n" in md
 
 

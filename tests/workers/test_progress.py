@@ -130,6 +130,9 @@ def test_off_a_terminal_a_phase_prints_its_start_its_end_and_at_most_a_line_per_
             trials[0].status = "TERMINATED"  # a trial ending prints nothing by itself
         cb.on_step_end(iteration=step, trials=trials)
     assert cb.lines == ["[confirm-epochs] started: 4 trials"]
+    one, _ = _callback(clock, total=1)
+    one.setup()
+    assert one.lines == ["[confirm-epochs] started: 1 trial"]  # plurals right (issue 48)
     clock.now = 130.0
     cb.on_step_end(iteration=300, trials=trials)
     assert cb.lines[-1] == "[confirm-epochs] 1/4 trials, 1 running, ETA 1 min 30 s"
