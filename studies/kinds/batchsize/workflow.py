@@ -36,7 +36,7 @@ from studies.kinds.kit import (
     trial_row,
     verdict_tags,
 )
-from studies.kinds.pipeline import Analysed, Spent, TunedDesign
+from studies.kinds.pipeline import Analysed, TunedDesign
 from studies.schema.arms import CELL_STAGE
 from studies.tuning import noisy_reasons
 from workers.plan import StudyPlan
@@ -503,10 +503,6 @@ class BatchSizeDesign(TunedDesign):
                 " both budgets together: " + ", ".join(f"{arm} {label}" for arm, label in combined.items())
             )
         return lines
-
-    def closing_lines(self, spent: Spent) -> list[str]:
-        wall_time_s, cpu_h, gpu_h = spent
-        return [f"wall time {wall_time_s / 60:.1f} min, {cpu_h:.3f} CPU h, {gpu_h:.3f} GPU h"]
 
     def status_fields(self, spec: BatchSizeStudySpec, verdict: Mapping[str, Any] | None) -> dict[str, Any]:
         return {"verdict": verdict.get("verdict") if verdict else None}
