@@ -36,13 +36,14 @@ fashion_mnist     10 classes     60000 10000        (1,28,28) Debian dataset-fas
 digits            10 classes     1438  359 fixed    (1,8,8)   scikit-learn's ``digits.csv.gz``
 diabetes          regression     354   88 fixed     (10,)     scikit-learn's raw diabetes CSVs
 ptb_pos_sample    tagging, 44    801   200 fixed    (104,)    pattern ``tagged-en-wsj.txt`` (1001 lines)
+oanc_pos          tagging, 45    18000 2000 fixed   (220,)    pattern ``tagged-en-oanc.txt`` (20000 lines)
 pang_lee_polarity 2 classes      3200  800 fixed    (59,)     pattern ``polarity-en-pang&lee2.csv``
 ================= ============== ===== ============ ========= ===========================================
 
 Offline sets (no network after ``scripts/fetch_data.sh``): ``fashion_mnist`` (Debian
 ``dataset-fashion-mnist``), ``digits`` and ``diabetes`` (bundled with scikit-learn),
-``ptb_pos_sample`` and ``pang_lee_polarity`` (test corpora inside the Debian ``python3-pattern``
-package, read at run time from its extraction directory and never copied: the corpora are for
+``ptb_pos_sample``, ``oanc_pos`` and ``pang_lee_polarity`` (test corpora inside the Debian
+``python3-pattern`` package, read at run time from its extraction directory and never copied: the corpora are for
 personal use only). The others (``mnist``, ``cifar10``, ``cifar100``, ``svhn``, ``sst2``,
 ``ptb_pos``) read their standard distribution files from ``data_root``; the expected layout is in
 :data:`DATA_ROOT_LAYOUT` and in the error raised when files are missing.
@@ -73,6 +74,7 @@ from autonorm_core.datasources import (
     _load_digits,
     _load_fashion_mnist,
     _load_mnist,
+    _load_oanc_pos,
     _load_pang_lee_polarity,
     _load_ptb_pos,
     _load_ptb_pos_sample,
@@ -164,6 +166,7 @@ for _name, _loader, _layout, _offline, _classes in (
     ("digits", _load_digits, "image", True, 10),
     ("diabetes", _load_diabetes, "tabular", True, 0),
     ("ptb_pos_sample", _load_ptb_pos_sample, "text", True, None),
+    ("oanc_pos", _load_oanc_pos, "text", True, None),
     ("pang_lee_polarity", _load_pang_lee_polarity, "text", True, 2),
     ("mnist", _load_mnist, "image", False, 10),
     ("cifar10", _load_cifar10, "image", False, 10),
@@ -221,7 +224,10 @@ def load_dataset(
         min_freq: Text only: train-split count a word needs to enter the vocabulary; rarer words
             become ``<unk>`` (see the module docstring for why the default is 1).
         **options: The loader's own keywords: ``path`` for ``arrays``; ``path``, ``target`` and
-            ``test_path`` for ``table`` (see :mod:`autonorm_core.datafiles`).
+            ``test_path`` for ``table`` (see :mod:`autonorm_core.datafiles`); ``test_fraction`` and
+            ``ood_test`` and ``max_tokens`` for ``oanc_pos`` (the fixed test carve's share;
+            ``"wsj"``: the WSJ sample as an out-of-domain test split instead; long sentences cut
+            into pieces of at most this many tokens).
 
     Returns:
         The splits with the conventions in this module's docstring.

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from autonorm_core.datasplits import RawData, _fixed_test_carve, _fixed_test_indices, _Raw
+from autonorm_core.datasplits import IGNORE_INDEX, RawData, _fixed_test_carve, _fixed_test_indices, _Raw
 
 _PATTERN_CORPORA = Path("usr/share/doc/python3-pattern/test/corpora")
 _FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -299,6 +299,94 @@ def _load_ptb_pos_sample(data_root: str | os.PathLike[str] | None) -> _Raw:
         ([words[i] for i in pool_idx], [tags[i] for i in pool_idx]),
         ([words[i] for i in test_idx], [tags[i] for i in test_idx]),
     )
+
+
+_OANC_FILE = "tagged-en-oanc.txt"
+_WSJ_FILE = "tagged-en-wsj.txt"
+_OANC_SPLIT_SEED = 0  # the constant seed of the test carve: the same test sentences for every training seed
+_OOD_TEST_SETS = ("wsj",)
+
+
+def _oanc_tag(tag: str, *, wsj: bool = False) -> str:
+    """OANC's tags as the training pool names them: an ambiguous ``A|B`` (4 tokens in OANC) is its first
+    tag, as the Penn Treebank guidelines read it; WSJ's closing quote ``''`` is OANC's ``"`` (OANC
+    tags every closing and most opening quotes ``"``, and has no ``''``)."""
+    if wsj and tag == "''":
+        return '"'
+    return tag.split("|", 1)[0] if "|" in tag else tag
+
+
+def _oanc_corpus(data_root: str | os.PathLike[str] | None, file: str) -> Path:
+    """``file`` in python3-pattern's corpora, or an error naming the path looked at."""
+    base = Path(data_root).expanduser() if data_root is not None else cache_root() / "pattern"
+    for candidate in (base / _PATTERN_CORPORA, base):
+        if (candidate / file).is_file():
+            return candidate / file
+    raise DatasetNotFoundError(
+        f"data set 'oanc_pos': {base / _PATTERN_CORPORA / file} not found (nor {base / file}). It is one of "
+        f"python3-pattern's test corpora: run scripts/fetch_data.sh, or `apt-get download python3-pattern && "
+        f"dpkg-deb -x python3-pattern_*.deb {base}` (set AUTONORM_DATA_DIR to move the cache root, or pass "
+        f"data_root=)."
+    )
+
+
+def _pieces(
+    words: list[list[str]], tags: list[list[str]], max_tokens: int | None
+) -> tuple[list[list[str]], list[list[str]]]:
+    """Each sentence longer than ``max_tokens`` cut into consecutive pieces of at most that many tokens."""
+    if max_tokens is None:
+        return words, tags
+    out_w, out_t = [], []
+    for w, t in zip(words, tags):
+        for i in range(0, len(w), max_tokens):
+            out_w.append(w[i : i + max_tokens])
+            out_t.append(t[i : i + max_tokens])
+    return out_w, out_t
+
+
+def _load_oanc_pos(
+    data_root: str | os.PathLike[str] | None,
+    *,
+    test_fraction: float = 0.1,
+    ood_test: str | None = None,
+    max_tokens: int | None = None,
+) -> _Raw:
+    """The OANC corpus of python3-pattern (20,000 sentences, 360,524 tokens, Penn Treebank tags).
+
+    The test split is a fixed share ``test_fraction`` of the sentences, drawn with a constant seed (the
+    same for every training seed and every run); the rest is the training pool, from which
+    :func:`load_dataset` carves the seeded validation split. ``ood_test="wsj"``: the test split is the
+    whole WSJ sample (``tagged-en-wsj.txt``, 1,001 sentences) instead, an out-of-domain test of a tagger
+    trained on OANC; the training pool is the same. A test token whose tag the training pool lacks
+    (OANC's single ``#`` when it falls in test) is not scored (``ignore_index``).
+
+    ``max_tokens``: after the split, a sentence longer than this is cut into consecutive pieces of at
+    most ``max_tokens`` tokens, each an example of its own (every token is still trained on and
+    scored). Inputs are padded to the longest example: OANC's longest sentence has 220 tokens, its
+    median 15, and 1 % have more than 63, so ``max_tokens: 64`` trains about 3x faster."""
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    if ood_test is not None and ood_test not in _OOD_TEST_SETS:
+        raise ValueError(f"ood_test must be one of {', '.join(_OOD_TEST_SETS)} or None, got {ood_test!r}")
+    words, tags = _parse_tagged(_read_lines(_oanc_corpus(data_root, _OANC_FILE)))
+    tags = [[_oanc_tag(t) for t in s] for s in tags]
+    perm = np.random.default_rng(_OANC_SPLIT_SEED).permutation(len(words))
+    n_test = int(np.floor(test_fraction * len(words) + 0.5))
+    test_idx, pool_idx = sorted(perm[:n_test].tolist()), sorted(perm[n_test:].tolist())
+    pool = ([words[i] for i in pool_idx], [tags[i] for i in pool_idx])
+    if ood_test == "wsj":
+        wsj_words, wsj_tags = _parse_tagged(_read_lines(_oanc_corpus(data_root, _WSJ_FILE)))
+        test = (wsj_words, [[_oanc_tag(t, wsj=True) for t in s] for s in wsj_tags])
+    else:
+        test = ([words[i] for i in test_idx], [tags[i] for i in test_idx])
+    pool, test = _pieces(*pool, max_tokens), _pieces(*test, max_tokens)
+    tag_names = tuple(sorted({t for s in pool[1] for t in s}))
+    tag_ids = {t: i for i, t in enumerate(tag_names)}
+    pool_y = [[tag_ids[t] for t in s] for s in pool[1]]
+    test_y = [[tag_ids.get(t, IGNORE_INDEX) for t in s] for s in test[1]]
+    return _Raw(pool[0], pool_y, test[0], test_y, "tagging", tag_names)
 
 
 def _load_ptb_pos(data_root: str | os.PathLike[str] | None) -> _Raw:

@@ -3,7 +3,8 @@
 #
 #   fashion_mnist                     Debian package dataset-fashion-mnist (MIT), installed with apt-get:
 #                                     IDX files in /usr/share/datasets/fashion-mnist/
-#   ptb_pos_sample, pang_lee_polarity test corpora inside Debian python3-pattern, NOT installed: the .deb
+#   ptb_pos_sample, oanc_pos,         test corpora inside Debian python3-pattern, NOT installed: the .deb
+#   pang_lee_polarity
 #                                     is downloaded and unpacked (dpkg-deb -x) into
 #                                     ${AUTONORM_DATA_DIR:-~/.cache/autonorm-studies}/pattern.
 #                                     The corpora are for personal use: they stay there, never in the repo.
@@ -60,7 +61,7 @@ else
 fi
 
 # --- python3-pattern corpora ---------------------------------------------------------------------
-if [ -f "$CORPORA/tagged-en-wsj.txt" ] && [ -f "$CORPORA/polarity-en-pang&lee2.csv" ]; then
+if [ -f "$CORPORA/tagged-en-wsj.txt" ] && [ -f "$CORPORA/tagged-en-oanc.txt" ] && [ -f "$CORPORA/polarity-en-pang&lee2.csv" ]; then
     log "pattern corpora: present in $CORPORA"
 else
     ensure_apt_knows python3-pattern

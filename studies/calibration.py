@@ -83,6 +83,10 @@ def timing_key(config: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
+_LOADER_KEYS = ("path", "target", "test_path", "test_fraction", "ood_test", "max_tokens")
+"""The data loaders' own keywords: the generic loaders' (``arrays``, ``table``) and ``oanc_pos``'s."""
+
+
 def _trial_data_args(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """The data-set name and :func:`load_dataset` keywords, parsed as :func:`workers.trainable.autonorm_trial` does."""
     data = _data_section(config)
@@ -96,7 +100,7 @@ def _trial_data_args(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         "val_fraction": float(data.pop("val_fraction", 0.1)),
         "subset": subset,
     }
-    for key in ("path", "target", "test_path"):  # the generic loaders' keywords
+    for key in _LOADER_KEYS:
         value = data.pop(key, None)
         if value is not None:
             kwargs[key] = value

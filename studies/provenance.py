@@ -218,6 +218,8 @@ def data_files(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     loader_options = {k: options[k] for k in _FILE_KEYS if options.get(k) is not None}
     if name == "table" and options.get("target") is not None:
         loader_options["target"] = options["target"]
+    if name == "oanc_pos" and options.get("ood_test") is not None:  # the WSJ sample is read too
+        loader_options["ood_test"] = options["ood_test"]
     entry = getattr(data_module, "_REGISTRY", {}).get(name)
     opened: list[str] = []
     if entry is not None:

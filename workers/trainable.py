@@ -410,8 +410,9 @@ class _EpochReporter:
         self._states.clear()
 
 
-_FILE_OPTIONS = ("path", "target", "test_path")
-"""Keywords of the generic loaders (``arrays``, ``table``) passed through to ``load_dataset``."""
+_FILE_OPTIONS = ("path", "target", "test_path", "test_fraction", "ood_test", "max_tokens")
+"""Loader keywords passed through to ``load_dataset``: the generic loaders' (``arrays``, ``table``) and
+``oanc_pos``'s (``test_fraction``, ``ood_test``, ``max_tokens``)."""
 
 
 @functools.lru_cache(maxsize=2)

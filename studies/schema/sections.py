@@ -338,6 +338,20 @@ class PTBPosSampleSpec(_RootedDataSpec):
     type: Literal["ptb_pos_sample"] = "ptb_pos_sample"
 
 
+class OANCPosSpec(_RootedDataSpec):
+    """The OANC corpus of python3-pattern's ``tagged-en-oanc.txt`` (20,000 sentences, 360,524 tokens, Penn
+    Treebank tags): ``test_fraction`` of the sentences, drawn with a constant seed, is the test split (the
+    same for every seed), ``val_fraction`` of the rest the seeded validation split. ``ood_test: wsj``
+    tests on the WSJ sample (``tagged-en-wsj.txt``, 1,001 sentences) instead: out of domain."""
+
+    type: Literal["oanc_pos"] = "oanc_pos"
+    test_fraction: Annotated[float, Field(strict=True, gt=0, lt=1)] = 0.1
+    ood_test: Literal["wsj"] | None = None  # None: the in-domain OANC test split
+    # A sentence longer than this is cut into pieces of at most max_tokens (every token still scored):
+    # inputs are padded to the longest example (OANC: 220 tokens, median 15, 99 % <= 63). None: whole.
+    max_tokens: PosInt | None = None
+
+
 class PangLeePolaritySpec(_RootedDataSpec):
     type: Literal["pang_lee_polarity"] = "pang_lee_polarity"
 
@@ -431,6 +445,7 @@ DataSpec = Annotated[
     | DigitsSpec
     | DiabetesSpec
     | PTBPosSampleSpec
+    | OANCPosSpec
     | PangLeePolaritySpec
     | MNISTSpec
     | CIFAR10Spec
@@ -444,7 +459,7 @@ DataSpec = Annotated[
 ]
 
 _IMAGE_SIDE = {"fashion_mnist": 28, "mnist": 28, "digits": 8, "cifar10": 32, "cifar100": 32, "svhn": 32}
-_TEXT = {"ptb_pos_sample", "pang_lee_polarity", "sst2", "ptb_pos"}
+_TEXT = {"ptb_pos_sample", "oanc_pos", "pang_lee_polarity", "sst2", "ptb_pos"}
 _MODEL_DATA = {
     "vit_lite": set(_IMAGE_SIDE),
     "cnn": set(_IMAGE_SIDE),
@@ -485,6 +500,7 @@ DATA_TASKS: dict[str, str] = {
     "digits": "classification",
     "diabetes": "regression",
     "ptb_pos_sample": "tagging",
+    "oanc_pos": "tagging",
     "pang_lee_polarity": "classification",
     "mnist": "classification",
     "cifar10": "classification",

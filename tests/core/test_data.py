@@ -11,6 +11,7 @@ import pickle
 import struct
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch
 
 from autonorm_core import data
 from autonorm_core.data import DatasetNotFoundError, Splits, load_dataset, split_sizes
-from autonorm_core.datasources import _load_diabetes, _load_digits
+from autonorm_core.datasources import _load_diabetes, _load_digits, _load_oanc_pos, pattern_corpora_dir
 from autonorm_core.datasplits import _fixed_test_indices
 
 OFFLINE = ("fashion_mnist", "digits", "diabetes", "ptb_pos_sample", "pang_lee_polarity")
@@ -54,8 +55,8 @@ def _rows(x: torch.Tensor) -> set[bytes]:
 
 
 def test_registry_lists_offline_and_data_root_sets() -> None:
-    assert set(data.list_datasets()) == set(OFFLINE) | set(DATA_ROOT_SETS) | set(GENERIC)
-    assert set(data.list_datasets(offline_only=True)) == set(OFFLINE)
+    assert set(data.list_datasets()) == set(OFFLINE) | {"oanc_pos"} | set(DATA_ROOT_SETS) | set(GENERIC)
+    assert set(data.list_datasets(offline_only=True)) == set(OFFLINE) | {"oanc_pos"}
     assert set(data.DATA_ROOT_LAYOUT) == set(DATA_ROOT_SETS)
 
 
@@ -379,3 +380,71 @@ def test_class_count_unknown_name_and_tagging_set() -> None:
     assert class_count("ptb_pos_sample") is None  # tags counted from the corpus
     with pytest.raises(ValueError, match="valid:"):
         class_count("imagenet")
+
+
+# ---- oanc_pos: python3-pattern's OANC corpus (20,000 sentences, 360,524 tokens) ------------------------
+
+
+def _sentences(x: torch.Tensor) -> list[tuple[int, ...]]:
+    return [tuple(r[r != data.PAD_INDEX].tolist()) for r in x]
+
+
+def _tokens(y: torch.Tensor) -> int:
+    return int((y != data.IGNORE_INDEX).sum())
+
+
+@pytest.fixture(scope="module")
+def oanc() -> dict[int, Splits]:
+    return {seed: load_dataset("oanc_pos", seed=seed) for seed in (0, 1)}
+
+
+def test_oanc_pos_sizes_and_tags(oanc: dict[int, Splits]) -> None:
+    s = oanc[0]
+    assert s.task == "tagging" and len(s.classes) == 45  # 48 tags, the 3 ambiguous "A|B" read as A
+    assert {"NN", "VBD", "DT", '"', "``"} <= set(s.classes) and not any("|" in c for c in s.classes)
+    # test_fraction 0.1 of 20,000 sentences, val_fraction 0.1 of the 18,000 left
+    assert s.sizes == {"train": 16200, "val": 1800, "test": 2000}
+    assert sum(_tokens(y) for _, y in (s.train, s.val, s.test)) >= 360_524 - 1  # one "#" may be unscored
+    assert 280_000 < _tokens(s.train[1]) < 310_000
+    assert s.vocab is not None and len(s.vocab) > 20_000
+
+
+def test_oanc_pos_split_is_deterministic_and_disjoint(oanc: dict[int, Splits]) -> None:
+    a, b, again = oanc[0], oanc[1], load_dataset("oanc_pos", seed=0)
+    # the test split is the same sentences for every seed; the vocabulary comes from train, so ids differ
+    # between seeds: compare the tags, which have one numbering
+    assert torch.equal(a.test[1], b.test[1])
+    assert torch.equal(a.train[0], again.train[0]) and torch.equal(a.val[1], again.val[1])
+    assert not torch.equal(a.val[1], b.val[1])  # the validation carve follows the seed
+    train, val = (set(a.indices[k].tolist()) for k in ("train", "val"))
+    assert not train & val and len(train | val) == 18000
+    # the test carve and the pool partition the corpus by sentence: every sentence in exactly one
+    raw = _load_oanc_pos(None)
+    corpus = Path(pattern_corpora_dir()) / "tagged-en-oanc.txt"
+    lines = [ln.split() for ln in corpus.read_text(encoding="utf-8").split("\n") if ln.split()]
+    every = Counter(tuple(t.rsplit("/", 1)[0] for t in ln) for ln in lines)
+    assert Counter(map(tuple, raw.pool_x)) + Counter(map(tuple, raw.test_x)) == every
+    assert len(raw.test_x) == 2000 and raw.test_x == _load_oanc_pos(None).test_x
+
+
+def test_oanc_pos_test_fraction_and_ood_wsj(oanc: dict[int, Splits]) -> None:
+    small = load_dataset("oanc_pos", test_fraction=0.05, val_fraction=0.2)
+    assert small.sizes == {"train": 15200, "val": 3800, "test": 1000}
+    wsj = load_dataset("oanc_pos", ood_test="wsj")
+    assert wsj.sizes["test"] == 1001 and wsj.classes == oanc[0].classes
+    assert torch.equal(wsj.train[1], oanc[0].train[1])  # the same training pool as the in-domain test
+    sample = load_dataset("ptb_pos_sample")
+    wsj_tokens = sum(_tokens(y) for _, y in (sample.train, sample.val, sample.test))
+    assert _tokens(wsj.test[1]) == wsj_tokens  # every WSJ token scored: '' read as OANC's "
+    with pytest.raises(ValueError, match="ood_test"):
+        load_dataset("oanc_pos", ood_test="brown")
+    with pytest.raises(ValueError, match="test_fraction"):
+        load_dataset("oanc_pos", test_fraction=1.0)
+
+
+def test_oanc_pos_missing_corpus_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(DatasetNotFoundError) as info:
+        load_dataset("oanc_pos", data_root=tmp_path)
+    message = str(info.value)
+    assert str(tmp_path / "usr/share/doc/python3-pattern/test/corpora/tagged-en-oanc.txt") in message
+    assert "fetch_data.sh" in message

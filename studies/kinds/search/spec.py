@@ -79,7 +79,7 @@ MIN_FROZEN_SHARE = 0.5
 """Claim b's AutoNorm-S must have its gate frozen for at least this share of the training epochs."""
 
 _VISION = frozenset({"fashion_mnist", "digits", "mnist", "cifar10", "cifar100", "svhn"})
-_TEXT = frozenset({"ptb_pos_sample", "pang_lee_polarity", "sst2", "ptb_pos"})
+_TEXT = frozenset({"ptb_pos_sample", "oanc_pos", "pang_lee_polarity", "sst2", "ptb_pos"})
 
 FROZEN = ConfigDict(extra="forbid", frozen=True)
 _Seed = Annotated[int, Field(strict=True, ge=0, lt=2**32)]
