@@ -468,11 +468,17 @@ def table_lines(rows: Sequence[Row]) -> list[str]:
 
 
 def render_page(
-    dirs: Sequence[Path], rows: Sequence[Row], claims: Sequence[Any] = (), figure: str | None = None
+    dirs: Sequence[Path],
+    rows: Sequence[Row],
+    claims: Sequence[Any] = (),
+    figure: str | None = None,
+    planned: Sequence[str] = (),
 ) -> str:
     """``docs/results.md``: one table of the papers' claims (``claims``,
-    :func:`studies.claims_page.claim_rows`) and its ``figure``, then per study its shared scope,
-    cost, run and reproduce command once and one row per hypothesis (or that nothing is stored yet)."""
+    :func:`studies.claims_page.claim_rows`) and its ``figure``, the claims' adequate-size presets priced
+    but not stored (``planned``: :func:`studies.planned.planned_lines`), then per study its shared
+    scope, cost, run and reproduce command once and one row per hypothesis (or that nothing is stored
+    yet)."""
     from studies.claims_page import claim_lines
 
     head = [
@@ -497,6 +503,18 @@ def render_page(
     ]
     if figure:
         out += [f"![every claim's estimate and interval, coloured by verdict]({figure})", ""]
+    if planned:
+        out += [
+            "## Planned at an adequate size",
+            "",
+            "Presets at the size at which the models learn the task (`results/planned.yaml`), priced by "
+            "`autonorm-study plan SPEC --preset P --json` (CPU-hours: every look to the maximum, no range "
+            "extension) and not stored yet: no verdict. One over the machine's budget is `not testable "
+            "on this machine`; the rows above stay the small-scale studies'.",
+            "",
+            *planned,
+            "",
+        ]
     out += [
         "## Per study",
         "",
@@ -559,7 +577,9 @@ def write_page(paths: Iterable[Path], output: Path) -> tuple[list[Row], str]:
     """Read every stored study under ``paths`` (:func:`study_dirs`), write the page to ``output`` and
     its figure beside it (``<output stem>.png``); the rows and the page's text."""
     from studies.claims_page import claim_rows, plot_claims
+    from studies.planned import PlannedError, planned_lines, read_planned
 
+    paths = list(paths)
     dirs = study_dirs(paths)
     rows = [row for d in dirs for row in result_rows(d)]
     claims = (
@@ -569,7 +589,11 @@ def write_page(paths: Iterable[Path], output: Path) -> tuple[list[Row], str]:
     )
     output.parent.mkdir(parents=True, exist_ok=True)
     figure = plot_claims(claims, output.with_suffix(".png")) if claims else None
-    text = render_page(dirs, rows, claims, figure.name if figure is not None else None)
+    try:
+        planned = planned_lines(read_planned(paths), {r.study for r in rows})
+    except PlannedError as exc:
+        raise ResultsError(str(exc)) from None
+    text = render_page(dirs, rows, claims, figure.name if figure is not None else None, planned)
     output.write_text(text, encoding="utf-8")
     return rows, text
 

@@ -369,3 +369,33 @@ def test_each_member_of_a_stacked_group_adds_its_result_to_every_round() -> None
     trials = plan_study(spec, kind_for(spec), calibration=stacked_cal, calibrate=False, cpus=2)["trials"]
     assert one - base == pytest.approx(0.1 * 3 * trials)
     assert cpu_s(off, 0.0) == cpu_s(off, 0.2)
+
+
+# The adequate-size presets of issue #50: each validates and plans (given step times: nothing is
+# timed here), keeps its own study name and the size at which its model learns the task.
+ADEQUATE = {
+    ("autonorm_search.yaml", "text_oanc"): "autonorm_claims_text_oanc",
+    ("autonorm_search.yaml", "vision_full"): "autonorm_claims_vision_full",
+    ("affine_divergence_table.yaml", "cnn_adequate"): "affine_divergence_table_cnn_adequate",
+}
+
+
+@pytest.mark.parametrize(("file", "preset"), sorted(ADEQUATE))
+def test_the_adequate_presets_validate_and_plan(file: str, preset: str) -> None:
+    spec = load_study(SPECS / file, preset=preset)
+    assert spec.name == ADEQUATE[(file, preset)]
+    plan = plan_study(spec, kind_for(spec), calibration=CAL, calibrate=False, cpus=2)
+    assert plan["trials"] == KINDS[spec.kind].total_trials(spec) + sum(
+        p["trials"] for p in plan["phases"] if p["look"] or p["refine"]
+    )
+    assert 0 < plan["cpu_hours"] <= plan["cpu_hours_max"] and plan["calibration"]["measured"] == []
+    data, model = spec.data, spec.model
+    if preset == "text_oanc":
+        assert data.type == "oanc_pos" and model.depth is not None and model.depth >= 6
+    elif preset == "vision_full":
+        assert data.type == "fashion_mnist" and (data.subset is None or data.subset >= 20000)
+    else:
+        assert data.type == "fashion_mnist" and data.subset is None and model.type == "cnn"
+    if spec.kind == "search":  # claim b's AutoNorm-S freezes at confirm.freeze, the searched one beside it
+        assert spec.confirm is not None and spec.confirm.freeze is not None
+        assert {"autonorm", "autonorm_s", "autonorm_s_searched"} <= set(spec.confirm.arms)
