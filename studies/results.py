@@ -132,8 +132,8 @@ def _study_run(
 
 
 def export_study(study_dir: Path, root: Path, *, tracking_uri: str | None = None) -> tuple[Path, list[str]]:
-    """Copy a finished study directory's small files into ``root/<name>/`` (module docstring); an
-    earlier export of it is replaced. Returns the directory and notes (what could not be recorded).
+    """Copy a finished study directory's small files into ``root/<name>/`` (module docstring), and
+    the run's ``report.md`` with its plots; an earlier export of it is replaced. Returns the directory and notes (what could not be recorded).
 
     Raises:
         ResultsError: ``study_dir`` is no finished study, or is the destination itself.
@@ -159,6 +159,10 @@ def export_study(study_dir: Path, root: Path, *, tracking_uri: str | None = None
     for name in TABLE_FILES:
         if name != GATE_LOGS_FILE and (study_dir / name).is_file():
             shutil.copyfile(study_dir / name, out / name)
+    # the run's own report and its plots, as the run wrote them (``--reanalyse`` rewrites them)
+    for path in [study_dir / "report.md", *sorted(study_dir.glob("*.png"))]:
+        if path.is_file():
+            shutil.copyfile(path, out / path.name)
     notes: list[str] = []
     if (study_dir / "confirm_trials.csv").is_file() and write_gate_logs(spec, out) is None:
         notes.append("no gate logs: the spec has no confirm section")

@@ -369,7 +369,7 @@ def test_results_export_reproduces_offline(
     ran: Ran, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """Issue #39 item 5: ``results --export`` copies the study's verdict, spec, provenance and trial
-    tables (kilobytes) into ``results/<study>/``; ``reproduce`` on the copy, whose run no tracking
+    tables (kilobytes), and the run's report and plots, into ``results/<study>/``; ``reproduce`` on the copy, whose run no tracking
     store holds, re-analyses those tables to the stored verdict and creates no store; the page has
     the study's row and one per hypothesis, with the study run's id. A kind that keeps no trial table
     (the plug-in test kind) cannot be re-analysed offline, and says so (exit 2)."""
@@ -382,10 +382,13 @@ def test_results_export_reproduces_offline(
     stored = root / ran.spec.name
     files = {p.name for p in stored.iterdir()}
     tables = {name for name in TABLE_FILES if (Path(ran.outcome.study_dir) / name).is_file()}
-    assert files == {"verdict.json", "study_spec.yaml", "provenance.json", *tables} | (
+    report = {
+        p.name for p in Path(ran.outcome.study_dir).iterdir() if p.name == "report.md" or p.suffix == ".png"
+    }
+    assert files == {"verdict.json", "study_spec.yaml", "provenance.json", *tables, *report} | (
         {"gate_logs.json"} if "confirm_trials.csv" in tables else set()
     )
-    assert sum(p.stat().st_size for p in stored.iterdir()) < 200_000
+    assert sum(p.stat().st_size for p in stored.iterdir() if p.suffix != ".png") < 200_000
     provenance = json.loads((stored / "provenance.json").read_text(encoding="utf-8"))
     assert provenance["study_run"]["run_id"] == ran.outcome.parent_run_id
     assert len(provenance["data_fingerprint"]) == 64  # the run's own record, kept in its directory
