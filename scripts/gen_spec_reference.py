@@ -579,10 +579,20 @@ def render_shared(
         out += ["", "### Shared top-level fields", ""]
         out += _section_table(top, {})
     for name in section_names:
-        kind = next(k for k in kinds if name in k.sections and len(k.sections[name][1]) > 1)
-        info, rows = kind.sections[name]
+        having = [k for k in kinds if name in k.sections and len(k.sections[name][1]) > 1]
+        info, _ = having[0].sections[name]
+        # the shared rows of every kind with the section (two kinds may share rows a third lacks)
+        rows: list[Row] = []
+        unions: dict[str, list[str]] = {}
+        for kind in having:
+            rows += [
+                r
+                for r in kind.sections[name][1]
+                if _key(r) in shared and _key(r) not in {_key(t) for t in rows}
+            ]
+            unions = {**_tags_below(kind.unions, name), **unions}
         out += ["", f"### `{name}`", "", *_section_intro(info)]
-        out += _section_table([r for r in rows if _key(r) in shared], _tags_below(kind.unions, name))
+        out += _section_table(rows, unions)
     return out
 
 

@@ -24,19 +24,16 @@ arm's ``under-trained: ...`` reason (:func:`gate_claims`), never supported or re
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from studies.adequacy import FACTOR, NOT_MEASURED, enabled, failed_cells, max_gain, reason, settings
-from workers.dotted import ROOT
-from workers.plan import StudyPlan
 
 __all__ = [
     "adequacy_record",
     "adequacy_rule",
-    "check_plan",
+    "budget_training",
     "check_seed",
     "check_trials",
     "checked_arms",
@@ -95,31 +92,12 @@ def reuses_tuning(spec: Any) -> bool:
     return spec.training.budget != "epochs" or tuning.epochs in (None, spec.training.epochs)
 
 
-def _budget(training: Mapping[str, Any], factor: int) -> dict[str, Any]:
+def budget_training(training: Mapping[str, Any], factor: int) -> dict[str, Any]:
+    """The training fields of ``factor`` times the budget ``training`` sets (epochs, max_updates)."""
     out: dict[str, Any] = {"epochs": int(training["epochs"]) * factor}
     if training.get("max_updates") is not None:
         out["max_updates"] = int(training["max_updates"]) * factor
     return out
-
-
-def check_plan(spec: Any, plan: StudyPlan, base: Mapping[str, Any], arm: str) -> StudyPlan:
-    """Phase ``confirm-tune-<arm>-adequacy``: ``base`` (the arm's confirmed configuration, its η
-    set) at twice the budget, and at the budget where the tuning lacks it, on :func:`check_seed`."""
-    from studies.kinds.search.plans import _grid_plan
-
-    training = dict(base["training"])
-    budgets = [FACTOR] if reuses_tuning(spec) else [1, FACTOR]
-    cells = tuple({"training": _budget(training, f)} for f in budgets)
-    out = _grid_plan(
-        plan,
-        name=phase_of(arm),
-        base=copy.deepcopy(dict(base)),
-        grid=((ROOT, cells), ("seed", (check_seed(spec),))),
-        arm=arm,
-        run_name=f"{arm}-lr{{training.lr:.3g}}-e{{training.epochs}}-s{{seed}}",
-        slots=spec.confirm.max_concurrent or plan.max_concurrent,
-    )
-    return out  # never stacked: its runs differ in budget
 
 
 def check_trials(spec: Any) -> int:

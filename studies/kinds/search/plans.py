@@ -21,12 +21,14 @@ from typing import Any
 from studies.contract import Phase
 from studies.kinds.search.spec import CONFIRM_ARMS
 from studies.tuning import refine_points
+from workers.dotted import ROOT
 from workers.plan import StudyPlan
 from workers.trainable import CONFIG_RESULT_KEY
 
 __all__ = [
     "SEARCH_PHASE",
     "arm_config",
+    "check_plan",
     "confirm_plan",
     "extension_plan",
     "look_plan_name",
@@ -188,6 +190,27 @@ def confirm_plan(
     )
 
 
+def check_plan(spec: Any, plan: StudyPlan, base: Mapping[str, Any], arm: str) -> StudyPlan:
+    """Phase ``confirm-tune-<arm>-adequacy``: ``base`` (the arm's confirmed configuration, its η
+    set) at twice the budget, and at the budget where the tuning lacks it, on :func:`check_seed`."""
+    from studies.adequacy import FACTOR
+    from studies.kinds.search.adequacy import budget_training, check_seed, phase_of, reuses_tuning
+
+    training = dict(base["training"])
+    budgets = [FACTOR] if reuses_tuning(spec) else [1, FACTOR]
+    cells = tuple({"training": budget_training(training, f)} for f in budgets)
+    out = _grid_plan(
+        plan,
+        name=phase_of(arm),
+        base=copy.deepcopy(dict(base)),
+        grid=((ROOT, cells), ("seed", (check_seed(spec),))),
+        arm=arm,
+        run_name=f"{arm}-lr{{training.lr:.3g}}-e{{training.epochs}}-s{{seed}}",
+        slots=spec.confirm.max_concurrent or plan.max_concurrent,
+    )
+    return out  # never stacked: its runs differ in budget
+
+
 def phases(spec: Any) -> list[Phase]:
     """``search``, then per confirmatory arm ``confirm-tune-<arm>``, its optional range-extension
     rounds ``confirm-tune-<arm>-ext<k>``, its refinement ``confirm-tune-<arm>-refine`` (counted by
@@ -196,7 +219,7 @@ def phases(spec: Any) -> list[Phase]:
     its later looks are the optional ``confirm-<arm>-look<j>``). The
     best searched configuration is not known before the search: the spec's base config stands in
     for it (same model, data and budget; only sampled values differ)."""
-    from studies.kinds.search.adequacy import check_plan, checked_arms
+    from studies.kinds.search.adequacy import checked_arms
 
     plan = search_plan(spec)
     out = [Phase.of(plan)]

@@ -42,7 +42,6 @@ from studies.kinds.kit import (
 from studies.kinds.search.adequacy import (
     adequacy_record,
     adequacy_rule,
-    check_plan,
     checked_arms,
     gate_claims,
     measure,
@@ -52,6 +51,7 @@ from studies.kinds.search.design import CLAIM_ARMS, FROZEN_COLUMN, design_fields
 from studies.kinds.search.plans import (
     SEARCH_PHASE,
     arm_config,
+    check_plan,
     confirm_plan,
     extension_plan,
     look_plan_name,
