@@ -38,6 +38,7 @@ from studies.schema.loading import (
     url_field_issues,
     validate_spec,
 )
+from studies.schema.metrics import metric_issues, reported_metrics
 from studies.schema.plan import (
     build_plan,
     compile_search,
@@ -100,8 +101,6 @@ from studies.schema.sections import (
     ViTLiteSpec,
     data_classes,
     data_task,
-    metric_issues,
-    reported_metrics,
     trial_config,
 )
 from studies.schema.space import (

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field, StrictBool, model_validator
 from studies.schema import sections
 from studies.schema.errors import SpecError, SpecIssue
 from studies.schema.execution import ExecutionSpec
+from studies.schema.metrics import metric_issues
 from studies.schema.plan import build_plan, plan_settings, spec_hash
 from studies.schema.reading import dump_yaml
 from studies.schema.sampling import CategoricalParam, FIFOSpec, GridSpec, SearchSpec
@@ -40,7 +41,6 @@ from studies.schema.sections import (
     TrainingSpec,
     TrialSections,
     data_task,
-    metric_issues,
 )
 from studies.schema.space import check_search_space
 from studies.schema.urls import StoragePath

@@ -335,6 +335,58 @@ def smoke_off(
 
 @pytest.mark.ray
 @pytest.mark.slow
+def test_trials_run_and_wall_time_agree_in_the_run_status_ls_verdict_and_report(
+    smoke: tuple[BatchSizeStudySpec, StudyOutcome], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One trial count and one wall time (issue 48): the run's closing lines and its summary,
+    ``status``, ``ls``, ``verdict.json`` and ``report.md`` show the same numbers, the seconds equal
+    where they are kept as seconds, the same minutes where they are printed. It runs first on the
+    module's smoke (tests in a file run in order): a later test resumes the finished study, which
+    rewrites its outputs with the resumed session's cost."""
+    from studies import cli
+    from workers.console import format_wall
+
+    spec, out = smoke
+    study_dir = Path(out.study_dir)
+    resources = json.loads((study_dir / "verdict.json").read_text())["resources"]
+    trials, wall = resources["trials"], resources["wall_time_s"]
+    assert trials == spec.total_trials and wall > 0  # every phase's trials: tuning and confirmatory
+    shown = format_wall(wall)
+    # the run: its summary (--json) and its closing lines
+    assert (out.summary["trials"], out.summary["wall_s"]) == (trials, wall)
+    printed = (Path(spec.storage_path) / RUN_OUTPUT).read_text().splitlines()
+    (closing,) = [ln for ln in printed if ln.startswith(f"[{spec.name}] trials run: ")]
+    assert closing.split("trials run: ")[1].split()[0] == str(trials)
+    walls = [ln for ln in printed if "wall time" in ln]
+    assert closing in walls  # the runner's closing line (the one cost source)
+    assert all(shown in ln for ln in walls), (shown, walls)
+    # status
+    assert cli.main(["status", str(study_dir), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["trials"], status["wall_s"]) == (trials, wall)
+    assert cli.main(["status", str(study_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"trials run: {trials} of {trials} planned" in lines and f"wall time: {shown}" in lines
+    # ls
+    assert cli.main(["ls", "--tracking-uri", out.tracking_uri, "--json"]) == 0
+    (row,) = [r for r in json.loads(capsys.readouterr().out) if r["study"] == spec.name]
+    assert (row["trials"], row["wall_s"]) == (trials, wall)
+    assert cli.main(["ls", "--tracking-uri", out.tracking_uri]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(spec.name)]
+    assert line.split()[4] == str(trials) and shown in line
+    # the report, and the one `report` regenerates from the study directory
+    md = (study_dir / "report.md").read_text()
+    assert f"- trials run: {trials}\n" in md and f"- wall time: {shown}\n" in md
+    assert cli.main(["report", str(study_dir)]) == 0
+    capsys.readouterr()
+    again = json.loads((study_dir / "report" / "verdict.json").read_text())["resources"]
+    assert (again["trials"], again["wall_time_s"]) == (trials, wall)
+    md = (study_dir / "report" / "report.md").read_text()
+    assert f"- trials run: {trials}\n" in md and f"- wall time: {shown}\n" in md
+
+
+@pytest.mark.ray
+@pytest.mark.slow
 def test_the_smoke_stacked_and_off_gives_the_same_rows_accuracies_verdicts_and_labels(
     smoke: tuple[BatchSizeStudySpec, StudyOutcome], smoke_off: tuple[BatchSizeStudySpec, StudyOutcome]
 ) -> None:
@@ -491,56 +543,6 @@ def test_status_report_and_resume_work_on_the_study_directory(
     assert len(trials) == spec.total_trials  # nothing duplicated
     summaries = client.search_runs([exp], filter_string="tags.`autonorm.role` = 'summary'")
     assert sorted(r.info.run_name for r in summaries) == sorted(spec.arms)  # none added by resume
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_trials_run_and_wall_time_agree_in_the_run_status_ls_verdict_and_report(
-    smoke: tuple[BatchSizeStudySpec, StudyOutcome], capsys: pytest.CaptureFixture[str]
-) -> None:
-    """One trial count and one wall time (issue 48): the run's closing lines and its summary,
-    ``status``, ``ls``, ``verdict.json`` and ``report.md`` show the same numbers, the seconds equal
-    where they are kept as seconds, the same minutes where they are printed."""
-    from studies import cli
-    from workers.console import format_wall
-
-    spec, out = smoke
-    study_dir = Path(out.study_dir)
-    resources = json.loads((study_dir / "verdict.json").read_text())["resources"]
-    trials, wall = resources["trials"], resources["wall_time_s"]
-    assert trials == spec.total_trials and wall > 0  # every phase's trials: tuning and confirmatory
-    shown = format_wall(wall)
-    # the run: its summary (--json) and its closing lines
-    assert (out.summary["trials"], out.summary["wall_s"]) == (trials, wall)
-    printed = (Path(spec.storage_path) / RUN_OUTPUT).read_text().splitlines()
-    (closing,) = [ln for ln in printed if ln.startswith(f"[{spec.name}] trials run: ")]
-    assert closing.split("trials run: ")[1].split()[0] == str(trials)
-    walls = [ln for ln in printed if "wall time" in ln]
-    assert closing in walls and len(walls) >= 2  # the runner's line and the kind's closing line
-    assert all(shown in ln for ln in walls), (shown, walls)
-    # status
-    assert cli.main(["status", str(study_dir), "--json"]) == 0
-    status = json.loads(capsys.readouterr().out)
-    assert (status["trials"], status["wall_s"]) == (trials, wall)
-    assert cli.main(["status", str(study_dir)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert f"trials run: {trials} of {trials} planned" in lines and f"wall time: {shown}" in lines
-    # ls
-    assert cli.main(["ls", "--tracking-uri", out.tracking_uri, "--json"]) == 0
-    (row,) = [r for r in json.loads(capsys.readouterr().out) if r["study"] == spec.name]
-    assert (row["trials"], row["wall_s"]) == (trials, wall)
-    assert cli.main(["ls", "--tracking-uri", out.tracking_uri]) == 0
-    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(spec.name)]
-    assert line.split()[4] == str(trials) and shown in line
-    # the report, and the one `report` regenerates from the study directory
-    md = (study_dir / "report.md").read_text()
-    assert f"- trials run: {trials}\n" in md and f"- wall time: {shown}\n" in md
-    assert cli.main(["report", str(study_dir)]) == 0
-    capsys.readouterr()
-    again = json.loads((study_dir / "report" / "verdict.json").read_text())["resources"]
-    assert (again["trials"], again["wall_time_s"]) == (trials, wall)
-    md = (study_dir / "report" / "report.md").read_text()
-    assert f"- trials run: {trials}\n" in md and f"- wall time: {shown}\n" in md
 
 
 @pytest.mark.ray

@@ -55,12 +55,12 @@ class SearchKind(FolderKind):
         return analyse(table, spec, **inputs)
 
     def status(self, spec: Any) -> dict[str, Any]:
-        from studies.kinds.search.workflow import status
+        from studies.kinds.search.readback import status
 
         return status(spec)
 
     def report(self, spec: Any, out_dir: Path) -> Path:
-        from studies.kinds.search.workflow import report
+        from studies.kinds.search.readback import report
 
         return report(spec, out_dir)
 

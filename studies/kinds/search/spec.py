@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from studies.adequacy import AdequacySpec
 from studies.schema.errors import SpecError, SpecIssue
 from studies.schema.execution import ExecutionSpec
+from studies.schema.metrics import metric_issues
 from studies.schema.plan import build_plan, plan_settings, spec_hash
 from studies.schema.reading import dump_yaml
 from studies.schema.sampling import (
@@ -38,7 +39,6 @@ from studies.schema.sections import (
     TrackingSpec,
     TrainingSpec,
     ViTLiteSpec,
-    metric_issues,
     section_issues,
     trial_config,
     type_first,
