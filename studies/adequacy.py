@@ -307,16 +307,17 @@ def adequacy_record(spec: Any, by_budget: Mapping[str, Any] | None) -> Any:
     }
 
 
-def rule(spec: Any) -> dict[str, Any]:
-    """``verdict.json["adequacy_rule"]``: what the check compared (metric, factor, thresholds, seeds)."""
+def rule(spec: Any, *, metric: str | None = None, seeds: Sequence[int] | None = None) -> dict[str, Any]:
+    """``verdict.json["adequacy_rule"]``: what the check compared (metric, factor, thresholds, seeds);
+    ``metric`` / ``seeds``: a kind's own (default ``lr_tuning.metric`` and :func:`check_seeds`)."""
     s = settings(spec)
     return {
         "check": enabled(spec),
-        "metric": spec.lr_tuning.metric,
+        "metric": spec.lr_tuning.metric if metric is None else metric,
         "factor": FACTOR,
         "max_gain": max_gain(spec),
         "min_metric": None if s is None else s.min_metric,
-        "seeds": list(check_seeds(spec)),
+        "seeds": list(check_seeds(spec) if seeds is None else seeds),
     }
 
 

@@ -433,13 +433,15 @@ def tuned_rates(
     tuning: GridTuning,
     run_points: RunPoints | None = None,
     run_refine: RefinePoints | None = None,
+    grids: Mapping[str, LRGrid] | None = None,
 ) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
     """:func:`tune` with ``tuning``'s grid, metric, mode, extension limit and refinement for every
     one of ``cells``: the tuned rate per cell and the record per cell, a cell with no winner (no
-    trial completed) left out of both."""
+    trial completed) left out of both. ``grids``: each cell's own grid instead of ``tuning``'s (a
+    second tuning stage around the first stage's rates)."""
     grid = tuning.lr_grid()
     record, _ = tune(
-        {cell: grid for cell in cells},
+        dict(grids) if grids is not None else {cell: grid for cell in cells},
         trials,
         cell_of=cell_of,
         metric=tuning.metric,

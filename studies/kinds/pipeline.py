@@ -45,7 +45,7 @@ from studies.kinds.kit import (
     with_seeds,
 )
 from studies.schema.arms import CELL_STAGE, phase_name
-from studies.tuning import LRGrid, refine_points, tune, tuned_rates
+from studies.tuning import LRGrid, refine_points, tuned_rates
 from workers.plan import StudyPlan
 
 __all__ = ["TINY", "Analysed", "TunedDesign", "TunedDesignKind", "all_decided"]
@@ -349,22 +349,18 @@ def select_cell_rates(
     "cell"``); a cell with no winner is left out."""
     from studies.adequacy import check_key
 
-    tuning = spec.lr_tuning
-    record, _ = tune(
-        grids,
+    lr, record = tuned_rates(
+        list(grids),
         trials,
         cell_of=lambda t: check_key(spec, t.config),
-        metric=tuning.metric,
-        mode=tuning.mode,
-        max_extensions=tuning.max_extensions,
+        tuning=spec.lr_tuning,
         run_points=run_points,
-        refine=tuning.refine,
         run_refine=run_refine,
-        noise=bool(getattr(tuning, "flag_noisy", False)),
+        grids=grids,
     )
-    cells = {cell: {**rec, "stage": "cell"} for cell, rec in record.items() if rec["lr"] is not None}
+    cells = {cell: {**rec, "stage": "cell"} for cell, rec in record.items()}
     first = {cell: {**rec, "stage": "reference"} for cell, rec in reference.items()}
-    return {cell: float(rec["lr"]) for cell, rec in cells.items()}, {**first, **cells}
+    return lr, {**first, **cells}
 
 
 def _concat(tables: Sequence[Any]) -> Any:

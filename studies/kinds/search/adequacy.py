@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from studies.adequacy import FACTOR, NOT_MEASURED, enabled, failed_cells, max_gain, reason, settings
+from studies.adequacy import FACTOR, NOT_MEASURED, enabled, failed_cells, max_gain, reason, rule, settings
 
 __all__ = [
     "adequacy_record",
@@ -175,16 +175,8 @@ def adequacy_record(spec: Any, entries: Mapping[str, Any] | None) -> Any:
 
 def adequacy_rule(spec: Any) -> dict[str, Any]:
     """``verdict.json["adequacy_rule"]``: what the check compared (metric, factor, thresholds, seed)."""
-    s = settings(spec)
-    return {
-        "check": enabled(spec),
-        "metric": spec.search.metric,
-        "factor": FACTOR,
-        "max_gain": max_gain(spec),
-        "min_metric": None if s is None else s.min_metric,
-        "seeds": [check_seed(spec)] if spec.confirm is not None else [],
-        "arms": checked_arms(spec),
-    }
+    seeds = [check_seed(spec)] if spec.confirm is not None else []
+    return {**rule(spec, metric=spec.search.metric, seeds=seeds), "arms": checked_arms(spec)}
 
 
 def gate_claims(claims: Mapping[str, dict[str, Any]], entries: Any) -> None:
