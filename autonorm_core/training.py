@@ -55,6 +55,7 @@ __all__ = [
     "TIMING_KEYS",
     "Callback",
     "CompileSetting",
+    "Divergence",
     "FitResult",
     "FreezeRule",
     "GateFreeze",
@@ -126,6 +127,30 @@ class StopTraining(Exception):
     """Raised by a callback to end the fit after the current epoch (``FitResult.status == "stopped"``)."""
 
 
+@dataclass(frozen=True)
+class Divergence:
+    """Where a fit's loss became NaN/inf: the typed record both loops return (``FitResult.divergence``)
+    and the trial reads, instead of parsing ``FitResult.message`` back (the message is its text).
+
+    Attributes:
+        loss: ``training`` (an update's loss; the epoch did not finish) or ``validation`` (the epoch
+            finished but its validation or summed training loss is not finite).
+        value: the observed loss (NaN/inf; the validation loss for ``validation``).
+        epoch: the epoch in which (``training``) or after which (``validation``) it happened.
+        update: the update at which a training loss diverged, else ``None``.
+    """
+
+    loss: Literal["training", "validation"]
+    value: float
+    epoch: int
+    update: int | None = None
+
+    def __str__(self) -> str:
+        if self.loss == "training":
+            return f"non-finite training loss {self.value} at epoch {self.epoch}, update {self.update}"
+        return f"non-finite validation loss {self.value} after epoch {self.epoch}"
+
+
 @dataclass
 class FitResult:
     """What :func:`fit` returns.
@@ -138,6 +163,7 @@ class FitResult:
         freeze_epoch: epoch at whose end the selector was frozen, else ``None``.
         freeze_entropy: mean gate entropy on which the freeze rule decided, else ``None``.
         message: why the fit ended early, empty otherwise.
+        divergence: where the loss became NaN/inf when ``status == "diverged"``, else ``None``.
     """
 
     status: Literal["completed", "diverged", "stopped"]
@@ -146,6 +172,7 @@ class FitResult:
     freeze_epoch: int | None = None
     freeze_entropy: float | None = None
     message: str = ""
+    divergence: Divergence | None = None
 
     @property
     def final(self) -> dict[str, float]:
@@ -562,6 +589,7 @@ def fit(
 
         status: Literal["completed", "diverged", "stopped"] = "completed"
         message = ""
+        divergence: Divergence | None = None
         x_train, y_train = parts["train"]
         for epoch in range(start_epoch, n_epochs + 1):
             model.train()
@@ -589,7 +617,7 @@ def fit(
                 loss_value = float(loss.item())
                 if not math.isfinite(loss_value):
                     status = "diverged"
-                    message = f"non-finite training loss {loss_value} at epoch {epoch}, update {step}"
+                    divergence = Divergence("training", loss_value, epoch, step)
                     break
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -618,7 +646,7 @@ def fit(
             test = evaluate(parts["test"])
             if not (math.isfinite(val["loss"]) and math.isfinite(loss_sum)):
                 status = "diverged"
-                message = f"non-finite validation loss {val['loss']} after epoch {epoch}"
+                divergence = Divergence("validation", val["loss"], epoch)
                 break
 
             metrics: dict[str, float] = {
@@ -692,7 +720,8 @@ def fit(
         updates=step,
         freeze_epoch=freeze_epoch,
         freeze_entropy=freeze_entropy,
-        message=message,
+        message=str(divergence) if divergence is not None else message,
+        divergence=divergence,
     )
 
 

@@ -28,7 +28,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -106,27 +105,15 @@ def _with_search_metric(payload: dict[str, Any], metric: str | None) -> None:
         payload[metric] = math.nan
 
 
-_DIVERGED_LOSS = re.compile(r"non-finite (training|validation) loss (\S+)")
-
-
 def _diverged_report(result: Any) -> dict[str, Any]:
     """The last report of a diverged fit: the last whole epoch's metrics (``epoch`` 0 when none
-    finished) with the loss that blew up as ``train_loss`` (or ``val_loss``), NaN/inf as observed.
-
-    ``FitResult`` carries the observed value only in its message; NaN when it cannot be read.
-    """
+    finished) with the loss that blew up as ``train_loss`` (or ``val_loss``), NaN/inf as observed,
+    read from the fit's typed :class:`~autonorm_core.training.Divergence` (NaN when it has none)."""
     metrics: dict[str, Any] = dict(result.final)
     metrics["epoch"] = metrics.get("epoch", 0)
-    observed = math.nan
-    which = "training"
-    match = _DIVERGED_LOSS.search(str(getattr(result, "message", "")))
-    if match:
-        which = match.group(1)
-        try:
-            observed = float(match.group(2).rstrip(",;"))
-        except ValueError:
-            observed = math.nan
-    if which == "validation":
+    divergence = getattr(result, "divergence", None)
+    observed = math.nan if divergence is None else float(divergence.value)
+    if divergence is not None and divergence.loss == "validation":
         metrics["val_loss"] = observed
         metrics["train_loss"] = math.nan  # the epoch did not finish: no whole-epoch training loss
     else:

@@ -33,6 +33,7 @@ from autonorm_core.stacking.optim import StackedOptimizer
 from autonorm_core.training import (
     STATE_FORMAT,
     Callback,
+    Divergence,
     FitResult,
     StopTraining,
     TrainConfig,
@@ -391,6 +392,7 @@ class _StackedRun:
         self.stacked.member_rng.generators = self.global_dev
         self.status: list[str] = ["running"] * self.K
         self.message = [""] * self.K
+        self.divergence: list[Divergence | None] = [None] * self.K
         self.history: list[list[dict[str, float]]] = [[] for _ in range(self.K)]
         self.step = [0] * self.K
         self.frozen = [False] * self.K
@@ -558,9 +560,10 @@ class _StackedRun:
             self._mask_cache = (key, masks)
         return self._mask_cache[1]
 
-    def _diverge(self, k: int, message: str) -> None:
+    def _diverge(self, k: int, divergence: Divergence) -> None:
         self.status[k] = "diverged"
-        self.message[k] = message
+        self.divergence[k] = divergence
+        self.message[k] = str(divergence)
         self.final_states[k] = self.stacked.member_state_dict(k)
 
     def _epoch_order(self, perms: list[Tensor], steps: int) -> Tensor:
@@ -654,10 +657,7 @@ class _StackedRun:
                 if not all(map(math.isfinite, values)):
                     for k in live:
                         if not math.isfinite(values[k]):
-                            self._diverge(
-                                k,
-                                f"non-finite training loss {values[k]} at epoch {epoch}, update {self.step[k]}",
-                            )
+                            self._diverge(k, Divergence("training", values[k], epoch, self.step[k]))
                     live = [k for k in range(K) if self.status[k] == "running"]
                     if not live:
                         break
@@ -735,7 +735,7 @@ class _StackedRun:
     ) -> None:
         cfg = self.cfgs[k]
         if not (math.isfinite(val["loss"]) and math.isfinite(loss_sum)):
-            self._diverge(k, f"non-finite validation loss {val['loss']} after epoch {epoch}")
+            self._diverge(k, Divergence("validation", val["loss"], epoch))
             return
         metrics: dict[str, float] = {
             "epoch": float(epoch),
@@ -789,6 +789,7 @@ class _StackedRun:
                     freeze_epoch=self.freeze_epoch[k],
                     freeze_entropy=self.freeze_entropy[k],
                     message=self.message[k],
+                    divergence=self.divergence[k],
                 )
             )
         return StackedFitResult(results=results, stacked=True, states=states)

@@ -345,6 +345,13 @@ def test_a_members_numbers_do_not_depend_on_the_stack_it_trains_in(
 # ----------------------------------------------------------------------------------------- divergence
 
 
+def _fields(divergence: Any) -> tuple[Any, ...] | None:
+    """A typed divergence record by field (its value as text: a NaN is not equal to itself)."""
+    if divergence is None:
+        return None
+    return (divergence.loss, divergence.epoch, divergence.update, str(divergence.value))
+
+
 def test_a_diverging_member_stops_and_the_others_still_match() -> None:
     splits = make_splits(n_train=80)
     cfgs = [_sgd(1e6), _sgd(0.1)]
@@ -355,6 +362,8 @@ def test_a_diverging_member_stops_and_the_others_still_match() -> None:
     assert refs[0].status == "diverged"  # the setting really diverges
     assert out.results[0].status == "diverged" and "non-finite" in out.results[0].message
     assert out.results[0].message == refs[0].message and out.results[0].updates == refs[0].updates
+    assert _fields(out.results[0].divergence) == _fields(refs[0].divergence) is not None
+    assert out.results[1].divergence is None
     assert out.results[1].status == "completed" and out.results[1].updates == 10
     assert _max_rel(out.states[1], seps[1].state_dict()) < TOL
     # the diverged member's recorded weights are those it had when it stopped
@@ -375,6 +384,8 @@ def test_a_member_diverging_under_one_shared_sgd_lr_leaves_the_others_matching()
     refs = [fit(m, s, _sgd(0.1), seed=seed) for m, s, seed in zip(seps, splits, SEEDS)]
     assert refs[0].status == out.results[0].status == "diverged"
     assert out.results[0].message == refs[0].message and out.results[0].updates == refs[0].updates == 0
+    assert _fields(out.results[0].divergence) == _fields(refs[0].divergence) is not None
+    assert out.results[1].divergence is None
     assert out.results[1].status == "completed" and out.results[1].updates == 10
     assert _max_rel(out.states[0], seps[0].state_dict()) == 0.0  # as it was when it diverged: its init
     assert _max_rel(out.states[1], seps[1].state_dict()) < TOL

@@ -417,7 +417,12 @@ def test_absurd_learning_rate_diverges_without_exception() -> None:
     cfg = TrainConfig(epochs=5, batch_size=32, lr=1e12, optimizer="sgd", grad_clip=None, warmup_fraction=0.0)
     result = fit(make_model(norm="identity"), make_splits(), cfg, seed=0)
     assert result.status == "diverged"
-    assert "non-finite" in result.message
+    # a typed record of where: the update's training loss, in the epoch after the last whole one
+    assert result.divergence is not None and result.divergence.loss == "training"
+    assert not math.isfinite(result.divergence.value)
+    assert result.divergence.epoch == len(result.history) + 1
+    assert result.divergence.update == result.updates
+    assert result.message == str(result.divergence) and "non-finite" in result.message
     assert len(result.history) < cfg.epochs
     assert all(math.isfinite(v) for row in result.history for v in row.values())
 

@@ -313,44 +313,56 @@ def test_real_divergence_in_epoch_one_reports_epoch_zero_nan_metric_and_the_loss
     assert json.loads(final[CONFIG_RESULT_KEY]) == DIABETES_SGD
 
 
+_INF, _NAN = math.inf, math.nan
+
+
 @pytest.mark.parametrize(
-    ("history", "message", "expected"),
+    ("history", "divergence", "expected"),
     [
         # no whole epoch: epoch 0, the training loss as observed, the metric NaN
-        ([], "non-finite training loss inf at epoch 1, update 3", {"epoch": 0, "train_loss": math.inf}),
-        ([], "non-finite training loss nan at epoch 1, update 0", {"epoch": 0, "train_loss": math.nan}),
+        ([], ("training", _INF, 1, 3), {"epoch": 0, "train_loss": math.inf}),
+        ([], ("training", _NAN, 1, 0), {"epoch": 0, "train_loss": math.nan}),
         # epoch 1 finished: its metrics (the search metric included), the blown-up loss on top
         (
             [{"epoch": 1.0, "val_accuracy": 0.3, "train_loss": 0.9}],
-            "non-finite training loss -inf at epoch 2, update 40",
+            ("training", -_INF, 2, 40),
             {"epoch": 1.0, "val_accuracy": 0.3, "train_loss": -math.inf},
         ),
         # the validation loss blew up after epoch 2: no whole-epoch training loss for epoch 2
         (
             [{"epoch": 1.0, "val_accuracy": 0.3, "train_loss": 0.9}],
-            "non-finite validation loss inf after epoch 2",
+            ("validation", _INF, 2, None),
             {"epoch": 1.0, "val_accuracy": 0.3, "train_loss": math.nan, "val_loss": math.inf},
         ),
-        # an unreadable message: NaN, never the last finite epoch's loss
+        # no record (a fit from before the typed record): NaN, never the last finite epoch's loss
         (
             [{"epoch": 1.0, "val_accuracy": 0.3, "train_loss": 0.9}],
-            "",
+            None,
             {"epoch": 1.0, "train_loss": math.nan},
         ),
     ],
 )
 def test_diverged_final_report(
-    monkeypatch: pytest.MonkeyPatch, history: list[dict[str, float]], message: str, expected: dict[str, float]
+    monkeypatch: pytest.MonkeyPatch,
+    history: list[dict[str, float]],
+    divergence: tuple[Any, ...] | None,
+    expected: dict[str, float],
 ) -> None:
+    """The trial reads the fit's typed Divergence, not its message: a message in another wording
+    changes nothing."""
     import autonorm_core.training as training
     from workers.trainable import autonorm_trial
+
+    record = None if divergence is None else training.Divergence(*divergence)
 
     def fake_fit(model: Any, splits: Any, cfg: Any, *, callbacks: Any, checkpoint_fn: Any, **kw: Any) -> Any:
         for row in history:
             checkpoint_fn(int(row["epoch"]), {"epoch": row["epoch"]})
             for cb in callbacks:
                 cb.on_epoch_end(int(row["epoch"]), model, dict(row))
-        return training.FitResult(status="diverged", history=list(history), message=message)
+        return training.FitResult(
+            status="diverged", history=list(history), message="the loss went away", divergence=record
+        )
 
     monkeypatch.setattr(training, "fit", fake_fit)
     calls: list[dict[str, Any]] = []
