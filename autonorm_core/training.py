@@ -67,6 +67,7 @@ __all__ = [
     "lr_at_step",
     "reported_metrics",
     "resolve_compile",
+    "same_run",
     "save_state",
     "should_freeze",
 ]
@@ -565,7 +566,7 @@ def fit(
             st = resume_state
             if st.get("format") != STATE_FORMAT:
                 raise ValueError(f"resume_state has format {st.get('format')!r}, expected {STATE_FORMAT}")
-            if not _same_run(st["config"], cfg) or st["seed"] != seed:
+            if not same_run(st["config"], cfg) or st["seed"] != seed:
                 raise ValueError("resume_state was written by a fit with another config or seed")
             model.load_state_dict(st["model"])
             frozen = bool(st["freeze"]["frozen"])
@@ -725,7 +726,7 @@ def fit(
     )
 
 
-def _same_run(saved: Mapping[str, Any], cfg: TrainConfig) -> bool:
+def same_run(saved: Mapping[str, Any], cfg: TrainConfig) -> bool:
     """Whether a state's ``config`` is ``cfg``'s, execution choices aside (see ``_EXECUTION_FIELDS``).
 
     A field the state lacks (written before the field existed) counts as its default.

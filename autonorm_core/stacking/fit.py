@@ -39,6 +39,7 @@ from autonorm_core.training import (
     TrainConfig,
     fit,
     lr_at_step,
+    same_run,
     should_freeze,
 )
 
@@ -430,10 +431,7 @@ class _StackedRun:
         cfg = self.cfgs[k]
         if st.get("format") != STATE_FORMAT:
             raise ValueError(f"resume_state has format {st.get('format')!r}, expected {STATE_FORMAT}")
-        ours = {n: v for n, v in cfg.to_dict().items() if n != "compile"}
-        theirs = {n: v for n, v in st["config"].items() if n != "compile"}
-        defaults = TrainConfig().to_dict()
-        if any(theirs.get(n, defaults[n]) != v for n, v in ours.items()) or st["seed"] != self.seeds[k]:
+        if not same_run(st["config"], cfg) or st["seed"] != self.seeds[k]:
             raise ValueError(f"member {k}: resume_state was written by a fit with another config or seed")
         model = self.models[k]
         model.load_state_dict(st["model"])

@@ -431,6 +431,56 @@ def test_member_states_resume_stacked_and_separately(layer: str, optimizer: str)
         assert _max_rel(full.states[k], alone.state_dict()) < TOL
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"seed": 99},  # another seed
+        {"config": {"lr": 0.5}},  # another value of a field
+        {"config": {"no_such_field": 1}},  # a field this version does not know
+    ],
+)
+def test_stacked_and_ordinary_resume_refuse_the_same_foreign_states(change: dict[str, Any]) -> None:
+    """One rule for both loops (``same_run``): a state of another run is refused by the stacked loop
+    exactly when the ordinary loop refuses it; an execution choice (``compile``) is not another run."""
+    splits = make_splits(n_train=80)
+    cfg = _sgd(0.05, epochs=2)
+    states: dict[int, dict[int, dict[str, Any]]] = {}
+    fit_stacked(
+        create_members("mlp", splits, SEEDS, preset="tiny"), splits, [cfg, cfg], seeds=SEEDS,
+        checkpoint_fn=lambda epoch, st: states.__setitem__(epoch, st),
+    )  # fmt: skip
+    state = dict(states[1][0])
+    state["config"] = {**state["config"], "compile": "on", **change.get("config", {})}
+    state["seed"] = change.get("seed", state["seed"])
+    with pytest.raises(ValueError, match="another config or seed"):
+        fit(
+            create_members("mlp", splits, SEEDS[:1], preset="tiny")[0],
+            splits,
+            cfg,
+            seed=SEEDS[0],
+            resume_state=state,
+        )
+    with pytest.raises(ValueError, match="another config or seed"):
+        fit_stacked(
+            create_members("mlp", splits, SEEDS, preset="tiny"), splits, [cfg, cfg], seeds=SEEDS,
+            resume_states=[state, states[1][1]],
+        )  # fmt: skip
+    # compile differs alone: the same run, resumed by both
+    same = {**states[1][0], "config": {**states[1][0]["config"], "compile": "on"}}
+    fit(
+        create_members("mlp", splits, SEEDS[:1], preset="tiny")[0],
+        splits,
+        cfg,
+        seed=SEEDS[0],
+        resume_state=same,
+    )
+    out = fit_stacked(
+        create_members("mlp", splits, SEEDS, preset="tiny"), splits, [cfg, cfg], seeds=SEEDS,
+        resume_states=[same, states[1][1]],
+    )  # fmt: skip
+    assert [len(r.history) for r in out.results] == [2, 2]
+
+
 # --------------------------------------------------------------------------------------------- fallbacks
 
 
