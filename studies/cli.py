@@ -333,7 +333,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     spec = _load_target(args.target, args)
     status = kind_for(spec).status(spec)
     if "wall_s" not in status:  # a kind whose status does not read it: the wall time its run wrote
-        from studies.kinds.kit import study_wall_s
+        from studies.kinds.records import study_wall_s
         from studies.study_dir import StudyDir
 
         text = StudyDir.of(spec).read_text("verdict.json")

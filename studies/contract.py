@@ -6,7 +6,9 @@ an entry point in the group ``autonorm_studies.kinds`` (docs/extending.md). Ever
 CLI (``validate``, ``plan``, ``run``, ``resume``, ``status``, ``report``, ``extend``, ``submit``,
 ``reproduce``), the entry scripts, the planner, the spec reference generator — reaches the kind
 through that object and never branches on its name. The shared helpers a kind's methods use (the
-study runner, reading phases back, status rows, logging outputs) are in :mod:`studies.kinds.kit`.
+study runner, reading phases back, status rows, logging outputs) are in the modules of
+:mod:`studies.kinds` named for their job (:mod:`~studies.kinds.study_runner`, :mod:`~studies.kinds.records`,
+:mod:`~studies.kinds.outcome`, :mod:`~studies.kinds.printing`, ...).
 
 A kind keeps its heavy imports (Ray, pandas, matplotlib, torch) inside its methods: the registry is
 imported by every command, ``validate`` included. Like Optuna's ``BaseSampler``, the abstract
@@ -38,7 +40,7 @@ StudyVerdict = Literal["supported", "refuted", "budget-dependent", "inconclusive
 
 SHARED_VERDICT_FIELDS: tuple[str, ...] = ("kind", "study_verdict", "hypotheses")
 """Fields every ``verdict.json`` has, whatever its kind; ``hypotheses`` maps a hypothesis's name to
-``{verdict, reasons, estimate, ci, p_value, p_value_holm}`` (:func:`studies.kinds.kit.hypothesis_entry`)."""
+``{verdict, reasons, estimate, ci, p_value, p_value_holm}`` (:func:`studies.kinds.outcome.hypothesis_entry`)."""
 
 
 def _grid_points(plan: StudyPlan) -> list[dict[str, Any]]:
@@ -167,7 +169,7 @@ class StudyKind(ABC):
     def run(self, spec: Any, **runner_options: Any) -> StudyOutcome:
         """Run (or resume) every phase, analyse, write ``verdict.json`` and the report, log them, through
         :func:`studies.running.run_study_spec` (which holds the lease and writes the resolved spec
-        first). ``runner_options`` go to :class:`workers.study.StudyRunner` (:data:`studies.kinds.kit.RUNNER_OPTIONS`)."""
+        first). ``runner_options`` go to :class:`workers.study.StudyRunner` (:data:`studies.kinds.study_runner.RUNNER_OPTIONS`)."""
 
     @abstractmethod
     def analyse(self, table: Any, spec: Any, **inputs: Any) -> dict[str, Any]:

@@ -25,25 +25,21 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from studies.contract import Phase, StudyOutcome
-from studies.kinds.kit import (
-    FolderKind,
+from studies.kinds.base import FolderKind
+from studies.kinds.outcome import log_study_outputs, study_outcome
+from studies.kinds.printing import print_verdict, say
+from studies.kinds.records import (
     arm_of,
-    extension_runner,
-    log_study_outputs,
     original_run,
     phase_status,
-    print_verdict,
     read_phase_trials,
-    refine_runner,
-    say,
     spent,
     status_row,
     stored_refinement,
     stored_rounds,
-    study_outcome,
-    study_runner,
-    with_seeds,
 )
+from studies.kinds.spec_surgery import with_seeds
+from studies.kinds.study_runner import extension_runner, refine_runner, study_runner
 from studies.schema.arms import CELL_STAGE, phase_name
 from studies.tuning import LRGrid, refine_points, tuned_rates
 from workers.plan import StudyPlan
@@ -228,7 +224,7 @@ class TunedDesign(ABC):
 
     @abstractmethod
     def verdict_lines(self, spec: Any, verdict: Mapping[str, Any]) -> list[str]:
-        """The printed verdict: the headline first (:func:`studies.kinds.kit.print_verdict`)."""
+        """The printed verdict: the headline first (:func:`studies.kinds.printing.print_verdict`)."""
 
     def closing_lines(self, spent: Spent) -> list[str]:
         """After the verdict (``spent``: wall s, CPU h, GPU h)."""
@@ -463,7 +459,7 @@ class _Running:
 
 class TunedDesignKind(FolderKind):
     """A kind whose ``run`` / ``status`` / ``report`` are the tuned-design pipeline (module docstring):
-    a subclass sets the class attributes and :meth:`~studies.kinds.kit.FolderKind.parts`, whose
+    a subclass sets the class attributes and :meth:`~studies.kinds.base.FolderKind.parts`, whose
     ``design`` is its folder's ``workflow.DESIGN`` (:class:`TunedDesign`)."""
 
     def design(self) -> TunedDesign:
@@ -539,7 +535,7 @@ class TunedDesignKind(FolderKind):
 
     def run(self, spec: Any, *, environ: Environ = None, **runner_options: Any) -> StudyOutcome:
         """Every phase, the analysis, the outputs written and logged; idempotent (a rerun resumes).
-        ``runner_options``: :data:`studies.kinds.kit.RUNNER_OPTIONS`."""
+        ``runner_options``: :data:`studies.kinds.study_runner.RUNNER_OPTIONS`."""
         from studies.tuning import tuned_lines
 
         d = self.design()

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from studies.kinds.kit import KindParts, extended_spec
+from studies.kinds.base import KindParts
 from studies.kinds.pipeline import TINY, TunedDesignKind
+from studies.kinds.spec_surgery import extended_spec
 
 __all__ = ["BatchSizeKind"]
 

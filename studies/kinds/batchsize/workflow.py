@@ -25,18 +25,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from studies.kinds.analysis_inputs import chance_levels, sequential_design
 from studies.kinds.batchsize.spec import BatchSizeStudySpec, cell_key
-from studies.kinds.kit import (
-    arm_of,
-    chance_levels,
-    finite_metrics,
-    hypothesis_entry,
-    metric_value,
-    sequential_design,
-    trial_row,
-    verdict_tags,
-)
+from studies.kinds.outcome import finite_metrics, hypothesis_entry, verdict_tags
 from studies.kinds.pipeline import Analysed, TunedDesign
+from studies.kinds.records import arm_of, metric_value, trial_row
 from studies.schema.arms import CELL_STAGE
 from studies.tuning import noisy_reasons
 from workers.plan import StudyPlan

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from studies.kinds.kit import KindParts
+from studies.kinds.base import KindParts
 from studies.kinds.pipeline import TINY, TunedDesignKind
 
 __all__ = ["CompareKind"]

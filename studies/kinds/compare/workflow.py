@@ -22,9 +22,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds import kit as base
+from studies.kinds.analysis_inputs import chance_levels
 from studies.kinds.compare.spec import CompareStudySpec
+from studies.kinds.outcome import finite_metrics, hypothesis_entry, verdict_tags
 from studies.kinds.pipeline import Analysed, Rates, TunedDesign
+from studies.kinds.records import arm_of, trial_row
 from studies.tuning import noisy_reasons
 from workers.plan import StudyPlan
 from workers.records import TrialRecord
@@ -41,13 +43,13 @@ def trials_table(trials: Sequence[TrialRecord], *, metric: str, lr_record: Mappi
 
     rows = []
     for t in trials:
-        arm = base.arm_of(t)
+        arm = arm_of(t)
         cell = {"arm": arm, "seed": int(t.config.get("seed", 0))}
         tuned = {
             "lr": float(t.config["training"]["lr"]),
             "lr_at_edge": bool(lr_record.get(arm, {}).get("at_range_edge", False)),
         }
-        rows.append(base.trial_row(t, metric, cell, tuned))
+        rows.append(trial_row(t, metric, cell, tuned))
     if not rows:
         return pd.DataFrame(columns=["arm", "seed", "status", metric, "train_loss", "lr", "lr_at_edge"])
     return pd.DataFrame(rows).sort_values(["arm", "seed"], kind="stable").reset_index(drop=True)
@@ -55,7 +57,7 @@ def trials_table(trials: Sequence[TrialRecord], *, metric: str, lr_record: Mappi
 
 def chance_scores(spec: CompareStudySpec) -> tuple[float | None, float | None]:
     """The failed trial's score (chance accuracy 1/C, for an accuracy metric) and ln C."""
-    levels = base.chance_levels(spec)
+    levels = chance_levels(spec)
     if levels is None:
         return None, None
     accuracy = spec.analysis.metric.endswith("accuracy") and spec.analysis.higher_is_better
@@ -92,7 +94,7 @@ def analyse(table: Any, spec: CompareStudySpec, **inputs: Any) -> dict[str, Any]
     for res in contrasts.values():
         res["reasons"] = [*res["reasons"], *noisy_reasons((res["arm"], res["reference"]), noisy)]
     hypotheses = {
-        name: {**base.hypothesis_entry(res), "verdict": res["hypothesis"], "arms": list(res["arms"])}
+        name: {**hypothesis_entry(res), "verdict": res["hypothesis"], "arms": list(res["arms"])}
         for name, res in contrasts.items()
     }
     return {
@@ -153,21 +155,17 @@ class CompareDesign(TunedDesign):
     def verdict_tags(self, verdict: Mapping[str, Any]) -> dict[str, str]:
         contrasts = verdict.get("contrasts", {})
         labels = {n: c["verdict"] for n, c in contrasts.items()}
-        return base.verdict_tags(
-            verdict, {"verdict": labels}, {n: c.get("reasons") for n, c in contrasts.items()}
-        )
+        return verdict_tags(verdict, {"verdict": labels}, {n: c.get("reasons") for n, c in contrasts.items()})
 
     def verdict_metrics(self, verdict: Mapping[str, Any]) -> dict[str, float]:
-        out = base.finite_metrics(
+        out = finite_metrics(
             (f"{key}/{name}", c.get(key))
             for name, c in verdict.get("contrasts", {}).items()
             for key in ("estimate", "p_value", "p_value_holm", "n_seeds")
         )
         return {
             **out,
-            **base.finite_metrics(
-                (f"mean/{arm}", r.get("mean")) for arm, r in verdict.get("arms", {}).items()
-            ),
+            **finite_metrics((f"mean/{arm}", r.get("mean")) for arm, r in verdict.get("arms", {}).items()),
         }
 
     def outcome_summary(

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from studies.contract import StudyOutcome
-from studies.kinds.kit import FolderKind, KindParts, extended_spec, with_seeds
+from studies.kinds.base import FolderKind, KindParts
+from studies.kinds.spec_surgery import extended_spec, with_seeds
 
 __all__ = ["SearchKind"]
 

@@ -10,13 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.kit import (
-    original_run,
-    read_phase_trials,
-    spent,
-    stored_refinement,
-    stored_rounds,
-)
+from studies.kinds.records import original_run, read_phase_trials, spent, stored_refinement, stored_rounds
 from studies.kinds.search.plans import (
     SEARCH_PHASE,
     search_plan,

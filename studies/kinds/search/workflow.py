@@ -24,15 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from studies.contract import StudyOutcome
-from studies.kinds.kit import (
-    chance_levels,
-    extension_runner,
-    hypothesis_entry,
-    refine_runner,
-    run_outcome,
-    sequential_design,
-    study_runner,
-)
+from studies.kinds.analysis_inputs import chance_levels, sequential_design
+from studies.kinds.outcome import hypothesis_entry, run_outcome
 from studies.kinds.search.adequacy import (
     adequacy_record,
     adequacy_rule,
@@ -58,6 +51,7 @@ from studies.kinds.search.plans import (
 from studies.kinds.search.power import pilot
 from studies.kinds.search.spec import StudySpec
 from studies.kinds.search.values import claim_metrics
+from studies.kinds.study_runner import extension_runner, refine_runner, study_runner
 from studies.reporting import estimate_name, write_json
 from studies.scope import scope_line, scope_tags
 from studies.tuning import RefinePoints, RunPoints, tune
@@ -107,7 +101,7 @@ def describe_result(result: StudyResult, plan: StudyPlan) -> dict[str, Any]:
 
 def run(spec: StudySpec, **runner_options: Any) -> StudyOutcome:
     """Run the search and, with ``confirm:``, the confirmatory phases and the claims; idempotent (a
-    rerun resumes). ``runner_options``: :data:`studies.kinds.kit.RUNNER_OPTIONS`."""
+    rerun resumes). ``runner_options``: :data:`studies.kinds.study_runner.RUNNER_OPTIONS`."""
     study = spec.to_plan()
     plan = search_plan(spec)
     with study_runner(study, expected_trials=total_trials(spec), **runner_options) as runner:

@@ -33,7 +33,8 @@ class SeedSpreadKind(StudyKind):
         return [Phase.of(spec.train_plan())]
 
     def run(self, spec: Any, **runner_options: Any) -> StudyOutcome:
-        from studies.kinds.kit import log_study_outputs, study_runner
+        from studies.kinds.outcome import log_study_outputs
+        from studies.kinds.study_runner import study_runner
 
         with study_runner(spec.study_plan(), expected_trials=spec.total_trials, **runner_options) as runner:
             result = runner.run(spec.train_plan())
@@ -84,7 +85,7 @@ class SeedSpreadKind(StudyKind):
         }
 
     def status(self, spec: Any) -> dict[str, Any]:
-        from studies.kinds.kit import phase_status, read_phase_trials, status_row
+        from studies.kinds.records import phase_status, read_phase_trials, status_row
 
         phases = self.phases(spec)
         trials = read_phase_trials(phases, spec)
@@ -93,7 +94,7 @@ class SeedSpreadKind(StudyKind):
         return fields
 
     def report(self, spec: Any, out_dir: Path) -> Path:
-        from studies.kinds.kit import read_phase_trials
+        from studies.kinds.records import read_phase_trials
 
         trials = read_phase_trials(self.phases(spec), spec).get("train", [])
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -104,7 +105,7 @@ class SeedSpreadKind(StudyKind):
 
     @staticmethod
     def _table(spec: Any, trials: Any) -> list[dict[str, Any]]:
-        from studies.kinds.kit import arm_of, metric_value
+        from studies.kinds.records import arm_of, metric_value
 
         rows = [
             {
