@@ -134,6 +134,67 @@ def test_trial_folders_are_named_after_the_readable_name() -> None:
     assert TrialDirnamer(indexed)(trial).startswith("search-003")
 
 
+def _group(trial_id: str, stacks: list[list[dict[str, Any]]]) -> _Trial:
+    return _Trial(trial_id, {"__members__": stacks})
+
+
+def test_a_stacked_group_is_named_for_the_group_and_its_folder_lists_its_members(tmp_path: Path) -> None:
+    import json
+    import pickle
+    from types import SimpleNamespace
+
+    import pyarrow.fs
+
+    from workers.members import views
+    from workers.tracking import GROUP_MEMBERS_FILE, group_members, group_name
+    from workers.tracking.callback import write_group_members
+
+    base = {"model": {"layer": {"type": "linear"}}, "training": {"batch_size": 8}, "seed": 0}
+    namer = TrialNamer(BATCH_TEMPLATE, plan_name="confirm-epochs", base_config=base)
+    # Two cells' stacks in one group (Tune's grid trial 3 of the phase): no member's name fits it.
+    stacks: list[list[dict[str, Any]]] = [
+        [{"seed": 0}, {"seed": 1}],
+        [{"model.layer.type": "corrected", "training.batch_size": 32, "seed": 0}],
+    ]
+    group = _group("5f3e1_00002", stacks)
+    assert namer(group) == group_name("confirm-epochs", 3) == "confirm-epochs-group03"
+    assert TrialDirnamer(namer)(group) == "confirm-epochs-group03"  # no trial id: unique as it is
+    assert group_name("p", 117) == "p-group117" and group_name("", 1) == "group01"
+    # ...its members' runs keep their own names; a group of one member is named as that member.
+    assert [namer(v) for v in views(group)] == ["linear-B8-s0", "linear-B8-s1", "corrected-B32-s0"]
+    assert namer(_group("5f3e1_00000", [[{"seed": 4}]])) == "linear-B8-s4"
+    # A namer pickled by a study stored before it kept its plan's name: the experiment folder's name.
+    old = pickle.loads(pickle.dumps(namer))
+    del old.__dict__["plan_name"]
+    group.storage = SimpleNamespace(experiment_dir_name="confirm-epochs")  # type: ignore[attr-defined]
+    assert old(group) == "confirm-epochs-group03"
+
+    record = group_members(group, namer)
+    assert record["group"] == "confirm-epochs-group03" and record["trial_id"] == "5f3e1_00002"
+    assert [(m["name"], m["trial_id"], m["stack"]) for m in record["members"]] == [
+        ("linear-B8-s0", "5f3e1_00002-m0", 0),
+        ("linear-B8-s1", "5f3e1_00002-m1", 0),
+        ("corrected-B32-s0", "5f3e1_00002-m2", 1),
+    ]
+    assert group_members(_Trial("5f3e1_00004", {"seed": 0}), namer) == {}  # no group
+
+    # Written by the tracking callback into the group's folder on the study's storage.
+    folder = tmp_path / "confirm-epochs" / TrialDirnamer(namer)(group)
+    group.storage = SimpleNamespace(  # type: ignore[attr-defined]
+        storage_filesystem=pyarrow.fs.LocalFileSystem(), trial_fs_path=str(folder)
+    )
+    write_group_members(group, namer)
+    assert json.loads((folder / GROUP_MEMBERS_FILE).read_text()) == json.loads(json.dumps(record))
+    plain = _Trial("5f3e1_00005", {"seed": 0})
+    plain.storage = SimpleNamespace(  # type: ignore[attr-defined]
+        storage_filesystem=pyarrow.fs.LocalFileSystem(), trial_fs_path=str(tmp_path / "plain")
+    )
+    write_group_members(plain, namer)
+    assert not (tmp_path / "plain").exists()
+    broken = _group("5f3e1_00006", stacks)  # no storage: logged, never raised
+    write_group_members(broken, namer)
+
+
 # ---- real studies ------------------------------------------------------------------------------
 
 
@@ -184,9 +245,9 @@ def test_tiny_studies_name_tag_and_save_their_optuna_study(
     out = capsys.readouterr().out
 
     client = MlflowClient(result.tracking_uri)
-    runs = {
-        r.info.run_id: r for r in client.search_runs([client.get_experiment_by_name("names").experiment_id])
-    }
+    experiment = client.get_experiment_by_name("names")
+    assert experiment is not None
+    runs = {r.info.run_id: r for r in client.search_runs([experiment.experiment_id])}
     assert len(runs) == 2 + 3 + 4
     for run in runs.values():  # study and trial runs alike
         assert run.data.tags[SOURCE_GIT_COMMIT] == "feedc0de"
@@ -219,7 +280,7 @@ def test_tiny_studies_name_tag_and_save_their_optuna_study(
     frozen = loaded.get_trials(deepcopy=False)
     assert len(frozen) == 3 and all(t.state.name == "COMPLETE" for t in frozen)
     expected = sorted(t.metrics["val_accuracy"] for t in result.trials)
-    assert sorted(t.value for t in frozen) == pytest.approx(expected)
+    assert sorted(float(t.value or 0.0) for t in frozen) == pytest.approx(expected)
     assert sorted(t.params["x"] for t in frozen) == pytest.approx(
         sorted(t.params["x"] for t in result.trials)
     )

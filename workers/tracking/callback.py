@@ -21,10 +21,12 @@ from ray.tune import Callback
 
 from workers.members import unpack, views
 from workers.tracking.names import (
+    GROUP_MEMBERS_FILE,
     ROLE_STUDY,
     TAG_TRIAL_ID,
     TAG_TRIAL_STATUS,
     TAG_UNDELIVERED,
+    group_members,
 )
 from workers.tracking.runs import TrialRuns, _ChildRun
 from workers.tracking.store import MlflowUnavailable, check_tracking_uri, redact_uri
@@ -263,6 +265,11 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
         sender, self._sender = self._sender, None
         if sender is not None:
             sender.stop()
+
+    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        """A stacked group's folder gets its members' list (:func:`write_group_members`), each by
+        the name of its trial run; written again, the same, when the group restarts."""
+        write_group_members(trial, self._run_name)
 
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
@@ -706,6 +713,25 @@ class MlflowTrackingCallback(TrialRuns, Callback):  # type: ignore[misc]
             artifact_path,
             attempts=self.retry.final_attempts,
         )
+
+
+def write_group_members(trial: Any, name: Callable[[Any], str]) -> None:
+    """``<group folder>/members.json`` (:data:`GROUP_MEMBERS_FILE`) of a stacked group trial, on the
+    study's storage (a local folder or S3), from the driver: :func:`group_members`. Nothing for a
+    trial that is no group; a failure is logged, never raised (the file is for readers only)."""
+    import json
+
+    try:
+        record = group_members(trial, name)
+        if not record:
+            return
+        storage = trial.storage
+        fs, folder = storage.storage_filesystem, storage.trial_fs_path
+        fs.create_dir(folder, recursive=True)
+        with fs.open_output_stream(f"{folder}/{GROUP_MEMBERS_FILE}") as out:
+            out.write((json.dumps(record, indent=1, sort_keys=True, default=str) + "\n").encode())
+    except Exception as exc:
+        logger.warning("could not list the members of group %s: %s", getattr(trial, "trial_id", trial), exc)
 
 
 def _trial_outcome(trial: Trial, *, errored: bool) -> str:

@@ -9,13 +9,13 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from workers.dotted import get_path
-from workers.members import member_params
+from workers.members import member_params, member_stacks, views
 from workers.trainable import config_from_result
 
 TAG_ROLE = "autonorm.role"
@@ -122,7 +122,9 @@ def record_run_name(template: str, *, plan_name: str, trial_id: str, config: Map
 
 class TrialNamer:
     """Tune's ``trial_name_creator`` and the trial run's MLflow name: ``template`` rendered with the
-    trial's resolved config (:func:`render_run_name`). Picklable: Tune stores it with the experiment.
+    trial's resolved config (:func:`render_run_name`); a stacked group of several members (whose
+    members each have a run named from their own config) is named for the group, :func:`group_name`.
+    Picklable: Tune stores it with the experiment.
 
     Args:
         template: the plan's ``run_name``; empty means ``<plan name>-{index:03d}``.
@@ -133,23 +135,75 @@ class TrialNamer:
     def __init__(self, template: str, *, plan_name: str, base_config: Mapping[str, Any]) -> None:
         self.template = template or f"{plan_name}-{{index:03d}}"
         self.base_config = dict(base_config)
+        self.plan_name = plan_name
 
     def config(self, trial: Any) -> dict[str, Any]:
         members = member_params(getattr(trial, "config", None))
         try:
-            if members:  # a group of stacked trials: named after its first member
+            if members:  # a group of one stacked trial: named as that trial
                 return config_from_result(None, self.base_config, members[0])
             return config_from_result(trial.last_result, self.base_config, dict(trial.config or {}))
         except Exception:  # a config the trial itself will reject: name it from what we have
             return dict(self.base_config)
 
+    def _plan_name(self, trial: Any) -> str:
+        """The plan's name; for a namer pickled with a study stored before it kept it, the name of
+        the trial's experiment folder (the plan's), else nothing."""
+        name = getattr(self, "plan_name", None)
+        if name is None:
+            with contextlib.suppress(Exception):
+                name = str(trial.storage.experiment_dir_name or "")
+        return name or ""
+
     def __call__(self, trial: Any) -> str:
         index = trial_index(trial)
-        name = render_run_name(
+        members = member_params(getattr(trial, "config", None))
+        if members and len(members) > 1:  # a stacked group: named for the group, not a member
+            return group_name(self._plan_name(trial), index if index is not None else trial.trial_id)
+        return render_run_name(
             self.template, self.config(trial), index if index is not None else trial.trial_id
         )
-        members = member_params(getattr(trial, "config", None))
-        return f"{name}+{len(members) - 1}" if members and len(members) > 1 else name
+
+
+GROUP_MEMBERS_FILE = "members.json"
+"""In a stacked group's Tune folder: its members, each by its MLflow trial run's name
+(:func:`group_members`), written by the tracking callback when the group starts."""
+
+
+def group_name(plan_name: str, index: int | str) -> str:
+    """A stacked group's name (Tune's trial name, and its folder's): ``<phase>-group<k>``, ``k`` its
+    1-based number among the phase's groups, two digits at least (``confirm-epochs-group01``).
+
+    A group holds stacks of several cells (arms, batch sizes), so no member's name fits it; its
+    members are listed in its folder's :data:`GROUP_MEMBERS_FILE`. The name needs no trial id to be
+    unique: groups are grid trials only, and a grid trial that Tune creates again after a restore
+    (its driver killed before Tune saved the trial) is the same group, with the same id and number."""
+    number = f"{index:02d}" if isinstance(index, int) else str(index)
+    return f"{plan_name}-group{number}" if plan_name else f"group{number}"
+
+
+def group_members(group: Any, name: Callable[[Any], str]) -> dict[str, Any]:
+    """What a stacked group's :data:`GROUP_MEMBERS_FILE` holds: the group's name and Tune trial id,
+    and per member (in member order ``k``) its MLflow run name (``name`` of its member view, as the
+    tracking callback names the run), its trial id (the run's ``ray.trial_id``, ``<group id>-m<k>``),
+    its stack (the cell's stacked model it trains in) and its own params; empty for a trial that is
+    no group."""
+    params = member_params(getattr(group, "config", None))
+    if params is None:
+        return {}
+    stack_of = {k: s for s, ks in enumerate(member_stacks(group.config) or []) for k in ks}
+    members = []
+    for view in views(group):
+        members.append(
+            {
+                "name": str(name(view)),
+                "trial_id": view.trial_id,
+                "k": view.k,
+                "stack": stack_of.get(view.k, 0),
+                "params": view.config,
+            }
+        )
+    return {"group": str(name(group)), "trial_id": str(group.trial_id), "members": members}
 
 
 _UNSAFE_DIRNAME = re.compile(r"[^A-Za-z0-9._=+-]+")
@@ -162,7 +216,12 @@ class TrialDirnamer:
     one built from the trial's ``{index}``: Tune restores its trial counter from the last saved search
     state, so after a driver killed between creating a trial and saving that state a new trial gets an
     index (and a name) an earlier trial has. Two trials never share a folder (they would share, and
-    overwrite, each other's checkpoints). Picklable: Tune stores it with the experiment."""
+    overwrite, each other's checkpoints). A stacked group's folder is named for the group
+    (:func:`group_name`, ``confirm-epochs-group01``) and lists its members in
+    :data:`GROUP_MEMBERS_FILE`. Picklable: Tune stores it with the experiment.
+
+    Only a new trial is named: a restored study's trials keep the folders Tune recorded for them (a
+    study stored when a group was named ``<first member>+<N>`` resumes in those folders)."""
 
     def __init__(self, namer: TrialNamer) -> None:
         self.namer = namer
@@ -173,6 +232,9 @@ class TrialDirnamer:
         except Exception:
             name = ""
         clean = _UNSAFE_DIRNAME.sub("_", name).strip("._-")[:200]
+        members = member_params(getattr(trial, "config", None))
+        if clean and members and len(members) > 1:
+            return clean  # a group's ``<phase>-group<k>`` (:func:`group_name`): unique as it is
         if not clean or "?" in name or "{index" in str(getattr(self.namer, "template", "")):
             return f"{clean or 'trial'}_{trial.trial_id}"
         return clean
