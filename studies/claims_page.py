@@ -9,7 +9,11 @@ against the paper's, and one sentence. :func:`plot_claims` draws every claim's e
 intervals on one axis (a forest plot), the ± min-effect band shaded, points coloured by verdict.
 
 A claim no stored study tests says so (``not run``); nothing here decides a verdict: every cell is
-read from a ``verdict.json``.
+read from a ``verdict.json``. A study whose arms were never checked for having learned the task (its
+``verdict.json`` has no ``adequacy``: the small-scale studies, stored before the check existed) is
+marked ``unchecked``; where a checked study tests the same claim, the claim's verdict and sentence
+are the checked studies' and the unchecked verdicts stay beside them, marked. With several studies
+in a row, each cell gives each study's part on a line of its own, under the study's name.
 """
 
 from __future__ import annotations
@@ -221,16 +225,34 @@ def _seeds(verdict: Mapping[str, Any]) -> str:
     return NONE
 
 
-def _reading(claim: PaperClaim, verdicts: Sequence[str]) -> str:
+#: How a study whose arms were never checked for having learned the task is marked (see the module).
+SMALL_SCALE = "unchecked"
+#: Between two studies' parts of one cell: a line break in the rendered table.
+STUDY_BREAK = "<br>"
+
+
+def small_scale(verdict: Mapping[str, Any]) -> bool:
+    """Whether a study's arms were never checked for having learned the task (no ``adequacy``)."""
+    adequacy = verdict.get("adequacy")
+    return not (isinstance(adequacy, Mapping) and adequacy)
+
+
+def _reading(claim: PaperClaim, verdicts: Sequence[str], *, checked: bool = True) -> str:
     if not verdicts:
         return "not run: no stored study tests it"
     if all(v == "supported" for v in verdicts):
-        return "the stored studies support it at their scope"
-    if any(v == "refuted" for v in verdicts) and not any(v == "supported" for v in verdicts):
-        return "not reproduced: refuted at the stored studies' scope"
-    if any(v == "budget-dependent" for v in verdicts):
-        return "holds under one budget and fails under the other"
-    return "open: the stored studies do not decide it"
+        said = "the stored studies support it at their scope"
+    elif any(v == "refuted" for v in verdicts) and not any(v == "supported" for v in verdicts):
+        said = "not reproduced: refuted at the stored studies' scope"
+    elif any(v == "budget-dependent" for v in verdicts):
+        said = "holds under one budget and fails under the other"
+    else:
+        said = "open: the stored studies do not decide it"
+    return said if checked else f"{said} (adequacy {SMALL_SCALE})"
+
+
+def _distinct(values: Sequence[str]) -> list[str]:
+    return sorted(set(values), key=list(values).index)
 
 
 def claim_rows(studies: Sequence[Study], *, scope_text: Callable[[Any], str]) -> list[ClaimRow]:
@@ -238,50 +260,60 @@ def claim_rows(studies: Sequence[Study], *, scope_text: Callable[[Any], str]) ->
     ``scope_text`` writes a verdict's ``scope`` in a few words (the page's own)."""
     rows = []
     for claim in PAPER_CLAIMS:
-        verdicts, estimates, points, seeds, adequacy, scopes = [], [], [], [], [], []
-        for study, verdict in studies:
+        verdicts: list[str] = []
+        estimates, points, seeds, adequacy, scopes = [], [], [], [], []
+        small: list[str] = []  # the unchecked studies' verdicts, when a checked study tests it too
+        testing = [(s, v) for s, v in studies if claim.tests(v)]
+        checked = any(not small_scale(v) for _, v in testing)
+        for study, verdict in testing:
             tested = claim.tests(verdict)
-            if not tested:
-                continue
-            prefix = f"{study}: " if len([s for s, v in studies if claim.tests(v)]) > 1 else ""
+            marked = small_scale(verdict)
+            mark = f" ({SMALL_SCALE})" if marked else ""
+            prefix = f"`{study}`{mark}: " if len(testing) > 1 else ""
+            said: list[str] = []  # this study's verdicts
             if claim.decided_by == "(study)":
-                verdicts.append(str(verdict.get("study_verdict") or NONE))
+                said.append(str(verdict.get("study_verdict") or NONE))
             elif claim.decided_by is not None:
                 decided = (verdict.get("hypotheses") or {}).get(claim.decided_by) or {}
-                verdicts.append(_shown_verdict(decided, _entry(verdict, claim.decided_by)))
+                said.append(_shown_verdict(decided, _entry(verdict, claim.decided_by)))
             own = _kind(verdict).claim_estimates(claim.label, study, verdict)
             if own is not None:  # the kind's own estimand (the batch-size kind's interactions)
                 texts, pts = own
                 estimates.append(prefix + " | ".join(texts))
                 points += pts
                 if claim.decided_by is None:  # each of its points' verdicts
-                    verdicts += [p.verdict for p in pts]
+                    said += [p.verdict for p in pts]
             else:
+                texts = []
                 for name, short in tested:
                     h = (verdict.get("hypotheses") or {}).get(name) or {}
                     entry = _entry(verdict, name)
                     shown = _shown_verdict(h, entry)
                     if claim.decided_by is None:
-                        verdicts.append(shown)
+                        said.append(shown)
                     est = h.get("estimate", entry.get("estimate"))
                     ci = h.get("ci", entry.get("ci"))
-                    estimates.append(f"{short} {interval_text(est, ci)}")
+                    texts.append(f"{short} {interval_text(est, ci)}")
                     found = point(f"{claim.label}: {short}", est, ci, shown)
                     if found is not None:
                         points.append(found)
+                estimates.append(prefix + "; ".join(texts))
+            (small if checked and marked else verdicts).extend(said)
             seeds.append(prefix + _seeds(verdict))
             adequacy.append(prefix + _adequacy(verdict))
             scopes.append(prefix + scope_text(verdict.get("scope")))
-        verdict_text = "; ".join(sorted(set(verdicts), key=verdicts.index)) if verdicts else "not run"
+        listed = _distinct(verdicts) + [f"{v} ({SMALL_SCALE})" for v in _distinct(small)]
+        if testing and not checked:
+            listed = [f"{v} ({SMALL_SCALE})" for v in _distinct(verdicts)]
         rows.append(
             ClaimRow(
                 claim=f"{claim.label} {claim.text} ({claim.unit})",
-                verdict=verdict_text,
-                estimate="; ".join(estimates) or NONE,
-                seeds="; ".join(seeds) or NONE,
-                adequacy=("; ".join(adequacy) or NONE) + f" (paper: {claim.paper})",
-                scope="; ".join(scopes) or NONE,
-                reading=_reading(claim, verdicts),
+                verdict="; ".join(listed) if listed else "not run",
+                estimate=STUDY_BREAK.join(estimates) or NONE,
+                seeds=STUDY_BREAK.join(seeds) or NONE,
+                adequacy=(STUDY_BREAK.join(adequacy) or NONE) + f" (paper: {claim.paper})",
+                scope=STUDY_BREAK.join(scopes) or NONE,
+                reading=_reading(claim, verdicts, checked=checked or not testing),
                 points=tuple(points),
             )
         )

@@ -499,8 +499,10 @@ def render_page(
         "One row per claim of the two papers, read from the stored studies in `results/` (each "
         "estimate in the claim's units with its 95% interval; a sequential study's interval is the "
         "running intersection of its confidence sequences). Adequacy says whether the arms learned the "
-        "task (`autonorm-study results --reanalyse` marks a study run before the check `not measured`), "
-        "beside what the paper reports.",
+        "task, beside what the paper reports. A study stored before that check existed (the small-scale "
+        "studies) is marked `unchecked` (its adequacy `not measured`, with the arm means it reached); "
+        "where a checked study tests the same claim, the claim's verdict and sentence are the checked "
+        "study's, the unchecked verdict beside it.",
         "",
         *claim_lines(claims),
         "",

@@ -154,6 +154,7 @@ def test_the_claims_table_asks_each_kind_which_claims_it_tests(monkeypatch: pyte
         "kind": "replication",
         "study_verdict": "supported",
         "hypotheses": {"b_again": {"verdict": "supported", "estimate": 0.02, "ci": [0.01, 0.03]}},
+        "adequacy": {"autonorm_s": {"passed": True, "reached": 0.93}},
     }
     rows = {r.claim.split(" ")[0]: r for r in claims_page.claim_rows([("rep", verdict)], scope_text=str)}
     assert (
@@ -167,6 +168,24 @@ def test_the_claims_table_asks_each_kind_which_claims_it_tests(monkeypatch: pyte
         r.verdict == "not run"
         for r in claims_page.claim_rows([("x", {**verdict, "kind": "gone"})], scope_text=str)
     )
+    # a study without an adequacy check (stored before it existed) is marked; beside a checked study
+    # testing the same claim, the claim's verdict and sentence are the checked study's
+    small = {**verdict, "study_verdict": "refuted", "adequacy": {}}
+    small["hypotheses"] = {"b_again": {"verdict": "refuted", "estimate": -0.01, "ci": [-0.02, -0.005]}}
+    alone = {r.claim.split(" ")[0]: r for r in claims_page.claim_rows([("old", small)], scope_text=str)}
+    assert alone["(b)"].verdict == "refuted (unchecked)" and alone["(b)"].reading.endswith(
+        "(adequacy unchecked)"
+    )
+    both = {
+        r.claim.split(" ")[0]: r
+        for r in claims_page.claim_rows([("old", small), ("rep", verdict)], scope_text=str)
+    }
+    assert both["(b)"].verdict == "supported; refuted (unchecked)"
+    assert both["(b)"].reading == "the stored studies support it at their scope"
+    assert both["(b)"].estimate.split("<br>") == [
+        "`old` (unchecked): replicated -0.0100 [-0.0200, -0.0050]",
+        "`rep`: replicated +0.0200 [+0.0100, +0.0300]",
+    ]
     # every shipped kind names only claims the page lists
     labels = {c.label for c in claims_page.PAPER_CLAIMS}
     for study in study_dirs([RESULTS]):
