@@ -32,6 +32,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, TextIO
 
+from workers import ray_internals
+from workers.ray_internals import AUTOSCALER_EVENT
+
 __all__ = [
     "CHECKPOINT_LINE",
     "DRIVER_LOG",
@@ -52,11 +55,10 @@ ROUTED_LOGGERS = ("ray", "mlflow", "optuna", "alembic", "py.warnings")
 _LOG_ONLY = ("ray.tune", "ray.train")
 """Loggers whose records never reach the terminal, whatever their level."""
 CHECKPOINT_LINE = "Checkpoint successfully created"
-"""Ray Train's INFO line (logger ``ray.train._internal.storage``) at every checkpoint a trial reports:
+"""Ray Train's INFO line (its storage logger, :data:`workers.ray_internals.TRAIN_STORAGE_LOGGER`) at
+every checkpoint a trial reports:
 once per trial per epoch, forwarded from the trial's process to the driver's output."""
 SHOW_CHECKPOINT_LOGS_ENV = "AUTONORM_SHOW_CHECKPOINT_LOGS"
-AUTOSCALER_EVENT = ":event_summary:"
-"""What marks an autoscaler line Ray would print (``ray._private.worker.filter_autoscaler_events``)."""
 OWN_LINE = re.compile(r"^\[[^\]\s]+\] ")
 """A line of the service's own (``[<study or phase>] ...``), forwarded from a trial worker."""
 
@@ -79,11 +81,11 @@ class _LogFile:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._file = path.open("a", encoding="utf-8", errors="replace")
-        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._partial = ""
 
     def write(self, text: str) -> int:
-        with self._lock:
+        with self._write_lock:
             if self._file.closed:
                 return len(text)
             self._partial += text
@@ -94,7 +96,7 @@ class _LogFile:
         return len(text)
 
     def flush(self) -> None:
-        with self._lock:
+        with self._write_lock:
             if not self._file.closed:
                 self._file.flush()
 
@@ -102,7 +104,7 @@ class _LogFile:
         return False
 
     def close(self) -> None:
-        with self._lock:
+        with self._write_lock:
             if self._partial and not self._file.closed:
                 self._file.write(self._partial + "\n")
             self._partial = ""
@@ -266,23 +268,13 @@ def _routing(handler: Callable[[Any], None]) -> Callable[[Any], None]:
 def route_worker_output(dispatcher: Any = None) -> bool:
     """What Ray forwards from the trial workers to this driver goes to the driver log, except the
     service's own lines (:data:`OWN_LINE`). Wraps the handlers of Ray's worker-output dispatcher
-    (``ray._private.ray_logging.global_worker_stdstream_dispatcher``, private API; they exist once
-    ``ray.init`` has run). Returns whether the routing is in place (``False`` without a console)."""
+    (private API, :func:`workers.ray_internals.worker_stream_dispatcher`; they exist once ``ray.init``
+    has run). Returns whether the routing is in place (``False`` without a console)."""
     console = StudyConsole._active
     if console is None or console.log is None:
         return False
     if dispatcher is None:
-        try:
-            from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
-        except ImportError:
+        dispatcher = ray_internals.worker_stream_dispatcher()
+        if dispatcher is None:
             return False
-    lock = getattr(dispatcher, "_lock", None)
-    handlers = getattr(dispatcher, "handlers", None)
-    if lock is None or not isinstance(handlers, list):
-        return False
-    with lock:
-        dispatcher.handlers = [
-            (name, h if getattr(h, "_autonorm_routed", False) else _routing(h))
-            for name, h in dispatcher.handlers
-        ]
-    return True
+    return ray_internals.wrap_dispatcher_handlers(dispatcher, _routing, "_autonorm_routed")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workers import ray_internals
 from workers.plan import StudyPlan
 from workers.storage import ResolvedStorage
 
@@ -23,12 +24,12 @@ logger = logging.getLogger(__name__)
 
 def _searcher_of(tuner: Any) -> Any:
     """The Optuna searcher a Tuner ran with: Tune restores the pickled one in place after a restore,
-    and wraps it (``ConcurrencyLimiter``) without copying it. Private Ray API; ``None`` if it moved."""
-    config = getattr(getattr(tuner, "_local_tuner", None), "_tune_config", None)
-    search = getattr(config, "search_alg", None)
-    while search is not None and not hasattr(search, "_ot_study") and hasattr(search, "searcher"):
+    and wraps it (``ConcurrencyLimiter``) without copying it. Private Ray API (read through
+    :mod:`workers.ray_internals`); ``None`` if it moved."""
+    search = ray_internals.tuner_search_alg(tuner)
+    while search is not None and not ray_internals.has_optuna_study(search) and hasattr(search, "searcher"):
         search = search.searcher
-    return search if hasattr(search, "_ot_study") else None
+    return search if ray_internals.has_optuna_study(search) else None
 
 
 OPTUNA_DB = "optuna.db"
@@ -95,7 +96,7 @@ class OptunaExport:
 
         scratch = Path(tempfile.mkdtemp(prefix="optuna-"))
         try:
-            study = searcher._ot_study
+            study = ray_internals.optuna_study(searcher)
             trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
             (scratch / "trials.pkl").write_bytes(pickle.dumps((list(study.directions), trials)))
             if storage.is_local:

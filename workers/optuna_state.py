@@ -69,18 +69,18 @@ class _ArchiveUnpickler(pickle.Unpickler):
     def __init__(self, file: io.BufferedReader, load: Callable[[], dict[int, Any]]) -> None:
         super().__init__(file)
         self._load = load
-        self._trials: dict[int, Any] | None = None
+        self._by_number: dict[int, Any] | None = None
 
     def persistent_load(self, pid: Any) -> Any:
-        if self._trials is None:
-            self._trials = self._load()
+        if self._by_number is None:
+            self._by_number = self._load()
         kind, number = pid
-        if kind != _REF or number not in self._trials:
+        if kind != _REF or number not in self._by_number:
             raise pickle.UnpicklingError(
                 f"the searcher state refers to Optuna trial {number}, which no {ARCHIVE_PREFIX}*{ARCHIVE_SUFFIX} "
                 "file of the experiment holds"
             )
-        return self._trials[number]
+        return self._by_number[number]
 
 
 def read_archived_trials(fs: Any, experiment_fs_path: str) -> dict[int, Any]:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from ray.tune import Callback
 
+from workers import ray_internals
 from workers.console import CHECKPOINT_LINE, SHOW_CHECKPOINT_LOGS_ENV
 
 if TYPE_CHECKING:
@@ -66,8 +67,8 @@ class SyncFailureOneLine(logging.Filter):
 
     #: logger name -> the message prefix it is rewritten for
     PREFIXES: ClassVar[dict[str, str]] = {
-        "ray.train._internal.syncer": "Last sync command failed",
-        "ray.tune.execution.experiment_state": "Saving experiment state to storage at",
+        ray_internals.TRAIN_SYNCER_LOGGER: "Last sync command failed",
+        ray_internals.EXPERIMENT_STATE_LOGGER: "Saving experiment state to storage at",
     }
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -102,8 +103,8 @@ def quiet_checkpoint_logs(dispatcher: Any = None, *, environ: Mapping[str, str] 
     """Drop Ray's "Checkpoint successfully created" lines from what this driver prints.
 
     They are logged in each trial's process and forwarded to the driver, which prints them through
-    Ray's worker-output dispatcher (``ray._private.ray_logging.global_worker_stdstream_dispatcher``,
-    private API): its handlers are wrapped to skip those lines, in this driver only; the trials'
+    Ray's worker-output dispatcher (private API, :func:`workers.ray_internals.worker_stream_dispatcher`):
+    its handlers are wrapped to skip those lines, in this driver only; the trials'
     own log files keep them. Call after ``ray.init`` (the dispatcher's handlers exist from then on).
     ``AUTONORM_SHOW_CHECKPOINT_LOGS=1`` keeps them. Returns whether the filter is in place.
     """
@@ -111,22 +112,12 @@ def quiet_checkpoint_logs(dispatcher: Any = None, *, environ: Mapping[str, str] 
     if env.get(SHOW_CHECKPOINT_LOGS_ENV) == "1":
         return False
     # A trial run in this very process (local mode) logs it here directly.
-    logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
+    logging.getLogger(ray_internals.TRAIN_STORAGE_LOGGER).setLevel(logging.WARNING)
     if dispatcher is None:
-        try:
-            from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
-        except ImportError:
+        dispatcher = ray_internals.worker_stream_dispatcher()
+        if dispatcher is None:
             return False
-    lock = getattr(dispatcher, "_lock", None)
-    handlers = getattr(dispatcher, "handlers", None)
-    if lock is None or not isinstance(handlers, list):
-        return False
-    with lock:
-        dispatcher.handlers = [
-            (name, h if getattr(h, "_autonorm_quiet", False) else _without_checkpoint_lines(h))
-            for name, h in dispatcher.handlers
-        ]
-    return True
+    return ray_internals.wrap_dispatcher_handlers(dispatcher, _without_checkpoint_lines, "_autonorm_quiet")
 
 
 def format_eta(seconds: float | None) -> str:

@@ -27,6 +27,15 @@ from workers.preflight import (
     precheck_local_resources,
 )
 from workers.progress import ProgressCallback, SyncFailureOneLine, close_progress_lines, quiet_checkpoint_logs
+from workers.ray_internals import (
+    TUNER_STATE_FILE,
+    cheaper_results,
+    skip_idle_snapshots,
+    stop_credential_propagation,
+    tolerate_gone_checkpoints,
+    unique_staging_dirs,
+    whole_file_uploads,
+)
 from workers.records import StudyResult
 from workers.results import _record, _summary, _tune_results
 from workers.search import create_scheduler, create_searcher, grid_param_space
@@ -45,14 +54,6 @@ from workers.tracking import (
     trial_tag_templates,
 )
 from workers.trainable import TrialFunction, autonorm_trial, tune_entry
-from workers.tune_patches import (
-    _skip_idle_snapshots,
-    _stop_credential_propagation,
-    _tolerate_gone_checkpoints,
-    _unique_staging_dirs,
-    _whole_file_uploads,
-    cheaper_results,
-)
 from workers.uploads import is_local, write_whole
 
 __all__ = ["run_study"]
@@ -151,11 +152,11 @@ def run_study(
 
     with ray_session(ray_address, ray_init_kwargs, env_vars={"MLFLOW_TRACKING_URI": tracking_uri}):
         check_resources(plan)
-        _stop_credential_propagation()
-        _skip_idle_snapshots()
-        _tolerate_gone_checkpoints()
-        _unique_staging_dirs()
-        _whole_file_uploads()
+        stop_credential_propagation()
+        skip_idle_snapshots()
+        tolerate_gone_checkpoints()
+        unique_staging_dirs()
+        whole_file_uploads()
         cheaper_results()
         tune_state.install()
         quiet_checkpoint_logs()
@@ -198,7 +199,7 @@ def run_study(
 
 
 STACK_FILE = "stacking.json"
-TUNER_STATE = "tuner.pkl"  # Tune's own name (ray.tune.impl.tuner_internal._TUNER_PKL)
+TUNER_STATE = TUNER_STATE_FILE  # Tune's own name (workers.ray_internals)
 
 
 def _unreadable_tuner_state(experiment_path: str, storage: ResolvedStorage) -> str | None:

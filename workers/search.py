@@ -33,6 +33,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule, TrialScheduler
 from ray.tune.search.optuna import OptunaSearch
 
+from workers import ray_internals
 from workers.members import MEMBERS_KEY, bundle_points, grid_points
 from workers.plan import ParamDef, SamplerConfig, SchedulerConfig, StudyPlan
 from workers.records import FINAL_STATUSES
@@ -203,14 +204,18 @@ class PruningAwareOptunaSearch(OptunaSearch):  # type: ignore[misc]
       two apart. We read the ``status`` the trial itself put in its last result.
 
     This overrides Ray's completion hook and therefore touches ``OptunaSearch``'s private
-    ``_ot_trials`` / ``_ot_study`` / ``_completed_trials``; ``tests/workers/test_search.py`` pins that.
+    ``_ot_trials`` / ``_ot_study`` / ``_completed_trials``, read through :mod:`workers.ray_internals`
+    (:func:`~workers.ray_internals.optuna_trials`, :func:`~workers.ray_internals.optuna_study`,
+    :func:`~workers.ray_internals.optuna_completed`); ``tests/workers/test_search.py`` pins them.
     """
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         value = result.get(self.metric) if isinstance(self.metric, str) else None
-        if not _is_finite_number(value) or trial_id in self._completed_trials:
+        if not _is_finite_number(value) or trial_id in ray_internals.optuna_completed(self):
             return  # (Optuna refuses a value for a finished trial, and it no longer has a handle)
-        if _already_reported(self._ot_trials.get(trial_id), result.get("training_iteration")):
+        if _already_reported(
+            ray_internals.optuna_trials(self).get(trial_id), result.get("training_iteration")
+        ):
             # A resumed trial reports again the steps after the checkpoint it resumed from (after a
             # killed driver, or from an older checkpoint when the newest was unreadable) and Optuna
             # already holds them: its first value stays, and nothing is said (Optuna would warn
@@ -223,12 +228,14 @@ class PruningAwareOptunaSearch(OptunaSearch):  # type: ignore[misc]
     ) -> None:
         import optuna
 
-        if trial_id in self._completed_trials:
+        completed = ray_internals.optuna_completed(self)
+        if trial_id in completed:
             return
-        ot_trial = self._ot_trials.get(trial_id)
+        open_trials = ray_internals.optuna_trials(self)
+        ot_trial = open_trials.get(trial_id)
         if ot_trial is None:
             logger.warning("Optuna knows no trial for Tune trial %s; not told", trial_id)
-            self._completed_trials.add(trial_id)
+            completed.add(trial_id)
             return
         state, value = classify_completion(result, error=error, metric=self.metric)
         tell_state = {
@@ -236,14 +243,14 @@ class PruningAwareOptunaSearch(OptunaSearch):  # type: ignore[misc]
             "pruned": optuna.trial.TrialState.PRUNED,
             "fail": optuna.trial.TrialState.FAIL,
         }[state]
-        study: Any = self._ot_study
+        study: Any = ray_internals.optuna_study(self)
         try:
             study.tell(ot_trial, value if state == "complete" else None, state=tell_state)
         except Exception as exc:
             logger.warning("could not tell Optuna about trial %s: %s", trial_id, exc)
-        self._completed_trials.add(trial_id)
+        completed.add(trial_id)
         # The study holds the finished trial; the handle would only grow the saved state.
-        self._ot_trials.pop(trial_id, None)
+        open_trials.pop(trial_id, None)
 
     # Saved with Tune's snapshot, finished trials written once (workers/optuna_state.py).
 
@@ -251,7 +258,9 @@ class PruningAwareOptunaSearch(OptunaSearch):  # type: ignore[misc]
         from workers.optuna_state import dump_searcher
 
         archived: set[int] = self.__dict__.setdefault("_archived", set())
-        if not dump_searcher(self.__dict__.copy(), self._ot_study, archived, checkpoint_path):
+        if not dump_searcher(
+            self.__dict__.copy(), ray_internals.optuna_study(self), archived, checkpoint_path
+        ):
             super().save(checkpoint_path)
 
     def restore(self, checkpoint_path: str) -> None:
@@ -369,14 +378,16 @@ class _WaitingTrialsFirst:
     order decides, as before. A controller without those sets gets Ray's own pass. Tune hands
     schedulers its controller inside a ``TrialRunnerWrapper`` that warns at the first private
     attribute read through it; the sets are read from the controller it wraps (private Ray API,
-    pinned by ``tests/workers/test_search.py``)."""
+    read through :mod:`workers.ray_internals`, pinned by ``tests/workers/test_search.py``)."""
 
     def choose_trial_to_run(self, tune_controller: Any) -> Any:
         from ray.tune.experiment import Trial
 
-        controller = vars(tune_controller).get("_tune_controller", tune_controller)
-        for name, status in (("_pending_trials", Trial.PENDING), ("_paused_trials", Trial.PAUSED)):
-            waiting = getattr(controller, name, None)
+        controller = ray_internals.unwrapped_controller(tune_controller)
+        for waiting, status in (
+            (ray_internals.pending_trials(controller), Trial.PENDING),
+            (ray_internals.paused_trials(controller), Trial.PAUSED),
+        ):
             if not isinstance(waiting, set) or any(t.status != status for t in waiting):
                 return super().choose_trial_to_run(tune_controller)  # type: ignore[misc]
             if len(waiting) == 1:

@@ -26,8 +26,9 @@ The files end in ``.jsonl`` so that Tune's ``sync_down_experiment_state`` (which
 snapshot uploads it again) leaves them where they are.
 
 Private Ray API (``TuneController._trials``, ``_get_trial_checkpoints``, ``_storage``,
-``_restore_trials``, ``ExperimentAnalysis._load_trials``, ``_fs``, ``_experiment_fs_path``), pinned
-by tests in ``tests/workers/test_tune_state.py``.
+``_search_alg``, ``_restore_trials``, ``ExperimentAnalysis._load_trials``, ``_fs``,
+``_experiment_fs_path``, ``experiment_analysis._loads_with_cloudpickle``), read and wrapped through
+:mod:`workers.ray_internals` only, pinned by tests in ``tests/workers/test_tune_state.py``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
+
+from workers import ray_internals
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +82,7 @@ class SnapshotBook:
     """What this project remembers about one ``TuneController``'s snapshots. Kept outside the
     controller: Tune pickles the controller's ``__dict__`` into every snapshot (``runner_data``)."""
 
-    saved_state: tuple[Any, ...] | None = None  # the trials as of the last snapshot (tune_patches)
+    saved_state: tuple[Any, ...] | None = None  # the trials as of the last snapshot (ray_internals)
     chunked: set[str] = field(default_factory=set)  # trial ids already in a finished-trials file
     terminated_at_last_save: set[str] = field(default_factory=set)
     structure: tuple[Any, ...] | None = None  # trials added and ended at the last snapshot
@@ -206,9 +209,12 @@ def compact_finished_trials(controller: Any) -> bool:
     against ``max_concurrent_trials``: a state saved before a trial ended would, restored, wait
     for that trial forever)."""
     notes = book(controller)
-    metadata: dict[str, Any] = controller._get_trial_checkpoints()  # brings changed trials' JSON up to date
-    stopped = controller._stopped_trials  # Tune's set of TERMINATED trials (and _failed_trials: ERROR)
-    structure = (len(controller._trials), len(stopped) + len(controller._failed_trials))
+    metadata = ray_internals.trial_checkpoints(controller)  # brings changed trials' JSON up to date
+    stopped = ray_internals.stopped_trials(controller)  # Tune's set of TERMINATED trials (failed: ERROR)
+    structure = (
+        len(ray_internals.controller_trials(controller)),
+        len(stopped) + len(ray_internals.failed_trials(controller)),
+    )
     changed = structure != notes.structure
     notes.structure = structure
     terminated = {t.trial_id for t in stopped}
@@ -223,7 +229,7 @@ def compact_finished_trials(controller: Any) -> bool:
     notes.terminated_at_last_save = terminated
     if not ready or len(ready) < chunk_trials():
         return changed
-    storage = controller._storage
+    storage = ray_internals.controller_storage(controller)
     path = _write_chunk(
         storage.storage_filesystem, storage.experiment_fs_path, [(t, metadata[t]) for t in ready]
     )
@@ -231,7 +237,7 @@ def compact_finished_trials(controller: Any) -> bool:
         metadata.pop(tid)
         notes.chunked.add(tid)
     logger.debug("wrote %d finished trials to %s", len(ready), path)
-    by_id = {t.trial_id: t for t in controller._trials}
+    by_id = {t.trial_id: t for t in ray_internals.controller_trials(controller)}
     retire_staging(storage, [by_id[tid] for tid in ready])
     return changed
 
@@ -287,18 +293,6 @@ def _at_experiment(storage: Any) -> Iterator[None]:
         _EXPERIMENT.reset(token)
 
 
-@contextlib.contextmanager
-def _searcher_not_saved(search_alg: Any) -> Iterator[None]:
-    if "save_to_dir" in vars(search_alg):  # already shadowed (a wrapper around this wrapper)
-        yield
-        return
-    search_alg.save_to_dir = lambda *args, **kwargs: None  # shadows the method for one snapshot
-    try:
-        yield
-    finally:
-        del search_alg.save_to_dir
-
-
 def _compacting_save(original: Any) -> Any:
     """``TuneController.save_to_dir`` that writes finished trials once (:func:`compact_finished_trials`)
     and saves the searcher only when a trial was added or ended. Tune pickles the searcher at every
@@ -311,11 +305,11 @@ def _compacting_save(original: Any) -> Any:
 
     @functools.wraps(original)
     def save_to_dir(self: Any) -> None:
-        with _at_experiment(self._storage):
+        with _at_experiment(ray_internals.controller_storage(self)):
             if compact_finished_trials(self):
                 original(self)
                 return
-            with _searcher_not_saved(self._search_alg):
+            with ray_internals.searcher_not_saved(self):
                 original(self)
 
     save_to_dir._autonorm_compacts = True  # type: ignore[attr-defined]
@@ -327,7 +321,7 @@ def _resuming_at_experiment(original: Any) -> Any:
 
     @functools.wraps(original)
     def resume(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with _at_experiment(self._storage):
+        with _at_experiment(ray_internals.controller_storage(self)):
             return original(self, *args, **kwargs)
 
     resume._autonorm_at_experiment = True  # type: ignore[attr-defined]
@@ -337,7 +331,7 @@ def _resuming_at_experiment(original: Any) -> Any:
 def _restoring_with_finished(original: Any) -> Any:
     @functools.wraps(original)
     def restore_trials(self: Any, experiment_state: dict[str, Any]) -> Any:
-        storage = self._storage
+        storage = ray_internals.controller_storage(self)
         finished = read_finished_trials(storage.storage_filesystem, storage.experiment_fs_path)
         if finished:
             experiment_state = dict(experiment_state)
@@ -364,7 +358,7 @@ _LOADING: contextvars.ContextVar[tuple[Any, str] | None] = contextvars.ContextVa
 def _analysis_loading(original: Any) -> Any:
     @functools.wraps(original)
     def load_trials(self: Any) -> Any:
-        token = _LOADING.set((self._fs, str(self._experiment_fs_path)))
+        token = _LOADING.set(ray_internals.analysis_location(self))
         try:
             return original(self)
         finally:
@@ -394,18 +388,10 @@ def _merging_loads(original: Any) -> Any:
 
 def install() -> None:
     """Write finished trials once and read them back everywhere; once per process."""
-    from ray.tune.analysis import experiment_analysis
-    from ray.tune.execution.tune_controller import TuneController
-
-    if not getattr(TuneController.save_to_dir, "_autonorm_compacts", False):
-        TuneController.save_to_dir = _compacting_save(TuneController.save_to_dir)  # type: ignore[method-assign]
-    if not getattr(TuneController.resume, "_autonorm_at_experiment", False):
-        TuneController.resume = _resuming_at_experiment(TuneController.resume)  # type: ignore[method-assign]
-    if not getattr(TuneController._restore_trials, "_autonorm_restores_finished", False):
-        TuneController._restore_trials = _restoring_with_finished(TuneController._restore_trials)  # type: ignore[method-assign]
-    analysis = experiment_analysis.ExperimentAnalysis
-    if not getattr(analysis._load_trials, "_autonorm_reads_finished", False):
-        analysis._load_trials = _analysis_loading(analysis._load_trials)  # type: ignore[method-assign]
-    loads = getattr(experiment_analysis, "_loads_with_cloudpickle")  # noqa: B009 - imported there, not exported
-    if not getattr(loads, "_autonorm_merges", False):
-        setattr(experiment_analysis, "_loads_with_cloudpickle", _merging_loads(loads))  # noqa: B010
+    ray_internals.wrap_snapshot_io(
+        save_to_dir=_compacting_save,
+        resume=_resuming_at_experiment,
+        restore_trials=_restoring_with_finished,
+        load_trials=_analysis_loading,
+        loads=_merging_loads,
+    )

@@ -110,10 +110,11 @@ def upload_tree(local_path: str, fs_path: str) -> int:
 
 
 def upload(local_path: str, fs: Any, fs_path: str) -> None:
-    """Ray's ``_upload_to_fs_path`` (no exclusions), whole files on a local destination."""
+    """Ray's upload (:func:`workers.ray_internals.upload_to_fs_path`, no exclusions), whole files on a
+    local destination."""
     if is_local(fs):
         upload_tree(local_path, fs_path)
         return
-    from ray.train._internal.storage import _upload_to_fs_path
+    from workers.ray_internals import upload_to_fs_path
 
-    _upload_to_fs_path(local_path, fs, fs_path)
+    upload_to_fs_path(local_path, fs, fs_path)

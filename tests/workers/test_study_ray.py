@@ -237,9 +237,9 @@ def test_the_private_tune_api_the_snapshot_skip_wraps_is_there() -> None:
     from ray.tune.execution.tune_controller import TuneController
     from ray.tune.experiment.trial import Trial
 
-    from workers.tune_patches import _skip_idle_snapshots
+    from workers.ray_internals import skip_idle_snapshots
 
-    _skip_idle_snapshots()
+    skip_idle_snapshots()
     assert getattr(TuneController.checkpoint, "_autonorm_skips_idle", False)
     assert list(inspect.signature(TuneController.checkpoint).parameters) == ["self", "force", "wait"]
     manager_src = inspect.getsource(_ExperimentCheckpointManager)

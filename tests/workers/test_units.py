@@ -104,9 +104,9 @@ def test_tune_no_longer_propagates_credentials() -> None:
     # Pins the private Ray list we edit: if Ray renames it, this fails instead of leaking silently.
     from ray.tune.execution import class_cache
 
-    from workers.tune_patches import _CREDENTIAL_ENV_VARS, _stop_credential_propagation
+    from workers.ray_internals import _CREDENTIAL_ENV_VARS, stop_credential_propagation
 
-    _stop_credential_propagation()
+    stop_credential_propagation()
     assert not (_CREDENTIAL_ENV_VARS & set(class_cache.ENV_VARS_TO_PROPAGATE))
     assert "PL_DISABLE_FORK" in class_cache.DEFAULT_ENV_VARS  # the module we patch is still the one we know
 
@@ -340,7 +340,7 @@ def test_an_old_checkpoint_already_deleted_by_a_killed_driver_is_no_error(
     from ray.train._internal.checkpoint_manager import _CheckpointManager
     from ray.train._internal.session import _TrainingResult
 
-    from workers.tune_patches import _tolerate_gone_checkpoints
+    from workers.ray_internals import tolerate_gone_checkpoints
 
     def result(index: int) -> _TrainingResult:
         folder = tmp_path / f"checkpoint_{index:06d}"
@@ -351,8 +351,8 @@ def test_an_old_checkpoint_already_deleted_by_a_killed_driver_is_no_error(
     gone = tmp_path / "gone"
     with pytest.raises(FileNotFoundError):  # Ray's own deletion, which the patch guards (pinned)
         ray_storage._delete_fs_path(tune.Checkpoint(str(gone)).filesystem, str(gone))
-    _tolerate_gone_checkpoints()
-    _tolerate_gone_checkpoints()  # once per process
+    tolerate_gone_checkpoints()
+    tolerate_gone_checkpoints()  # once per process
     manager = _CheckpointManager(tune.CheckpointConfig(num_to_keep=2))
     first, second = result(0), result(1)
     manager.register_checkpoint(first)
@@ -377,7 +377,7 @@ def test_a_checkpoint_deletion_that_fails_is_still_reported(caplog: pytest.LogCa
     # Only a folder that is already gone is skipped: a deletion that fails is Ray's error, as before.
     import logging
 
-    from workers.tune_patches import _delete_unless_gone
+    from workers.ray_internals import _delete_unless_gone
 
     calls: list[str] = []
 
@@ -406,14 +406,14 @@ def test_two_studies_starting_in_the_same_second_stage_their_trials_apart(tmp_pa
     # timestamps, two studies' phases of one name that start together shared it (issue #40).
     from ray.train._internal.storage import StorageContext
 
-    from workers.tune_patches import _unique_staging_dirs
+    from workers.ray_internals import unique_staging_dirs
 
     if not getattr(StorageContext.__init__, "_autonorm_unique_staging", False):
         # Ray's own timestamp: whole seconds, nothing else (pinned: the reason for the patch)
         stamp = StorageContext(str(tmp_path / "a"), "confirm-epochs")._timestamp
         assert re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", stamp), stamp
-    _unique_staging_dirs()
-    _unique_staging_dirs()  # once per process
+    unique_staging_dirs()
+    unique_staging_dirs()  # once per process
     patched = [StorageContext(str(tmp_path / name), "confirm-epochs") for name in ("a", "b")]
     assert patched[0]._timestamp != patched[1]._timestamp
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_[0-9a-f]{6}", p._timestamp) for p in patched)
@@ -424,7 +424,7 @@ def test_two_studies_starting_in_the_same_second_stage_their_trials_apart(tmp_pa
     assert pickle.loads(pickle.dumps(patched[1]))._timestamp == patched[1]._timestamp
 
 
-# ---- what a result costs the driver (workers/tune_patches.py, workers/tune_loggers.py) ---------------
+# ---- what a result costs the driver (workers/ray_internals.py, workers/tune_loggers.py) -------------
 
 
 def test_trial_states_and_snapshots_are_written_as_compact_json_that_reads_back_the_same() -> None:
@@ -436,14 +436,14 @@ def test_trial_states_and_snapshots_are_written_as_compact_json_that_reads_back_
     from ray.tune.experiment.trial import Trial
     from ray.tune.trainable import metadata
 
-    from workers.tune_patches import _compact_snapshot_json
+    from workers.ray_internals import compact_snapshot_json
 
     # Pinned: what the patch replaces (Tune's pretty-printed and streamed encodes) is still there.
     assert "json.dumps(state, indent=2" in inspect.getsource(Trial.get_json_state)
     assert "json.dumps(data, indent=2" in inspect.getsource(metadata._TrainingRunMetadata.get_json_state)
     assert "json.dump(runner_state, f" in inspect.getsource(tune_controller.TuneController.save_to_dir)
-    _compact_snapshot_json()
-    _compact_snapshot_json()  # once per process
+    compact_snapshot_json()
+    compact_snapshot_json()  # once per process
     assert all(type(m.json).__name__ == "_CompactJson" for m in (trial_module, metadata, tune_controller))
     trial = Trial("__fake", config={"seed": 3, "training.lr": 0.1}, stub=True)
     trial.run_metadata.update_metric("val_accuracy", 0.5, step=1)
@@ -464,10 +464,10 @@ def test_trial_states_and_snapshots_are_written_as_compact_json_that_reads_back_
 def test_tune_keeps_no_statistics_of_stacked_members_keys() -> None:
     from ray.tune.experiment.trial import Trial
 
-    from workers.tune_patches import _no_member_metric_statistics
+    from workers.ray_internals import no_member_metric_statistics
 
-    _no_member_metric_statistics()
-    _no_member_metric_statistics()  # once per process
+    no_member_metric_statistics()
+    no_member_metric_statistics()  # once per process
     trial = Trial("__fake", stub=True)
     trial.update_last_result({"epoch": 1, "members": 2.0, "val_accuracy@m0": 0.5, "val_accuracy@m1": 0.7})
     analysis = trial.run_metadata.metric_analysis

@@ -79,7 +79,7 @@ def test_tunes_syncer_uploads_whole_files_to_local_storage_only(tmp_path: Path) 
 
     from ray.train._internal.storage import _FilesystemSyncer, _upload_to_fs_path
 
-    from workers.tune_patches import _whole_file_uploads
+    from workers.ray_internals import whole_file_uploads
 
     # Pinned: the private API the patch wraps, and that Ray's own copy is the truncating one.
     assert list(inspect.signature(_FilesystemSyncer._sync_up_command).parameters) == [
@@ -89,8 +89,8 @@ def test_tunes_syncer_uploads_whole_files_to_local_storage_only(tmp_path: Path) 
         "exclude",
     ]
     assert "_pyarrow_fs_copy_files" in inspect.getsource(_upload_to_fs_path)
-    _whole_file_uploads()
-    _whole_file_uploads()  # once per process
+    whole_file_uploads()
+    whole_file_uploads()  # once per process
     local = _FilesystemSyncer(storage_filesystem=pyarrow.fs.LocalFileSystem())
     fn, kwargs = local._sync_up_command(str(tmp_path / "a"), str(tmp_path / "b"))
     assert fn is upload_tree and kwargs == {"local_path": str(tmp_path / "a"), "fs_path": str(tmp_path / "b")}
