@@ -29,22 +29,17 @@ Design notes (why it looks like this):
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import math
 import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from autonorm_core.optim import adamw, param_groups
 
 __all__ = [
     "COMPILE_SETTINGS",
@@ -73,7 +68,6 @@ __all__ = [
 ]
 
 from autonorm_core.config import (  # re-exported: the training API as before
-    _EXECUTION_FIELDS,
     COMPILE_SETTINGS,
     FREEZE_RULES,
     PRECISIONS,
@@ -87,11 +81,21 @@ from autonorm_core.config import (  # re-exported: the training API as before
     reported_metrics,
     should_freeze,
 )
-
-#: History keys measured with a wall clock: they differ between otherwise identical runs.
-TIMING_KEYS: tuple[str, ...] = ("examples_per_s",)
-#: Version of the ``state`` dict given to ``checkpoint_fn``; a resume from another version is refused.
-STATE_FORMAT = 1
+from autonorm_core.fitcore import (  # re-exported: the training API as before
+    STATE_FORMAT,
+    TIMING_KEYS,
+    Callback,
+    Divergence,
+    FitResult,
+    Ledger,
+    StopTraining,
+    build_optimizer,
+    dyt_positions,
+    is_gate,
+    is_seeded,
+    same_run,
+)
+from autonorm_core.fitcore import derive_seed as _derive_seed
 
 
 def resolve_compile(setting: str, device: str | torch.device) -> bool:
@@ -110,104 +114,7 @@ def resolve_compile(setting: str, device: str | torch.device) -> bool:
     return setting == "on"
 
 
-# ------------------------------------------------------------------------------------- callbacks
-
-
-@runtime_checkable
-class Callback(Protocol):
-    """Anything with ``on_epoch_end``; called once per epoch after its metrics (and checkpoint) exist.
-
-    Raising :class:`StopTraining` ends the fit cleanly with ``status="stopped"`` (early stopping, a
-    scheduler's decision); any other exception propagates.
-    """
-
-    def on_epoch_end(self, epoch: int, model: nn.Module, metrics: dict[str, float]) -> object: ...
-
-
-class StopTraining(Exception):
-    """Raised by a callback to end the fit after the current epoch (``FitResult.status == "stopped"``)."""
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """Where a fit's loss became NaN/inf: the typed record both loops return (``FitResult.divergence``)
-    and the trial reads, instead of parsing ``FitResult.message`` back (the message is its text).
-
-    Attributes:
-        loss: ``training`` (an update's loss; the epoch did not finish) or ``validation`` (the epoch
-            finished but its validation or summed training loss is not finite).
-        value: the observed loss (NaN/inf; the validation loss for ``validation``).
-        epoch: the epoch in which (``training``) or after which (``validation``) it happened.
-        update: the update at which a training loss diverged, else ``None``.
-    """
-
-    loss: Literal["training", "validation"]
-    value: float
-    epoch: int
-    update: int | None = None
-
-    def __str__(self) -> str:
-        if self.loss == "training":
-            return f"non-finite training loss {self.value} at epoch {self.epoch}, update {self.update}"
-        return f"non-finite validation loss {self.value} after epoch {self.epoch}"
-
-
-@dataclass
-class FitResult:
-    """What :func:`fit` returns.
-
-    Attributes:
-        status: ``completed``; ``diverged`` when a loss became NaN/inf (history up to the last whole
-            epoch kept); ``stopped`` when a callback raised :class:`StopTraining`.
-        history: one metrics dict per epoch (JSON-able floats).
-        updates: optimizer updates performed.
-        freeze_epoch: epoch at whose end the selector was frozen, else ``None``.
-        freeze_entropy: mean gate entropy on which the freeze rule decided, else ``None``.
-        message: why the fit ended early, empty otherwise.
-        divergence: where the loss became NaN/inf when ``status == "diverged"``, else ``None``.
-    """
-
-    status: Literal["completed", "diverged", "stopped"]
-    history: list[dict[str, float]]
-    updates: int = 0
-    freeze_epoch: int | None = None
-    freeze_entropy: float | None = None
-    message: str = ""
-    divergence: Divergence | None = None
-
-    @property
-    def final(self) -> dict[str, float]:
-        """The last epoch's metrics (empty when no epoch finished)."""
-        return self.history[-1] if self.history else {}
-
-
 # -------------------------------------------------------------------------------- module plumbing
-
-
-def _gate_modules(model: nn.Module) -> list[Any]:
-    """AutoNorm-like layers: anything with ``gate_probs(x)`` and ``freeze()`` (duck-typed, so variants and
-    subclasses qualify without this module importing them)."""
-    return [
-        m
-        for m in model.modules()
-        if callable(getattr(m, "gate_probs", None)) and callable(getattr(m, "freeze", None))
-    ]
-
-
-def _seeded_modules(model: nn.Module) -> list[tuple[str, Any]]:
-    """Modules owning a generator (AutoNorm's Gumbel noise, RandomSelector), keyed by module name."""
-    return [
-        (name, m)
-        for name, m in model.named_modules()
-        if all(callable(getattr(m, a, None)) for a in ("manual_seed", "rng_state", "set_rng_state"))
-    ]
-
-
-def _candidate_names(module: Any) -> list[str]:
-    names = getattr(module, "candidates", ())
-    if isinstance(names, Mapping):
-        names = list(names.keys())
-    return [n for n in names if isinstance(n, str)]
 
 
 def _freeze_selector(module: Any, *, sample: bool) -> None:
@@ -218,37 +125,11 @@ def _freeze_selector(module: Any, *, sample: bool) -> None:
         module.sample_after_freeze = sample
 
 
-def _derive_seed(seed: int, *stream: int) -> int:
-    """Independent 63-bit seeds for each RNG stream of a fit, from one user seed."""
-    ss = np.random.SeedSequence([int(seed) & 0xFFFFFFFFFFFFFFFF, *stream])
-    return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
-
-
-def _to_cpu_copy(obj: Any) -> Any:
-    """Deep copy with every tensor detached onto the CPU (state dicts alias live parameters)."""
-    if isinstance(obj, Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _to_cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_cpu_copy(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_to_cpu_copy(v) for v in obj)
-    return copy.deepcopy(obj)
-
-
-def _build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
-    groups = param_groups(model, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum)
-    return adamw(groups, lr=lr)
-
-
 def _rebuild_optimizer(
     old: torch.optim.Optimizer, model: nn.Module, cfg: TrainConfig, lr: float
 ) -> torch.optim.Optimizer:
     """A fresh optimizer over the now-trainable parameters, keeping their moment estimates."""
-    new = _build_optimizer(model, cfg, lr)
+    new = build_optimizer(model, cfg, lr)
     for group in new.param_groups:
         for p in group["params"]:
             if p in old.state:
@@ -530,17 +411,16 @@ def fit(
     dev = torch.device(device)
     task, parts = _splits_parts(splits, dev)
     model.to(dev)
-    num_train = parts["train"][0].shape[0]
-    steps_per_epoch = cfg.steps_per_epoch(num_train)
-    total = cfg.total_updates(num_train)
-    n_epochs = cfg.num_epochs(num_train)
-    warmup = cfg.warmup_updates(num_train)
-    peak = cfg.effective_lr
-    label_smoothing = cfg.label_smoothing if task == "classification" else 0.0
-
-    gates = _gate_modules(model)
-    seeded = _seeded_modules(model)
-    dyt_index = [(_candidate_names(m).index("dyt") if "dyt" in _candidate_names(m) else None) for m in gates]
+    gates: list[Any] = [m for m in model.modules() if is_gate(m)]
+    seeded: list[tuple[str, Any]] = [(name, m) for name, m in model.named_modules() if is_seeded(m)]
+    book = Ledger(
+        cfg,
+        seed,
+        task=task,
+        num_train=parts["train"][0].shape[0],
+        tau0=[float(getattr(m, "tau", 1.0)) for m in gates],
+        dyt_index=dyt_positions(gates),
+    )
     _check_precision(cfg.precision, dev)
     # Forward passes go through ``forward``; everything else (optimizer, state_dict, callbacks) uses
     # ``model`` itself.
@@ -554,48 +434,35 @@ def fit(
             _seed_global(_derive_seed(seed, 1), dev)
             for i, (_, m) in enumerate(seeded):
                 m.manual_seed(_derive_seed(seed, 2, i))
-            tau0 = [float(getattr(m, "tau", 1.0)) for m in gates]
-            history: list[dict[str, float]] = []
             start_epoch = 1
-            step = 0
-            frozen = False
-            freeze_epoch: int | None = None
-            freeze_entropy: float | None = None
-            optimizer = _build_optimizer(model, cfg, peak)
         else:
-            st = resume_state
-            if st.get("format") != STATE_FORMAT:
-                raise ValueError(f"resume_state has format {st.get('format')!r}, expected {STATE_FORMAT}")
-            if not same_run(st["config"], cfg) or st["seed"] != seed:
-                raise ValueError("resume_state was written by a fit with another config or seed")
-            model.load_state_dict(st["model"])
-            frozen = bool(st["freeze"]["frozen"])
-            freeze_epoch = st["freeze"]["epoch"]
-            freeze_entropy = st["freeze"]["entropy"]
-            if frozen:
-                sample = cfg.freeze.sample_after_freeze if cfg.freeze is not None else False
-                for m in gates:
-                    _freeze_selector(m, sample=sample)
-            optimizer = _build_optimizer(model, cfg, peak)
-            optimizer.load_state_dict(st["optimizer"])
-            step = int(st["scheduler"]["step"])
-            tau0 = list(st["tau0"])
-            history = copy.deepcopy(list(st["history"]))
-            start_epoch = int(st["epoch"]) + 1
-            shuffle_gen.set_state(st["rng"]["shuffle"])
-            _set_global_rng_state(st["rng"]["global"], dev)
-            module_states = st["rng"]["modules"]
+            start_epoch = book.resume(resume_state)
+            model.load_state_dict(resume_state["model"])
+            for m in gates if book.frozen else ():
+                _freeze_selector(m, sample=book.sample_after_freeze)
+            shuffle_gen.set_state(resume_state["rng"]["shuffle"])
+            _set_global_rng_state(resume_state["rng"]["global"], dev)
             for name, m in seeded:
-                m.set_rng_state(module_states[name])
+                m.set_rng_state(resume_state["rng"]["modules"][name])
+        optimizer = build_optimizer(model, cfg, book.peak)
+        if resume_state is not None:
+            optimizer.load_state_dict(resume_state["optimizer"])
 
-        status: Literal["completed", "diverged", "stopped"] = "completed"
-        message = ""
-        divergence: Divergence | None = None
+        def freeze(sample: bool) -> None:
+            # Dropping the selector from the optimizer keeps AdamW's decoupled weight decay from
+            # moving it; the backbone keeps its moment estimates.
+            nonlocal optimizer
+            for m in gates:
+                _freeze_selector(m, sample=sample)
+            optimizer = _rebuild_optimizer(optimizer, model, cfg, lr)
+
+        total, warmup, peak, tau0, step = book.total, book.warmup, book.peak, book.tau0, book.step
+        num_train = parts["train"][0].shape[0]
         x_train, y_train = parts["train"]
-        for epoch in range(start_epoch, n_epochs + 1):
+        for epoch in range(start_epoch, book.n_epochs + 1):
             model.train()
             perm = torch.randperm(num_train, generator=shuffle_gen).to(dev)
-            epoch_steps = min(steps_per_epoch, total - step)
+            epoch_steps = min(book.steps_per_epoch, total - step)
             loss_sum = 0.0
             count_sum = 0
             lr = peak
@@ -614,11 +481,10 @@ def fit(
                         m.tau = t0_m + (cfg.tau_final - t0_m) * frac
                 with _autocast(cfg.precision, dev):
                     out = forward(x)
-                loss, count = _task_loss(out.float(), y, task, label_smoothing=label_smoothing)
+                loss, count = _task_loss(out.float(), y, task, label_smoothing=book.label_smoothing)
                 loss_value = float(loss.item())
                 if not math.isfinite(loss_value):
-                    status = "diverged"
-                    divergence = Divergence("training", loss_value, epoch, step)
+                    book.diverge(Divergence("training", loss_value, epoch, step))
                     break
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -628,7 +494,8 @@ def fit(
                 step += 1
                 loss_sum += loss_value * count
                 count_sum += count
-            if status == "diverged":
+            book.step = step
+            if book.status == "diverged":
                 break
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
@@ -643,100 +510,33 @@ def fit(
                 forward=compiled,
                 precision=cfg.precision,
             )
-            val = evaluate(parts["val"], gates=gates)
-            test = evaluate(parts["test"])
-            if not (math.isfinite(val["loss"]) and math.isfinite(loss_sum)):
-                status = "diverged"
-                divergence = Divergence("validation", val["loss"], epoch)
+            recorded = book.end_epoch(
+                epoch,
+                evaluate(parts["val"], gates=gates),
+                evaluate(parts["test"]),
+                loss_sum=loss_sum,
+                count=count_sum,
+                lr=lr,
+                examples_per_s=epoch_steps * cfg.batch_size / max(train_time, 1e-9),
+                tau=lambda: float(getattr(gates[0], "tau", math.nan)),
+                freeze=freeze,
+            )
+            if not recorded:
                 break
-
-            metrics: dict[str, float] = {
-                "epoch": float(epoch),
-                "train_loss": loss_sum / max(count_sum, 1),
-                "val_loss": val["loss"],
-                "test_loss": test["loss"],
-            }
-            key = "rmse" if task == "regression" else "accuracy"
-            metrics[f"val_{key}"] = val[key]
-            metrics[f"test_{key}"] = test[key]
-            if gates:
-                entropies = val["gate_entropy"]
-                metrics["gate_entropy"] = float(sum(entropies) / len(entropies))
-                for i, h in enumerate(entropies):
-                    metrics[f"gate_entropy/layer_{i}"] = float(h)
-                for i, (probs, k) in enumerate(zip(val["gate_mean_probs"], dyt_index)):
-                    if k is not None and probs:
-                        metrics[f"dyt_weight/layer_{i}"] = float(probs[k])
-                if cfg.tau_final is not None:
-                    metrics["tau"] = float(getattr(gates[0], "tau", float("nan")))
-
-            # AutoNorm-S: one decision, at the end of epoch t_freeze, on this epoch's mean entropy.
-            if cfg.freeze is not None and gates and not frozen and epoch == cfg.freeze.t_freeze:
-                freeze_entropy = metrics["gate_entropy"]
-                if should_freeze(cfg.freeze.rule, freeze_entropy, cfg.freeze.eps_h):
-                    for m in gates:
-                        _freeze_selector(m, sample=cfg.freeze.sample_after_freeze)
-                    # Dropping the selector from the optimizer keeps AdamW's decoupled weight decay
-                    # from moving it; the backbone keeps its moment estimates.
-                    optimizer = _rebuild_optimizer(optimizer, model, cfg, lr)
-                    frozen = True
-                    freeze_epoch = epoch
-
-            metrics["selector_frozen"] = 1.0 if frozen else 0.0
-            metrics["lr"] = float(lr)
-            metrics["updates"] = float(step)
-            metrics["examples_per_s"] = epoch_steps * cfg.batch_size / max(train_time, 1e-9)
-            history.append(metrics)
-
             if checkpoint_fn is not None:
-                state = {
-                    "format": STATE_FORMAT,
-                    "epoch": epoch,
-                    "seed": seed,
-                    "config": cfg.to_dict(),
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": {"step": step, "total": total, "warmup": warmup, "peak": peak},
-                    "freeze": {"frozen": frozen, "epoch": freeze_epoch, "entropy": freeze_entropy},
-                    "tau0": tau0,
-                    "history": history,
-                    "rng": {
-                        "shuffle": shuffle_gen.get_state(),
-                        "global": _global_rng_state(dev),
-                        "modules": {name: m.rng_state() for name, m in seeded},
-                    },
-                }
-                checkpoint_fn(epoch, _to_cpu_copy(state))
-            try:
-                for cb in callbacks:
-                    cb.on_epoch_end(epoch, model, dict(metrics))
-            except StopTraining as stop:
-                status = "stopped"
-                message = str(stop) or f"stopped by a callback after epoch {epoch}"
+                state = book.state(
+                    epoch,
+                    model=model.state_dict(),
+                    optimizer=optimizer.state_dict(),
+                    shuffle=shuffle_gen.get_state(),
+                    global_rng=_global_rng_state(dev),
+                    modules={name: m.rng_state() for name, m in seeded},
+                )
+                checkpoint_fn(epoch, state)
+            book.call_back(epoch, model, callbacks)
+            if book.status == "stopped":
                 break
-
-    return FitResult(
-        status=status,
-        history=history,
-        updates=step,
-        freeze_epoch=freeze_epoch,
-        freeze_entropy=freeze_entropy,
-        message=str(divergence) if divergence is not None else message,
-        divergence=divergence,
-    )
-
-
-def same_run(saved: Mapping[str, Any], cfg: TrainConfig) -> bool:
-    """Whether a state's ``config`` is ``cfg``'s, execution choices aside (see ``_EXECUTION_FIELDS``).
-
-    A field the state lacks (written before the field existed) counts as its default.
-    """
-    ours = cfg.to_dict()
-    defaults = TrainConfig().to_dict()
-    for name in _EXECUTION_FIELDS:
-        ours.pop(name)
-    theirs = {k: v for k, v in saved.items() if k not in _EXECUTION_FIELDS}
-    return all(theirs.get(k, defaults[k]) == v for k, v in ours.items()) and set(theirs) <= set(ours)
+    return book.result()
 
 
 def save_state(path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:

@@ -1,0 +1,363 @@
+"""The bookkeeping of a fit: the one both training loops use.
+
+:func:`autonorm_core.training.fit` (one model) and :func:`autonorm_core.stacking.fit_stacked` (K
+members as one stacked model) differ only in how they compute updates and evaluations. What they keep
+around those is here, once: the seed streams (:func:`derive_seed`), which modules are gates or own a
+generator, the torch optimizer a run's state is written in, and per run (per member) a :class:`Ledger`
+of its schedule position, freeze decision, history and status, which builds each epoch's metrics,
+takes the AutoNorm-S decision, writes and checks the checkpoint state and returns the
+:class:`FitResult`. :mod:`autonorm_core.training` re-exports the public names.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from autonorm_core.config import _EXECUTION_FIELDS, TrainConfig, should_freeze
+from autonorm_core.optim import adamw, param_groups
+
+__all__ = [
+    "STATE_FORMAT",
+    "TIMING_KEYS",
+    "Callback",
+    "Divergence",
+    "FitResult",
+    "Ledger",
+    "StopTraining",
+    "build_optimizer",
+    "cpu_copy",
+    "derive_seed",
+    "dyt_positions",
+    "is_gate",
+    "is_seeded",
+    "same_run",
+]
+
+#: History keys measured with a wall clock: they differ between otherwise identical runs.
+TIMING_KEYS: tuple[str, ...] = ("examples_per_s",)
+#: Version of the ``state`` dict given to ``checkpoint_fn``; a resume from another version is refused.
+STATE_FORMAT = 1
+
+
+@runtime_checkable
+class Callback(Protocol):
+    """Anything with ``on_epoch_end``; called once per epoch after its metrics (and checkpoint) exist.
+
+    Raising :class:`StopTraining` ends the fit cleanly with ``status="stopped"`` (early stopping, a
+    scheduler's decision); any other exception propagates.
+    """
+
+    def on_epoch_end(self, epoch: int, model: nn.Module, metrics: dict[str, float]) -> object: ...
+
+
+class StopTraining(Exception):
+    """Raised by a callback to end the fit after the current epoch (``FitResult.status == "stopped"``)."""
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a fit's loss became NaN/inf: the typed record both loops return (``FitResult.divergence``)
+    and the trial reads, instead of parsing ``FitResult.message`` back (the message is its text).
+
+    Attributes:
+        loss: ``training`` (an update's loss; the epoch did not finish) or ``validation`` (the epoch
+            finished but its validation or summed training loss is not finite).
+        value: the observed loss (NaN/inf; the validation loss for ``validation``).
+        epoch: the epoch in which (``training``) or after which (``validation``) it happened.
+        update: the update at which a training loss diverged, else ``None``.
+    """
+
+    loss: Literal["training", "validation"]
+    value: float
+    epoch: int
+    update: int | None = None
+
+    def __str__(self) -> str:
+        if self.loss == "training":
+            return f"non-finite training loss {self.value} at epoch {self.epoch}, update {self.update}"
+        return f"non-finite validation loss {self.value} after epoch {self.epoch}"
+
+
+@dataclass
+class FitResult:
+    """What :func:`~autonorm_core.training.fit` returns (and the stacked fit, per member).
+
+    Attributes:
+        status: ``completed``; ``diverged`` when a loss became NaN/inf (history up to the last whole
+            epoch kept); ``stopped`` when a callback raised :class:`StopTraining`.
+        history: one metrics dict per epoch (JSON-able floats).
+        updates: optimizer updates performed.
+        freeze_epoch: epoch at whose end the selector was frozen, else ``None``.
+        freeze_entropy: mean gate entropy on which the freeze rule decided, else ``None``.
+        message: why the fit ended early, empty otherwise.
+        divergence: where the loss became NaN/inf when ``status == "diverged"``, else ``None``.
+    """
+
+    status: Literal["completed", "diverged", "stopped"]
+    history: list[dict[str, float]]
+    updates: int = 0
+    freeze_epoch: int | None = None
+    freeze_entropy: float | None = None
+    message: str = ""
+    divergence: Divergence | None = None
+
+    @property
+    def final(self) -> dict[str, float]:
+        """The last epoch's metrics (empty when no epoch finished)."""
+        return self.history[-1] if self.history else {}
+
+
+def same_run(saved: Mapping[str, Any], cfg: TrainConfig) -> bool:
+    """Whether a state's ``config`` is ``cfg``'s, execution choices aside (see ``_EXECUTION_FIELDS``).
+
+    A field the state lacks (written before the field existed) counts as its default.
+    """
+    ours = cfg.to_dict()
+    defaults = TrainConfig().to_dict()
+    for name in _EXECUTION_FIELDS:
+        ours.pop(name)
+    theirs = {k: v for k, v in saved.items() if k not in _EXECUTION_FIELDS}
+    return all(theirs.get(k, defaults[k]) == v for k, v in ours.items()) and set(theirs) <= set(ours)
+
+
+# -------------------------------------------------------------------------------- module plumbing
+
+
+def is_gate(m: nn.Module) -> bool:
+    """An AutoNorm-like layer: anything with ``gate_probs(x)`` and ``freeze()`` (duck-typed, so variants
+    and subclasses qualify without this module importing them)."""
+    return callable(getattr(m, "gate_probs", None)) and callable(getattr(m, "freeze", None))
+
+
+def is_seeded(m: nn.Module) -> bool:
+    """A module owning a generator (AutoNorm's Gumbel noise, RandomSelector)."""
+    return all(callable(getattr(m, a, None)) for a in ("manual_seed", "rng_state", "set_rng_state"))
+
+
+def dyt_positions(gates: Sequence[Any]) -> list[int | None]:
+    """Per gate, the index of its ``dyt`` candidate (``None``: it has none)."""
+    out: list[int | None] = []
+    for g in gates:
+        names = getattr(g, "candidates", ())
+        names = [n for n in (names.keys() if isinstance(names, Mapping) else names) if isinstance(n, str)]
+        out.append(names.index("dyt") if "dyt" in names else None)
+    return out
+
+
+def derive_seed(seed: int, *stream: int) -> int:
+    """Independent 63-bit seeds for each RNG stream of a fit, from one user seed: stream 0 shuffles,
+    1 seeds torch's default generator (dropout, DropPath), ``(2, i)`` the i-th seeded module."""
+    ss = np.random.SeedSequence([int(seed) & 0xFFFFFFFFFFFFFFFF, *stream])
+    return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def cpu_copy(obj: Any) -> Any:
+    """Deep copy with every tensor detached onto the CPU (state dicts alias live parameters)."""
+    if isinstance(obj, Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [cpu_copy(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(cpu_copy(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
+    """The torch optimizer of a fit over ``model``'s trainable parameters (its state is the checkpoint's)."""
+    groups = param_groups(model, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum)
+    return adamw(groups, lr=lr)
+
+
+# ---------------------------------------------------------------------------------------- ledger
+
+
+class Ledger:
+    """One run's bookkeeping (one member's, in a stacked fit): what the loop records around its updates.
+
+    The loop owns the model, optimizer and generators; it advances :attr:`step` and :attr:`last_lr`
+    and hands each epoch's numbers to :meth:`end_epoch`, which records the metrics and takes the
+    AutoNorm-S decision. :meth:`state` is the checkpoint, :meth:`resume` checks and reads one back,
+    :meth:`result` is the run's :class:`FitResult`.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        seed: int,
+        *,
+        task: str,
+        num_train: int,
+        tau0: Sequence[float],
+        dyt_index: Sequence[int | None],
+    ) -> None:
+        self.cfg, self.seed, self.task = cfg, seed, task
+        self.steps_per_epoch = cfg.steps_per_epoch(num_train)
+        self.n_epochs = cfg.num_epochs(num_train)
+        self.total = cfg.total_updates(num_train)
+        self.warmup = cfg.warmup_updates(num_train)
+        self.peak = cfg.effective_lr
+        self.label_smoothing = cfg.label_smoothing if task == "classification" else 0.0
+        #: per gate, its ``dyt`` candidate's index (empty: the model has no gates)
+        self.dyt_index = list(dyt_index)
+        self.tau0 = list(tau0)
+        self.history: list[dict[str, float]] = []
+        self.step = 0
+        #: the learning rate of the last update (what the torch optimizer's groups hold)
+        self.last_lr = self.peak
+        self.frozen = False
+        self.freeze_epoch: int | None = None
+        self.freeze_entropy: float | None = None
+        self.status: Literal["running", "diverged", "stopped"] = "running"
+        self.message = ""
+        self.divergence: Divergence | None = None
+
+    @property
+    def sample_after_freeze(self) -> bool:
+        """Whether the gates keep their noise once frozen (the config's choice; ``False`` without one)."""
+        return self.cfg.freeze.sample_after_freeze if self.cfg.freeze is not None else False
+
+    def diverge(self, divergence: Divergence) -> None:
+        self.status = "diverged"
+        self.divergence = divergence
+        self.message = str(divergence)
+
+    def end_epoch(
+        self,
+        epoch: int,
+        val: Mapping[str, Any],
+        test: Mapping[str, Any],
+        *,
+        loss_sum: float,
+        count: int,
+        lr: float,
+        examples_per_s: float,
+        tau: Callable[[], float],
+        freeze: Callable[[bool], None],
+    ) -> bool:
+        """Records a finished epoch; ``False`` (and diverged) when its validation or summed training
+        loss is not finite.
+
+        ``val``/``test``: the evaluation of each split (``loss``, ``accuracy`` | ``rmse``; ``val`` with
+        ``gate_entropy`` and ``gate_mean_probs`` per gate); ``loss_sum``/``count``: the summed training
+        loss and the examples it covers; ``lr``: the last update's; ``tau()``: the first gate's current
+        temperature. AutoNorm-S: one decision, at the end of epoch ``t_freeze``, on this epoch's mean
+        entropy; ``freeze(sample_after_freeze)`` freezes the loop's selectors.
+        """
+        cfg = self.cfg
+        if not (math.isfinite(val["loss"]) and math.isfinite(loss_sum)):
+            self.diverge(Divergence("validation", val["loss"], epoch))
+            return False
+        metrics: dict[str, float] = {
+            "epoch": float(epoch),
+            "train_loss": loss_sum / max(count, 1),
+            "val_loss": val["loss"],
+            "test_loss": test["loss"],
+        }
+        key = "rmse" if self.task == "regression" else "accuracy"
+        metrics[f"val_{key}"] = val[key]
+        metrics[f"test_{key}"] = test[key]
+        if self.dyt_index:
+            entropies = val["gate_entropy"]
+            metrics["gate_entropy"] = float(sum(entropies) / len(entropies))
+            for i, h in enumerate(entropies):
+                metrics[f"gate_entropy/layer_{i}"] = float(h)
+            for i, (probs, j) in enumerate(zip(val["gate_mean_probs"], self.dyt_index)):
+                if j is not None and probs:
+                    metrics[f"dyt_weight/layer_{i}"] = float(probs[j])
+            if cfg.tau_final is not None:
+                metrics["tau"] = float(tau())
+        if cfg.freeze is not None and self.dyt_index and not self.frozen and epoch == cfg.freeze.t_freeze:
+            self.freeze_entropy = metrics["gate_entropy"]
+            if should_freeze(cfg.freeze.rule, self.freeze_entropy, cfg.freeze.eps_h):
+                freeze(cfg.freeze.sample_after_freeze)
+                self.frozen = True
+                self.freeze_epoch = epoch
+        metrics["selector_frozen"] = 1.0 if self.frozen else 0.0
+        metrics["lr"] = float(lr)
+        metrics["updates"] = float(self.step)
+        metrics["examples_per_s"] = examples_per_s
+        self.history.append(metrics)
+        return True
+
+    def call_back(self, epoch: int, model: nn.Module, callbacks: Sequence[Callback]) -> None:
+        """Gives the epoch's metrics to each callback in order; :class:`StopTraining` stops the run."""
+        try:
+            for cb in callbacks:
+                cb.on_epoch_end(epoch, model, dict(self.history[-1]))
+        except StopTraining as stop:
+            self.status = "stopped"
+            self.message = str(stop) or f"stopped by a callback after epoch {epoch}"
+
+    def state(
+        self,
+        epoch: int,
+        *,
+        model: Mapping[str, Tensor],
+        optimizer: Mapping[str, Any],
+        shuffle: Tensor,
+        global_rng: Mapping[str, Tensor],
+        modules: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """The checkpoint after ``epoch`` (CPU copies, ``torch.save``-able): the model's and the torch
+        optimizer's state dicts, schedule position, freeze decision, history and every generator's state
+        (``shuffle``, torch's default ``global_rng`` per device, each seeded module's by name)."""
+        state = {
+            "format": STATE_FORMAT,
+            "epoch": epoch,
+            "seed": self.seed,
+            "config": self.cfg.to_dict(),
+            "model": model,
+            "optimizer": optimizer,
+            "scheduler": {"step": self.step, "total": self.total, "warmup": self.warmup, "peak": self.peak},
+            "freeze": {"frozen": self.frozen, "epoch": self.freeze_epoch, "entropy": self.freeze_entropy},
+            "tau0": self.tau0,
+            "history": self.history,
+            "rng": {"shuffle": shuffle, "global": global_rng, "modules": modules},
+        }
+        out: dict[str, Any] = cpu_copy(state)
+        return out
+
+    def resume(self, st: Mapping[str, Any], *, who: str = "") -> int:
+        """Reads back the bookkeeping of a :meth:`state` and returns the next epoch to train; the loop
+        restores the model, optimizer and generators from it.
+
+        Raises:
+            ValueError: for another :data:`STATE_FORMAT`, or a state of another config or seed
+                (:func:`same_run`); ``who`` prefixes the latter message (a stacked fit's member).
+        """
+        if st.get("format") != STATE_FORMAT:
+            raise ValueError(f"resume_state has format {st.get('format')!r}, expected {STATE_FORMAT}")
+        if not same_run(st["config"], self.cfg) or st["seed"] != self.seed:
+            raise ValueError(f"{who}resume_state was written by a fit with another config or seed")
+        self.frozen = bool(st["freeze"]["frozen"])
+        self.freeze_epoch = st["freeze"]["epoch"]
+        self.freeze_entropy = st["freeze"]["entropy"]
+        self.step = int(st["scheduler"]["step"])
+        groups = st["optimizer"].get("param_groups") or [{"lr": self.peak}]
+        self.last_lr = float(groups[0]["lr"])
+        self.tau0 = list(st["tau0"])
+        self.history = copy.deepcopy(list(st["history"]))
+        return int(st["epoch"]) + 1
+
+    def result(self) -> FitResult:
+        return FitResult(
+            status="completed" if self.status == "running" else self.status,
+            history=self.history,
+            updates=self.step,
+            freeze_epoch=self.freeze_epoch,
+            freeze_entropy=self.freeze_entropy,
+            message=self.message,
+            divergence=self.divergence,
+        )
