@@ -109,13 +109,23 @@ def trial_index(trial: Any) -> int | None:
 _MEMBER_SUFFIX = re.compile(r"-m\d+$")
 
 
-def record_run_name(template: str, *, plan_name: str, trial_id: str, config: Mapping[str, Any]) -> str:
+def record_run_name(
+    template: str,
+    *,
+    plan_name: str,
+    trial_id: str,
+    config: Mapping[str, Any],
+    experiment_tag: str | None = None,
+) -> str:
     """The MLflow run name of a trial read back as a record (its id and resolved config): what the
     plan's :class:`TrialNamer` named its run (a stacked group's member ``<group id>-m<k>`` takes its
-    group's ``{index}``, as its run did)."""
+    group's ``{index}``, as its run did). A searcher's trial (a random id) takes its ``{index}`` from
+    its ``experiment_tag``, which Tune puts in each of its results."""
     from types import SimpleNamespace
 
-    index = trial_index(SimpleNamespace(trial_id=_MEMBER_SUFFIX.sub("", trial_id)))
+    index = trial_index(
+        SimpleNamespace(trial_id=_MEMBER_SUFFIX.sub("", trial_id), experiment_tag=experiment_tag or "")
+    )
     template = template or f"{plan_name}-{{index:03d}}"
     return render_run_name(template, config, index if index is not None else trial_id)
 

@@ -10,7 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from studies.kinds.records import original_run, read_phase_trials, spent, stored_refinement, stored_rounds
+from studies.kinds.records import (
+    original_run,
+    read_phase_trials,
+    spent,
+    stored_refinement,
+    stored_rounds,
+    study_wall_s,
+)
 from studies.kinds.search.plans import (
     SEARCH_PHASE,
     search_plan,
@@ -29,7 +36,7 @@ from studies.kinds.search.workflow import (
     total_trials,
     tune_arm_lr,
 )
-from studies.reporting import write_json
+from studies.reporting import with_study_cost, write_json
 from workers.plan import StudyPlan, expected_trials
 from workers.records import TrialRecord, best_trial
 from workers.results import read_trials
@@ -37,11 +44,27 @@ from workers.results import read_trials
 __all__ = ["report", "status"]
 
 
+def _name(t: TrialRecord, plan: StudyPlan) -> str:
+    """A trial's name as its MLflow run has it (``search-007``), not Tune's id: the phase's run-name
+    template rendered for the trial (its ``{index}`` from the ``experiment_tag`` Tune put in its
+    results: a searcher's trial ids are random)."""
+    from workers.tracking.names import record_run_name
+
+    tag = t.metrics.get("experiment_tag")
+    return t.name or record_run_name(
+        plan.run_name,
+        plan_name=plan.name,
+        trial_id=t.trial_id,
+        config=t.config,
+        experiment_tag=str(tag) if tag is not None else None,
+    )
+
+
 def _row(t: TrialRecord, plan: StudyPlan) -> dict[str, Any]:
     from workers.dotted import get_path
 
     row: dict[str, Any] = {
-        "trial": t.trial_id,
+        "trial": _name(t, plan),
         "status": t.status,
         "epoch": t.metrics.get("epoch", t.metrics.get("training_iteration")),
         plan.metric: t.metrics.get(plan.metric),
@@ -90,13 +113,14 @@ def status(spec: StudySpec) -> dict[str, Any]:
         "by_status": dict(counts),
         "phases": phases,
         "metric": plan.metric,
-        "best_trial": best.trial_id if best else None,
+        "best_trial": _name(best, plan) if best else None,
         f"best_{plan.metric}": best.metrics.get(plan.metric) if best else None,
         "rows": [_row(t, plan) for t in trials],
     }
     text = where.read_text("verdict.json")
     verdict = json.loads(text) if text else None
     out["study_verdict"] = verdict.get("study_verdict") if verdict else None
+    out["wall_s"] = study_wall_s(verdict)  # the wall time the run wrote, as every kind's status has it
     if spec.confirm is not None and verdict:
         out["claims"] = {k: v.get("verdict") for k, v in (verdict.get("claims") or {}).items()}
     return out
@@ -152,7 +176,7 @@ def report(spec: StudySpec, out_dir: Path) -> Path:
         from workers.dotted import get_path
 
         lines += [
-            f"## Best completed trial `{best.trial_id}`: {plan.metric} = {_short(best.metrics[plan.metric])}",
+            f"## Best completed trial `{_name(best, plan)}`: {plan.metric} = {_short(best.metrics[plan.metric])}",
             "",
         ]
         searched = [(p.name, get_path(best.config, p.name)) for p in plan.space]
@@ -184,6 +208,7 @@ def report(spec: StudySpec, out_dir: Path) -> Path:
     else:
         verdict = analyse(None, spec, best=best, metric=plan.metric)
         verdict["scope"] = _search_scope(trials, plan.metric)
+        with_study_cost(verdict)  # ``report``'s: the trials in the study directory, the run's wall time
     write_json(out_dir / "verdict.json", verdict)
     return path
 

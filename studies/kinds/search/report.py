@@ -53,6 +53,7 @@ from studies.reporting import (
     resources_lines,
     save_figure,
     to_yaml,
+    with_study_cost,
     write_json,
 )
 from studies.scope import scope_line
@@ -532,6 +533,7 @@ def _document(
     cpu_hours: float | None,
     gpu_hours: float | None,
     plot_errors: Sequence[str],
+    trials: int | None = None,
     study_verdict: str,
     scope: str = "",
     design: Sequence[str] = (),
@@ -579,7 +581,7 @@ def _document(
             ),
         ],
         method=_method_lines(data_kind),
-        resources=resources_lines(wall_time_s, cpu_hours, gpu_hours),
+        resources=resources_lines(wall_time_s, cpu_hours, gpu_hours, trials=trials),
         protocol=to_yaml(protocol) if protocol else "",
         plot_errors=list(plot_errors),
     )
@@ -698,9 +700,13 @@ def write_claims_report(
         "best_config": best_config,
         "tuned_lr": tuned_lr,
         **dict(sequential or {}),
-        # What the study cost, so a regenerated report shows the run's wall time.
+        # What the study cost, so a regenerated report shows the run's wall time; inside a study run
+        # (or ``report``) the run's own numbers, as every kind writes them (``trials`` among them).
         "resources": {"wall_time_s": wall_time_s, "cpu_hours": cpu_hours, "gpu_hours": gpu_hours},
     }
+    with_study_cost(verdict)
+    cost = verdict["resources"]
+    wall_time_s, cpu_hours, gpu_hours = (cost.get(k) for k in ("wall_time_s", "cpu_hours", "gpu_hours"))
     write_json(paths["verdict"], verdict)
     df.to_csv(paths["confirm_trials"], index=False)
     doc = _document(
@@ -714,6 +720,7 @@ def write_claims_report(
         wall_time_s=wall_time_s,
         cpu_hours=cpu_hours,
         gpu_hours=gpu_hours,
+        trials=cost.get("trials"),
         plot_errors=errors,
         study_verdict=str((shared or {}).get("study_verdict", "none")),
         scope=scope_line((shared or {}).get("scope")),
