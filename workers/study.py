@@ -125,7 +125,8 @@ class StudyRunner:
         self._console: Any = None
         self.results: list[tuple[str, StudyPlan, StudyResult]] = []
         self.started = time.monotonic()
-        self._stopped: float | None = None  # the wall time, once the clock stopped (:meth:`cost`)
+        self._stopped: float | None = None  # this session's wall time, once the clock stopped (:meth:`cost`)
+        self._sessions: Any = None  # the study's sessions (workers.cost.Sessions), from __enter__
         self._registered: contextlib.ExitStack | None = None
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -152,8 +153,11 @@ class StudyRunner:
         except BaseException:
             self._close_console()
             raise
-        from workers.cost import registered
+        from workers.cost import Sessions, registered
 
+        # The earlier sessions of a resumed study (their wall time is the study's too), and this one.
+        self._sessions = Sessions(self.storage.filesystem, self.storage.experiment_path(self.name))
+        self._save_session("running")
         self._registered = contextlib.ExitStack()
         self._registered.enter_context(registered(self.cost))  # the report writers' numbers
         return self
@@ -209,6 +213,7 @@ class StudyRunner:
             self._registered = None
         stopped = exc_type is not None and issubclass(exc_type, KeyboardInterrupt | StudyInterrupted)
         status = "FINISHED" if exc_type is None else "KILLED" if stopped else "FAILED"
+        self._save_session("finished" if exc_type is None else "interrupted" if stopped else "failed")
         if exc_type is None:
             self._log_actual()
         try:
@@ -353,6 +358,7 @@ class StudyRunner:
         if not nested and result.parent_run_id:
             self.tracker.run_id = result.parent_run_id
         self.results.append((phase, plan, result))
+        self._save_session("running")  # a killed driver's session counts up to its last phase
         return result
 
     def log_summaries(self, phase: str, summaries: Iterable[Any]) -> list[str]:
@@ -442,10 +448,19 @@ class StudyRunner:
 
     @property
     def wall_time_s(self) -> float:
-        """The study's wall time: from this runner's start until the clock stops, at the first read
-        (of this or :meth:`cost`), which every kind makes once its last phase has run, to put the
-        cost in its verdict. Every later reader (the closing lines, the ``actual_wall_s`` metric)
-        gets that same number."""
+        """The study's wall time: the earlier sessions' of a resumed study (:class:`workers.cost.Sessions`)
+        plus this one's, from this runner's start until the clock stops, at the first read (of this
+        or :meth:`cost`), which every kind makes once its last phase has run, to put the cost in its
+        verdict. Every later reader (the closing lines, the ``actual_wall_s`` metric) gets that same
+        number."""
         if self._stopped is None:
             self._stopped = time.monotonic() - self.started
-        return self._stopped
+        earlier = self._sessions.earlier_wall_s if self._sessions is not None else 0.0
+        return float(earlier + self._stopped)
+
+    def _save_session(self, ended: str) -> None:
+        """This session in the study directory's sessions file: its wall time so far (the stopped
+        clock's, once stopped) and how it ended."""
+        if self._sessions is not None:
+            session = self._stopped if self._stopped is not None else time.monotonic() - self.started
+            self._sessions.save(session, ended)
