@@ -21,6 +21,7 @@ from studies.schema import SpecError, SpecIssue, parse_yaml, stored_defaults_mis
 from studies.sequential import ExtendRefused
 from studies.study_dir import SPEC_FILE
 from workers.console import DRIVER_LOG
+from workers.cost import SESSIONS_FILE
 
 __all__ = ["changed_fields", "extend_study", "run_study_spec"]
 
@@ -150,7 +151,14 @@ def run_study_spec(
             # corrected command is a fresh start rather than "a changed spec" (issue: a refused
             # `--set resources.cpu=64` locked its own fix out).
             # (the driver log of that start, which says why, goes with them)
-            if fresh and set(study_dir.list_files()) <= {SPEC_FILE, PROVENANCE_ARTIFACT, DRIVER_LOG}:
+            # (and so does the record of that session, which ran nothing: workers.cost.Sessions)
+            if fresh and set(study_dir.list_files()) <= {
+                SPEC_FILE,
+                PROVENANCE_ARTIFACT,
+                DRIVER_LOG,
+                SESSIONS_FILE,
+            }:
+                study_dir.delete(SESSIONS_FILE)
                 study_dir.delete(DRIVER_LOG)
                 study_dir.delete(PROVENANCE_ARTIFACT)
                 study_dir.delete(SPEC_FILE)
