@@ -14,34 +14,33 @@ AutoNorm's tau, the corrected layer's beta) may differ per member.
 
 from __future__ import annotations
 
-import copy
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from autonorm_core.optim import adamw, param_groups
+from autonorm_core.fitcore import (
+    Callback,
+    Divergence,
+    FitResult,
+    Ledger,
+    build_optimizer,
+    derive_seed,
+    dyt_positions,
+    is_gate,
+    is_seeded,
+)
 from autonorm_core.stacking.evaluate import evaluate_stacked
 from autonorm_core.stacking.layers import BackwardSGD, NotStackableError, StackedLinear, StackedMixture
 from autonorm_core.stacking.models import StackedModel, stack_models, training_reason
 from autonorm_core.stacking.optim import StackedOptimizer
-from autonorm_core.training import (
-    STATE_FORMAT,
-    Callback,
-    Divergence,
-    FitResult,
-    StopTraining,
-    TrainConfig,
-    fit,
-    lr_at_step,
-    same_run,
-    should_freeze,
-)
+from autonorm_core.training import TrainConfig, fit, lr_at_step
 
 __all__ = ["SHARED_FIELDS", "StackedFitResult", "StackedTraining", "fit_stacked", "start_stacked"]
 
@@ -57,7 +56,6 @@ SHARED_FIELDS = (
     "precision",
 )
 
-Status = Literal["completed", "diverged", "stopped"]
 CheckpointFn = Callable[[int, dict[int, dict[str, Any]]], object]
 
 
@@ -76,42 +74,6 @@ class StackedFitResult:
     stacked: bool
     reason: str = ""
     states: list[dict[str, Tensor]] = field(default_factory=list)
-
-
-def _derive_seed(seed: int, *stream: int) -> int:
-    # autonorm_core.training's seed derivation (kept identical: the streams must match the separate fit)
-    import numpy as np
-
-    ss = np.random.SeedSequence([int(seed) & 0xFFFFFFFFFFFFFFFF, *stream])
-    return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
-
-
-def _cpu_copy(obj: Any) -> Any:
-    if isinstance(obj, Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_cpu_copy(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_cpu_copy(v) for v in obj)
-    return copy.deepcopy(obj)
-
-
-def _is_gate(m: nn.Module) -> bool:
-    return callable(getattr(m, "gate_probs", None)) and callable(getattr(m, "freeze", None))
-
-
-def _is_seeded(m: nn.Module) -> bool:
-    return all(callable(getattr(m, a, None)) for a in ("manual_seed", "rng_state", "set_rng_state"))
-
-
-def _member_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
-    """The torch optimizer the separate fit builds (for reading and writing its state format)."""
-    groups = param_groups(model, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum)
-    return adamw(groups, lr=lr)
 
 
 def _check_members(cfgs: Sequence[TrainConfig], splits: Sequence[Any]) -> None:
@@ -335,7 +297,8 @@ def _fit_separately(
 
 
 class _StackedRun:
-    """The state of one stacked fit (what ``fit`` keeps in locals, once per member)."""
+    """The state of one stacked fit: the stacked model, its optimizer and each member's generators, and
+    per member the :class:`~autonorm_core.fitcore.Ledger` that ``fit`` keeps for its one run."""
 
     def __init__(
         self,
@@ -365,10 +328,9 @@ class _StackedRun:
         self.shared = shared
         self.stacked = stacked.to(dev)
         ref = models[0]
-        self.gate_names = [n for n, m in ref.named_modules() if _is_gate(m)]
-        self.seeded_names = [n for n, m in ref.named_modules() if _is_seeded(m)]
+        self.gate_names = [n for n, m in ref.named_modules() if is_gate(m)]
+        self.seeded_names = [n for n, m in ref.named_modules() if is_seeded(m)]
         self.gates: list[StackedMixture] = [self.stacked.get_submodule(n) for n in self.gate_names]  # type: ignore[misc]
-        self.dyt_index = [g.candidates.index("dyt") if "dyt" in g.candidates else None for g in self.gates]
         self.named_params = list(self.stacked.named_parameters())
         self.opt = StackedOptimizer(self.named_params, kind=cfgs[0].optimizer, num_members=self.K)
         # plain-SGD steps of the linears fed by data happen in their backward (BackwardSGD)
@@ -376,32 +338,27 @@ class _StackedRun:
         for m in self.stacked.modules():
             if isinstance(m, StackedLinear):
                 m.backward_sgd = self.backward_sgd
-        num_train = parts["train"][0][0].shape[0]
-        c0 = cfgs[0]
-        self.num_train = num_train
-        self.steps_per_epoch = c0.steps_per_epoch(num_train)
-        self.total = c0.total_updates(num_train)
-        self.n_epochs = c0.num_epochs(num_train)
-        self.warmup = [c.warmup_updates(num_train) for c in cfgs]
-        self.peak = [c.effective_lr for c in cfgs]
-        self.smoothing = [c.label_smoothing if self.task == "classification" else 0.0 for c in cfgs]
+        self.num_train = parts["train"][0][0].shape[0]
+        #: each member's bookkeeping, as ``fit`` keeps it (steps and epochs are shared)
+        self.books = [
+            Ledger(
+                cfg,
+                seed,
+                task=self.task,
+                num_train=self.num_train,
+                tau0=[g.taus[k] for g in self.gates],
+                dyt_index=dyt_positions(self.gates),
+            )
+            for k, (cfg, seed) in enumerate(zip(cfgs, seeds))
+        ]
+        self.smoothing = [bk.label_smoothing for bk in self.books]
         self.shuffle = [torch.Generator() for _ in range(self.K)]
         self.global_cpu = [torch.Generator() for _ in range(self.K)]
         self.global_dev = (
             [torch.Generator(device=dev) for _ in range(self.K)] if dev.type == "cuda" else self.global_cpu
         )
         self.stacked.member_rng.generators = self.global_dev
-        self.status: list[str] = ["running"] * self.K
-        self.message = [""] * self.K
-        self.divergence: list[Divergence | None] = [None] * self.K
-        self.history: list[list[dict[str, float]]] = [[] for _ in range(self.K)]
-        self.step = [0] * self.K
-        self.frozen = [False] * self.K
-        self.freeze_epoch: list[int | None] = [None] * self.K
-        self.freeze_entropy: list[float | None] = [None] * self.K
-        self.tau0: list[list[float]] = [[g.taus[k] for g in self.gates] for k in range(self.K)]
         self.final_states: list[dict[str, Tensor] | None] = [None] * self.K
-        self.last_lr = list(self.peak)
         self._mask_cache: tuple[tuple[Any, ...], dict[str, Tensor]] | None = None
         self.selector_params = {
             name
@@ -413,45 +370,32 @@ class _StackedRun:
 
     def _seed(self, k: int) -> None:
         s = self.seeds[k]
-        self.shuffle[k].manual_seed(_derive_seed(s, 0))
-        self.global_cpu[k].manual_seed(_derive_seed(s, 1))
+        self.shuffle[k].manual_seed(derive_seed(s, 0))
+        self.global_cpu[k].manual_seed(derive_seed(s, 1))
         if self.global_dev is not self.global_cpu:
-            self.global_dev[k].manual_seed(_derive_seed(s, 1))
+            self.global_dev[k].manual_seed(derive_seed(s, 1))
         for i, name in enumerate(self.seeded_names):
             mod = self.stacked.get_submodule(name)
             assert isinstance(mod, StackedMixture)
-            mod.manual_seed(k, _derive_seed(s, 2, i))
+            mod.manual_seed(k, derive_seed(s, 2, i))
 
     def _freeze(self, k: int, sample: bool) -> None:
         for g in self.gates:
             g.freeze(k, sample=sample)
-        self.frozen[k] = True
 
     def _resume(self, k: int, st: Mapping[str, Any]) -> int:
-        cfg = self.cfgs[k]
-        if st.get("format") != STATE_FORMAT:
-            raise ValueError(f"resume_state has format {st.get('format')!r}, expected {STATE_FORMAT}")
-        if not same_run(st["config"], cfg) or st["seed"] != self.seeds[k]:
-            raise ValueError(f"member {k}: resume_state was written by a fit with another config or seed")
+        start_epoch = self.books[k].resume(st, who=f"member {k}: ")
         model = self.models[k]
         model.load_state_dict(st["model"])
         self.stacked.load_member_state_dict(k, model.state_dict())
-        self.frozen[k] = bool(st["freeze"]["frozen"])
-        self.freeze_epoch[k] = st["freeze"]["epoch"]
-        self.freeze_entropy[k] = st["freeze"]["entropy"]
-        if self.frozen[k]:
-            self._freeze(k, cfg.freeze.sample_after_freeze if cfg.freeze is not None else False)
+        if self.books[k].frozen:
+            self._freeze(k, self.books[k].sample_after_freeze)
         opt = self._torch_optimizer(k)
         opt.load_state_dict(st["optimizer"])
         names = {id(p): n for n, p in model.named_parameters()}
         for group in opt.param_groups:
             for p in group["params"]:
                 self.opt.load_member_state(names[id(p)], k, opt.state.get(p))
-        self.step[k] = int(st["scheduler"]["step"])
-        groups = st["optimizer"].get("param_groups") or [{"lr": self.peak[k]}]
-        self.last_lr[k] = float(groups[0]["lr"])
-        self.tau0[k] = list(st["tau0"])
-        self.history[k] = copy.deepcopy(list(st["history"]))
         self.shuffle[k].set_state(st["rng"]["shuffle"])
         self.global_cpu[k].set_state(st["rng"]["global"]["cpu"])
         if self.global_dev is not self.global_cpu and "cuda" in st["rng"]["global"]:
@@ -460,7 +404,7 @@ class _StackedRun:
             mod = self.stacked.get_submodule(name)
             assert isinstance(mod, StackedMixture)
             mod.set_rng_state(k, st["rng"]["modules"][name])
-        return int(st["epoch"]) + 1
+        return start_epoch
 
     # --------------------------------------------------------------------------- member state (fit's)
 
@@ -482,31 +426,31 @@ class _StackedRun:
             self._write_member(k, self.stacked.state_dict(), index=k)
         else:
             self._write_member(k, state)
-        if self.frozen[k]:
+        frozen = self.books[k].frozen
+        if frozen:
             for m in model.modules():
-                if _is_gate(m) and not getattr(m, "frozen", False):
+                if is_gate(m) and not getattr(m, "frozen", False):
                     m.freeze()  # type: ignore[operator]
         for name in self.gate_names:
             sub: Any = model.get_submodule(name)
             gate = self.stacked.get_submodule(name)
             assert isinstance(gate, StackedMixture)
             sub.tau = gate.taus[k]
-            if self.frozen[k] and hasattr(sub, "sample_after_freeze"):
+            if frozen and hasattr(sub, "sample_after_freeze"):
                 sub.sample_after_freeze = gate.sample_after_freeze[k]
         return model
 
     def _torch_optimizer(self, k: int) -> torch.optim.Optimizer:
         # fit's optimizer holds the lr of the last update in its groups
-        return _member_optimizer(self.models[k], self.cfgs[k], self.last_lr[k])
+        return build_optimizer(self.models[k], self.cfgs[k], self.books[k].last_lr)
 
     def _member_state(self, k: int, epoch: int) -> dict[str, Any]:
         model = self._sync_member(k)
-        cfg = self.cfgs[k]
         opt = self._torch_optimizer(k)
         names = {id(p): n for n, p in model.named_parameters()}
         for group in opt.param_groups:
             for p in group["params"]:
-                entry = self.opt.member_state(names[id(p)], k, momentum=cfg.momentum)
+                entry = self.opt.member_state(names[id(p)], k, momentum=self.cfgs[k].momentum)
                 if entry is not None:
                     if "step" in entry:
                         entry["step"] = entry["step"].to(p.device)
@@ -514,54 +458,34 @@ class _StackedRun:
         cuda_state = (
             {"cuda": self.global_dev[k].get_state()} if self.global_dev is not self.global_cpu else {}
         )
-        state = {
-            "format": STATE_FORMAT,
-            "epoch": epoch,
-            "seed": self.seeds[k],
-            "config": cfg.to_dict(),
-            "model": model.state_dict(),
-            "optimizer": opt.state_dict(),
-            "scheduler": {
-                "step": self.step[k],
-                "total": self.total,
-                "warmup": self.warmup[k],
-                "peak": self.peak[k],
+        return self.books[k].state(
+            epoch,
+            model=model.state_dict(),
+            optimizer=opt.state_dict(),
+            shuffle=self.shuffle[k].get_state(),
+            global_rng={"cpu": self.global_cpu[k].get_state(), **cuda_state},
+            modules={
+                name: self.stacked.get_submodule(name).rng_state(k)  # type: ignore[operator]
+                for name in self.seeded_names
             },
-            "freeze": {
-                "frozen": self.frozen[k],
-                "epoch": self.freeze_epoch[k],
-                "entropy": self.freeze_entropy[k],
-            },
-            "tau0": list(self.tau0[k]),
-            "history": self.history[k],
-            "rng": {
-                "shuffle": self.shuffle[k].get_state(),
-                "global": {"cpu": self.global_cpu[k].get_state(), **cuda_state},
-                "modules": {
-                    name: self.stacked.get_submodule(name).rng_state(k)  # type: ignore[operator]
-                    for name in self.seeded_names
-                },
-            },
-        }
-        out: dict[str, Any] = _cpu_copy(state)
-        return out
+        )
 
     # ------------------------------------------------------------------------------------------- loop
 
     def _masks(self) -> dict[str, Tensor]:
-        """Per parameter, which members update it (cached until a member stops or freezes)."""
-        key = (tuple(self.status), tuple(self.frozen))
+        """Per parameter, which members update it (the same mapping until a member stops or freezes)."""
+        running_list = [bk.status == "running" for bk in self.books]
+        frozen_list = [bk.frozen for bk in self.books]
+        key = (tuple(running_list), tuple(frozen_list))
         if self._mask_cache is None or self._mask_cache[0] != key:
-            running = torch.tensor([s == "running" for s in self.status], device=self.dev)
-            trainable = running & ~torch.tensor(self.frozen, device=self.dev)
+            running = torch.tensor(running_list, device=self.dev)
+            trainable = running & ~torch.tensor(frozen_list, device=self.dev)
             masks = {n: (trainable if n in self.selector_params else running) for n, _ in self.named_params}
             self._mask_cache = (key, masks)
         return self._mask_cache[1]
 
     def _diverge(self, k: int, divergence: Divergence) -> None:
-        self.status[k] = "diverged"
-        self.divergence[k] = divergence
-        self.message[k] = str(divergence)
+        self.books[k].diverge(divergence)
         self.final_states[k] = self.stacked.member_state_dict(k)
 
     def _epoch_order(self, perms: list[Tensor], steps: int) -> Tensor:
@@ -597,56 +521,55 @@ class _StackedRun:
         if len(starts) != 1:
             raise ValueError(f"resume_states come from different epochs: {sorted(starts)}")
         start_epoch = starts.pop()
-        K, B, dev = self.K, self.cfgs[0].batch_size, self.dev
-        for epoch in range(start_epoch, self.n_epochs + 1):
-            if "running" not in self.status:
+        K, B, dev, books = self.K, self.cfgs[0].batch_size, self.dev, self.books
+        total = books[0].total
+        for epoch in range(start_epoch, books[0].n_epochs + 1):
+            live = [k for k in range(K) if books[k].status == "running"]
+            if not live:
                 break
             self.stacked.train()
             perms: list[Tensor] = []
             for k in range(K):
-                if self.status[k] == "running":
+                if books[k].status == "running":
                     perms.append(torch.randperm(self.num_train, generator=self.shuffle[k]).to(dev))
                 else:  # a finished member's slot still computes; its results are ignored
                     perms.append(torch.arange(self.num_train, device=dev))
-            epoch_steps = min(self.steps_per_epoch, self.total - max(self.step))
+            # the update counters and last learning rates, written back to the ledgers after the epoch
+            step = [bk.step for bk in books]
+            last_lr = [bk.last_lr for bk in books]
+            epoch_steps = min(books[0].steps_per_epoch, total - max(step))
             order = self._epoch_order(perms, epoch_steps)
             loss_sum = [0.0] * K
             count_sum = [0] * K
-            lrs = list(self.peak)
+            lrs = [bk.peak for bk in books]
             # Per-step work stays O(1) in Python where the members allow: the hyperparameter lists are
             # built once per epoch, the schedule is evaluated once per distinct member schedule.
             clips = [c.grad_clip for c in self.cfgs]
             wds = [c.weight_decay for c in self.cfgs]
             moms = [c.momentum for c in self.cfgs]
-            sched = [(self.warmup[k], self.peak[k], self.cfgs[k].schedule) for k in range(K)]
+            sched = [(bk.warmup, bk.peak, bk.cfg.schedule) for bk in books]
             one_schedule = sched.count(sched[0]) == K
             annealed = [k for k in range(K) if self.cfgs[k].tau_final is not None]
-            live = [k for k in range(K) if self.status[k] == "running"]
+            masks = self._masks()
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             t0 = time.perf_counter()
             for b in range(epoch_steps):
                 x, y = self._batch(order, b)
-                if one_schedule and self.step.count(self.step[0]) == K:
+                if one_schedule and step.count(step[0]) == K:
                     warmup, peak, schedule = sched[0]
-                    lrs = [
-                        lr_at_step(
-                            self.step[0], total=self.total, warmup=warmup, peak=peak, schedule=schedule
-                        )
-                    ] * K
+                    lrs = [lr_at_step(step[0], total=total, warmup=warmup, peak=peak, schedule=schedule)] * K
                 else:
                     for k in range(K):
                         warmup, peak, schedule = sched[k]
-                        lrs[k] = lr_at_step(
-                            self.step[k], total=self.total, warmup=warmup, peak=peak, schedule=schedule
-                        )
+                        lrs[k] = lr_at_step(step[k], total=total, warmup=warmup, peak=peak, schedule=schedule)
                 sgd = self.backward_sgd
                 sgd.lr = self.opt.plain_sgd_lr(lr=lrs, weight_decay=wds, momentum=moms, max_norms=clips)
                 for k in annealed:
-                    if self.status[k] == "running":
+                    if books[k].status == "running":
                         c = self.cfgs[k]
-                        frac = self.step[k] / max(1, self.total - 1)
-                        for g, t0_g in zip(self.gates, self.tau0[k]):
+                        frac = step[k] / max(1, total - 1)
+                        for g, t0_g in zip(self.gates, books[k].tau0):
                             g.taus[k] = t0_g + (c.tau_final - t0_g) * frac  # type: ignore[operator]
                 out = self.stacked(x)
                 losses, counts = _member_loss(out, y, self.task, self.smoothing)
@@ -655,12 +578,12 @@ class _StackedRun:
                 if not all(map(math.isfinite, values)):
                     for k in live:
                         if not math.isfinite(values[k]):
-                            self._diverge(k, Divergence("training", values[k], epoch, self.step[k]))
-                    live = [k for k in range(K) if self.status[k] == "running"]
+                            self._diverge(k, Divergence("training", values[k], epoch, step[k]))
+                    live = [k for k in range(K) if books[k].status == "running"]
                     if not live:
                         break
+                    masks = self._masks()
                 self.opt.zero_grad()
-                masks = self._masks()
                 if sgd.lr is not None and not self.opt.every_member(masks):
                     sgd.lr = None  # a member stopped or froze: masked updates, from gradients
                 live_loss = losses.sum() if len(live) == K else losses[torch.tensor(live, device=dev)].sum()
@@ -670,15 +593,17 @@ class _StackedRun:
                 sgd.updated.clear()
                 sgd.lr = None
                 for k in live:
-                    self.last_lr[k] = lrs[k]
-                    self.step[k] += 1
+                    last_lr[k] = lrs[k]
+                    step[k] += 1
                     loss_sum[k] += values[k] * count_list[k]
                     count_sum[k] += int(count_list[k])
             self.backward_sgd.lr = None
+            for bk, bk_step, bk_lr in zip(books, step, last_lr):
+                bk.step, bk.last_lr = bk_step, bk_lr
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             train_time = time.perf_counter() - t0
-            live = [k for k in range(K) if self.status[k] == "running"]
+            live = [k for k in range(K) if books[k].status == "running"]
             if not live:
                 break
             self.stacked.eval()
@@ -693,83 +618,38 @@ class _StackedRun:
                 self.stacked, self.parts["test"], self.task, batch_size=self.cfgs[0].eval_batch_size
             )
             for k in live:
-                self._end_epoch(
-                    k,
+                recorded = books[k].end_epoch(
                     epoch,
                     val[k],
                     test[k],
-                    loss_sum[k],
-                    count_sum[k],
-                    lrs[k],
-                    epoch_steps * B / max(train_time, 1e-9),
+                    loss_sum=loss_sum[k],
+                    count=count_sum[k],
+                    lr=lrs[k],
+                    examples_per_s=epoch_steps * B / max(train_time, 1e-9),
+                    tau=functools.partial(self._tau, k),
+                    freeze=functools.partial(self._freeze, k),
                 )
+                if not recorded:
+                    self.final_states[k] = self.stacked.member_state_dict(k)
             if self.checkpoint_fn is not None:
-                states = {k: self._member_state(k, epoch) for k in live if self.status[k] == "running"}
+                states = {k: self._member_state(k, epoch) for k in live if books[k].status == "running"}
                 if states:
                     self.checkpoint_fn(epoch, states)
             for k in live:
-                if self.status[k] != "running" or not self.callbacks[k]:
+                if books[k].status != "running" or not self.callbacks[k]:
                     continue
-                model = self._sync_member(k)
-                try:
-                    for cb in self.callbacks[k]:
-                        cb.on_epoch_end(epoch, model, dict(self.history[k][-1]))
-                except StopTraining as stop:
-                    self.status[k] = "stopped"
-                    self.message[k] = str(stop) or f"stopped by a callback after epoch {epoch}"
+                books[k].call_back(epoch, self._sync_member(k), self.callbacks[k])
+                if books[k].status == "stopped":
                     self.final_states[k] = self.stacked.member_state_dict(k)
             yield epoch
 
-    def _end_epoch(
-        self,
-        k: int,
-        epoch: int,
-        val: dict[str, Any],
-        test: dict[str, Any],
-        loss_sum: float,
-        count: int,
-        lr: float,
-        examples_per_s: float,
-    ) -> None:
-        cfg = self.cfgs[k]
-        if not (math.isfinite(val["loss"]) and math.isfinite(loss_sum)):
-            self._diverge(k, Divergence("validation", val["loss"], epoch))
-            return
-        metrics: dict[str, float] = {
-            "epoch": float(epoch),
-            "train_loss": loss_sum / max(count, 1),
-            "val_loss": val["loss"],
-            "test_loss": test["loss"],
-        }
-        key = "rmse" if self.task == "regression" else "accuracy"
-        metrics[f"val_{key}"] = val[key]
-        metrics[f"test_{key}"] = test[key]
-        if self.gates:
-            entropies = val["gate_entropy"]
-            metrics["gate_entropy"] = float(sum(entropies) / len(entropies))
-            for i, h in enumerate(entropies):
-                metrics[f"gate_entropy/layer_{i}"] = float(h)
-            for i, (probs, j) in enumerate(zip(val["gate_mean_probs"], self.dyt_index)):
-                if j is not None and probs:
-                    metrics[f"dyt_weight/layer_{i}"] = float(probs[j])
-            if cfg.tau_final is not None:
-                metrics["tau"] = float(self.gates[0].taus[k])
-        if cfg.freeze is not None and self.gates and not self.frozen[k] and epoch == cfg.freeze.t_freeze:
-            self.freeze_entropy[k] = metrics["gate_entropy"]
-            if should_freeze(cfg.freeze.rule, metrics["gate_entropy"], cfg.freeze.eps_h):
-                self._freeze(k, cfg.freeze.sample_after_freeze)
-                self.freeze_epoch[k] = epoch
-        metrics["selector_frozen"] = 1.0 if self.frozen[k] else 0.0
-        metrics["lr"] = float(lr)
-        metrics["updates"] = float(self.step[k])
-        metrics["examples_per_s"] = examples_per_s
-        self.history[k].append(metrics)
+    def _tau(self, k: int) -> float:
+        return float(self.gates[0].taus[k])
 
     def _result(self) -> StackedFitResult:
-        results, states = [], []
+        states = []
         current = self.stacked.state_dict()
         for k in range(self.K):
-            status: Status = "completed" if self.status[k] == "running" else self.status[k]  # type: ignore[assignment]
             state = self.final_states[k]
             if state is None:
                 state = {
@@ -779,15 +659,4 @@ class _StackedRun:
             else:
                 self._write_member(k, state)
             states.append(state)
-            results.append(
-                FitResult(
-                    status=status,
-                    history=self.history[k],
-                    updates=self.step[k],
-                    freeze_epoch=self.freeze_epoch[k],
-                    freeze_entropy=self.freeze_entropy[k],
-                    message=self.message[k],
-                    divergence=self.divergence[k],
-                )
-            )
-        return StackedFitResult(results=results, stacked=True, states=states)
+        return StackedFitResult(results=[bk.result() for bk in self.books], stacked=True, states=states)
