@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from autonorm_core.config import _EXECUTION_FIELDS, TrainConfig, should_freeze
+from autonorm_core.config import _EXECUTION_FIELDS, TrainConfig, lr_at_step, should_freeze
 from autonorm_core.optim import adamw, param_groups
 
 __all__ = [
@@ -227,6 +227,17 @@ class Ledger:
     def sample_after_freeze(self) -> bool:
         """Whether the gates keep their noise once frozen (the config's choice; ``False`` without one)."""
         return self.cfg.freeze.sample_after_freeze if self.cfg.freeze is not None else False
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of update ``step`` (:func:`~autonorm_core.config.lr_at_step`)."""
+        return lr_at_step(
+            step, total=self.total, warmup=self.warmup, peak=self.peak, schedule=self.cfg.schedule
+        )
+
+    def tau_at(self, step: int) -> list[float]:
+        """Each gate's Gumbel temperature at update ``step``, annealed linearly to ``tau_final``."""
+        frac = step / max(1, self.total - 1)
+        return [t0 + (self.cfg.tau_final - t0) * frac for t0 in self.tau0]  # type: ignore[operator]
 
     def diverge(self, divergence: Divergence) -> None:
         self.status = "diverged"

@@ -456,29 +456,28 @@ def fit(
                 _freeze_selector(m, sample=sample)
             optimizer = _rebuild_optimizer(optimizer, model, cfg, lr)
 
-        total, warmup, peak, tau0, step = book.total, book.warmup, book.peak, book.tau0, book.step
+        step = book.step
         num_train = parts["train"][0].shape[0]
         x_train, y_train = parts["train"]
         for epoch in range(start_epoch, book.n_epochs + 1):
             model.train()
             perm = torch.randperm(num_train, generator=shuffle_gen).to(dev)
-            epoch_steps = min(book.steps_per_epoch, total - step)
+            epoch_steps = min(book.steps_per_epoch, book.total - step)
             loss_sum = 0.0
             count_sum = 0
-            lr = peak
+            lr = book.peak
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             t0 = time.perf_counter()
             for b in range(epoch_steps):
                 idx = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
                 x, y = x_train[idx], y_train[idx]
-                lr = lr_at_step(step, total=total, warmup=warmup, peak=peak, schedule=cfg.schedule)
+                lr = book.lr_at(step)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 if cfg.tau_final is not None:
-                    frac = step / max(1, total - 1)
-                    for m, t0_m in zip(gates, tau0):
-                        m.tau = t0_m + (cfg.tau_final - t0_m) * frac
+                    for m, tau in zip(gates, book.tau_at(step)):
+                        m.tau = tau
                 with _autocast(cfg.precision, dev):
                     out = forward(x)
                 loss, count = _task_loss(out.float(), y, task, label_smoothing=book.label_smoothing)

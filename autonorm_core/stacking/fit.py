@@ -40,7 +40,7 @@ from autonorm_core.stacking.evaluate import evaluate_stacked
 from autonorm_core.stacking.layers import BackwardSGD, NotStackableError, StackedLinear, StackedMixture
 from autonorm_core.stacking.models import StackedModel, stack_models, training_reason
 from autonorm_core.stacking.optim import StackedOptimizer
-from autonorm_core.training import TrainConfig, fit, lr_at_step
+from autonorm_core.training import TrainConfig, fit
 
 __all__ = ["SHARED_FIELDS", "StackedFitResult", "StackedTraining", "fit_stacked", "start_stacked"]
 
@@ -522,7 +522,6 @@ class _StackedRun:
             raise ValueError(f"resume_states come from different epochs: {sorted(starts)}")
         start_epoch = starts.pop()
         K, B, dev, books = self.K, self.cfgs[0].batch_size, self.dev, self.books
-        total = books[0].total
         for epoch in range(start_epoch, books[0].n_epochs + 1):
             live = [k for k in range(K) if books[k].status == "running"]
             if not live:
@@ -537,7 +536,7 @@ class _StackedRun:
             # the update counters and last learning rates, written back to the ledgers after the epoch
             step = [bk.step for bk in books]
             last_lr = [bk.last_lr for bk in books]
-            epoch_steps = min(books[0].steps_per_epoch, total - max(step))
+            epoch_steps = min(books[0].steps_per_epoch, books[0].total - max(step))
             order = self._epoch_order(perms, epoch_steps)
             loss_sum = [0.0] * K
             count_sum = [0] * K
@@ -557,20 +556,15 @@ class _StackedRun:
             for b in range(epoch_steps):
                 x, y = self._batch(order, b)
                 if one_schedule and step.count(step[0]) == K:
-                    warmup, peak, schedule = sched[0]
-                    lrs = [lr_at_step(step[0], total=total, warmup=warmup, peak=peak, schedule=schedule)] * K
+                    lrs = [books[0].lr_at(step[0])] * K
                 else:
-                    for k in range(K):
-                        warmup, peak, schedule = sched[k]
-                        lrs[k] = lr_at_step(step[k], total=total, warmup=warmup, peak=peak, schedule=schedule)
+                    lrs = [bk.lr_at(s) for bk, s in zip(books, step)]
                 sgd = self.backward_sgd
                 sgd.lr = self.opt.plain_sgd_lr(lr=lrs, weight_decay=wds, momentum=moms, max_norms=clips)
                 for k in annealed:
                     if books[k].status == "running":
-                        c = self.cfgs[k]
-                        frac = step[k] / max(1, total - 1)
-                        for g, t0_g in zip(self.gates, books[k].tau0):
-                            g.taus[k] = t0_g + (c.tau_final - t0_g) * frac  # type: ignore[operator]
+                        for g, tau in zip(self.gates, books[k].tau_at(step[k])):
+                            g.taus[k] = tau
                 out = self.stacked(x)
                 losses, counts = _member_loss(out, y, self.task, self.smoothing)
                 values = losses.tolist()
