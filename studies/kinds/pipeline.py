@@ -26,6 +26,7 @@ from typing import Any, ClassVar, cast
 
 from studies.contract import Phase, StudyOutcome
 from studies.kinds.base import FolderKind
+from studies.kinds.looks import BudgetLooks, n_looks, run_looks
 from studies.kinds.outcome import log_study_outputs, study_outcome
 from studies.kinds.printing import print_verdict, say
 from studies.kinds.records import (
@@ -44,7 +45,7 @@ from studies.schema.arms import CELL_STAGE, phase_name
 from studies.tuning import LRGrid, refine_points, tuned_rates
 from workers.plan import StudyPlan
 
-__all__ = ["TINY", "Analysed", "TunedDesign", "TunedDesignKind", "all_decided"]
+__all__ = ["TINY", "Analysed", "TunedDesign", "TunedDesignKind"]
 
 Spent = tuple[float, float, float]
 Environ = Mapping[str, str] | None
@@ -241,19 +242,6 @@ class TunedDesign(ABC):
         """The kind's own columns of a trial's ``status`` row."""
 
 
-def all_decided(verdict: Mapping[str, Any]) -> bool:
-    """Every claimed sequential hypothesis of the last look is decided (rejected or futile); a
-    reported one (``reported: true``, tested alone) never keeps a study launching seeds."""
-    looks = verdict.get("looks") or []
-    if not looks:
-        return False
-    return all(
-        h["decision"] in ("reject", "futile")
-        for h in looks[-1]["hypotheses"].values()
-        if not h.get("reported")
-    )
-
-
 def _inputs(d: TunedDesign, records: Mapping[str, Any], checks: Mapping[str, Any]) -> dict[str, Any]:
     """What :meth:`TunedDesign.analyse` is handed besides the table: the kind's own inputs and
     ``adequacy``, the training-adequacy check's entries per budget (:mod:`studies.adequacy`)."""
@@ -269,11 +257,6 @@ def _stored_check(spec: Any, budget: str, lr: Rates, phases: Mapping[str, Sequen
     if not adequacy.enabled(spec) or not trials:
         return adequacy.NOT_MEASURED
     return adequacy.measure(spec, budget, lr, trials, _tuning_of(phases, budget))
-
-
-def _n_looks(spec: Any) -> int:
-    """How many confirmatory looks the spec's design has (1 without ``sequential:``)."""
-    return len(spec.sequential.schedule()) if getattr(spec, "sequential", None) is not None else 1
 
 
 def _recording(run: Any, ran: list[Any]) -> Any:
@@ -498,7 +481,7 @@ class TunedDesignKind(FolderKind):
             if adequacy.enabled(spec):
                 out.append(Phase.of(adequacy.adequacy_plan(spec, budget, placeholder)))
             out.append(Phase.of(spec.confirmatory_plan(budget, placeholder)))
-            looks = range(2, _n_looks(spec) + 1)  # a sequential design's looks after the first
+            looks = range(2, n_looks(spec) + 1)  # a sequential design's looks after the first
             out += [Phase.of(spec.confirmatory_plan(budget, placeholder, look=j), look=True) for j in looks]
         return out
 
@@ -563,7 +546,14 @@ class TunedDesignKind(FolderKind):
                 if sequential is None:
                     tables.append(r.confirm(budget, lr, record, look=1))
             if sequential is not None:
-                tables = self._run_looks(r, tuned, records, checks)
+                looks = BudgetLooks(
+                    spec,
+                    confirm=lambda b, j, arms: r.confirm(b, tuned[b], records[b], look=j, arms=arms),
+                    analyse=lambda ts: d.analyse(_concat(ts), spec, **_inputs(d, records, checks)),
+                    look_arms=lambda verdict, b: d.look_arms(spec, verdict, b),
+                )
+                run_looks(looks, sequential=sequential, seeds=spec.seeds, runner=runner, tag=d.TAG)
+                tables = looks.tables
             say(d.TAG, d.ANALYSIS_LINE)
             table = _concat(tables)
             verdict = d.analyse(table, spec, **_inputs(d, records, checks))
@@ -583,67 +573,6 @@ class TunedDesignKind(FolderKind):
             say(d.TAG, line)
         verdicts, tuned_lr = d.outcome_summary(verdict, records)
         return study_outcome(spec, runner, verdict, table, files, verdicts=verdicts, tuned_lr=tuned_lr)
-
-    def _run_looks(
-        self,
-        r: _Running,
-        tuned: Mapping[str, Mapping[str, float]],
-        records: Mapping[str, Any],
-        checks: Mapping[str, Any],
-    ) -> list[Any]:
-        """The confirmatory seeds in looks (every budget per look): after each, the anytime-valid
-        test of every hypothesis; no more seeds once every one is decided. A look already in the study
-        directory (a resumed study) and every look of an explicit ``sequential.looks`` schedule
-        (``extend``) run whatever the decisions, so a rerun repeats the study and an extension adds
-        exactly its seeds."""
-        from studies.sequential import look_seeds
-        from studies.study_dir import StudyDir
-        from workers.results import read_trials
-
-        d, spec, runner = r.d, r.spec, r.runner
-        schedule = spec.sequential.schedule()
-        where = StudyDir.of(spec)
-        budgets = list(spec.budget_names)
-        tables: list[Any] = []
-        arms: dict[str, list[str] | None] = dict.fromkeys(budgets)
-        for j in range(1, len(schedule) + 1):
-            for budget in budgets:
-                if arms[budget] == []:
-                    continue  # every hypothesis of this budget decided: no arm needs the seeds
-                tables.append(r.confirm(budget, tuned[budget], records[budget], look=j, arms=arms[budget]))
-            if j == len(schedule):
-                break
-            verdict = d.analyse(_concat(tables), spec, **_inputs(d, records, checks))
-            state = {
-                k: h["decision"] for k, h in (verdict.get("looks") or [{}])[-1].get("hypotheses", {}).items()
-            }
-            say(
-                d.TAG,
-                f"look {j} ({schedule[j - 1]} seeds): " + ", ".join(f"{k} {v}" for k, v in state.items()),
-            )
-            ran_before = bool(
-                read_trials(where.phase_plan(phase_name("confirm", budgets[0], j + 1)), history=False)
-            )
-            if all_decided(verdict) and not ran_before and spec.sequential.looks is None:
-                say(
-                    d.TAG,
-                    f"every hypothesis decided after {schedule[j - 1]} of {spec.sequential.max_seeds} seeds: stop",
-                )
-                break
-            # The next look: a look already on disk runs as it ran (every arm); else per-arm stopping.
-            arms = {b: None if ran_before else d.look_arms(spec, verdict, b) for b in budgets}
-            per_budget = spec.trials_per_seed // len(budgets)
-            per_arm = per_budget // len(spec.arm_names)
-            per_seed = sum(per_budget if a is None else per_arm * len(a) for a in arms.values())
-            stopped = sorted(
-                {a for b, run in arms.items() if run is not None for a in spec.arm_names if a not in run}
-            )
-            if stopped:
-                say(d.TAG, f"no more seeds for {', '.join(stopped)}: every hypothesis on them is decided")
-            runner.set_expected_trials(
-                runner.expected_trials + len(dict(look_seeds(spec.seeds, schedule))[j + 1]) * per_seed
-            )
-        return tables
 
     def _outputs(
         self,
@@ -665,7 +594,7 @@ class TunedDesignKind(FolderKind):
         looks = {
             phase_name("confirm", budget, j)
             for budget in spec.budget_names
-            for j in range(1, _n_looks(spec) + 1)
+            for j in range(1, n_looks(spec) + 1)
         }
         configs = [c for phase in self.phases(spec) if phase.name in looks for c in phase.configs]
         verdict["scope"] = study_scope(configs, table, metric=spec.analysis.metric, gpu_hours=cost[2])
@@ -737,7 +666,7 @@ class TunedDesignKind(FolderKind):
                 ]
                 for name, ts in phases.items()
             }
-        n_looks = _n_looks(spec)
+        last = n_looks(spec)
         records: dict[str, Any] = {}
         checks: dict[str, Any] = {}
         tables = []
@@ -762,7 +691,7 @@ class TunedDesignKind(FolderKind):
                 )
             records[budget] = record
             checks[budget] = _stored_check(spec, budget, lr, phases)
-            looks = {phase_name("confirm", budget, j) for j in range(1, n_looks + 1)}
+            looks = {phase_name("confirm", budget, j) for j in range(1, last + 1)}
             trials = [t for name, ts in phases.items() if name in looks for t in ts]
             tables.append(d.confirm_table(spec, trials, budget, record))
         table = _concat(tables)
