@@ -17,10 +17,11 @@ import torch
 from torch import Tensor, nn
 
 from autonorm_core.data import Splits
+from autonorm_core.fitcore import derive_seed
 from autonorm_core.stacking import create_members, fit_stacked, stack_models, stackable
 from autonorm_core.stacking.fit import _StackedRun
 from autonorm_core.stacking.layers import StackedLinear
-from autonorm_core.training import GateFreeze, TrainConfig, _derive_seed, fit
+from autonorm_core.training import GateFreeze, TrainConfig, fit
 from tests.core.blobs import make_splits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -154,12 +155,12 @@ def test_member_starts_from_the_separate_runs_weights_data_order_and_noise() -> 
     for k, seed in enumerate(SEEDS):
         run._seed(k)
         # data order: fit's shuffling generator
-        ref_gen = torch.Generator().manual_seed(_derive_seed(seed, 0))
+        ref_gen = torch.Generator().manual_seed(derive_seed(seed, 0))
         assert torch.equal(
             torch.randperm(80, generator=run.shuffle[k]), torch.randperm(80, generator=ref_gen)
         )
         # DropPath: fit seeds (a fork of) torch's default generator
-        ref_default = torch.Generator().manual_seed(_derive_seed(seed, 1))
+        ref_default = torch.Generator().manual_seed(derive_seed(seed, 1))
         a = torch.empty(64).bernoulli_(0.9, generator=run.global_dev[k])
         b = torch.empty(64).bernoulli_(0.9, generator=ref_default)
         assert torch.equal(a, b)
@@ -167,11 +168,11 @@ def test_member_starts_from_the_separate_runs_weights_data_order_and_noise() -> 
         # output layer the logits are exactly 0 in both forms, so the training-mode mixing weights are
         # softmax(gumbel / tau): equal bit for bit exactly when the noise is.
         sep = create_members("vit_lite", splits, [seed], **kw)[0].train()
-        seeded = [m for m in sep.modules() if callable(getattr(m, "manual_seed", None))]
+        seeded: list[Any] = [m for m in sep.modules() if callable(getattr(m, "manual_seed", None))]
         assert len(seeded) == len(run.seeded_names) == 4
         x = torch.randn(8, 5, 32, generator=torch.Generator().manual_seed(1))
         for i, (mod, name) in enumerate(zip(seeded, run.seeded_names)):
-            mod.manual_seed(_derive_seed(seed, 2, i))
+            mod.manual_seed(derive_seed(seed, 2, i))
             mod(x)
             layer: Any = stacked.get_submodule(name)
             layer.train()
@@ -277,6 +278,15 @@ def test_autonorm_s_members_freeze_independently() -> None:
     assert [r.final["selector_frozen"] for r in out.results] == [1.0, 0.0]
     # the frozen member's selectors did not move in epoch 2, in either run
     assert all(not p.requires_grad for n, p in models[0].named_parameters() if ".selector." in n)
+
+
+def test_tau_annealing_member_matches_its_separate_fit() -> None:
+    # One member anneals the Gumbel temperature (tau_final), the other keeps its own tau: each as fit does.
+    kw = {"preset": "tiny", "norm": {"type": "autonorm", "tau": 0.7}, "patch_size": 4}
+    cfgs = [_adamw(1e-3, tau_final=0.2), _adamw(2e-3)]
+    out, separate, _ = _compare("vit_lite", _images(), kw, cfgs, skip_key_bias=True)
+    assert out.results[0].final["tau"] == separate[0].final["tau"] == pytest.approx(0.2)
+    assert "tau" not in out.results[1].final
 
 
 def test_text_encoder_tagging_with_padding_matches() -> None:
