@@ -3,7 +3,9 @@
 ``fit(model, splits, TrainConfig(...), seed=0)`` trains a model built by :mod:`autonorm_core.models` on
 :class:`autonorm_core.data.Splits` and returns a :class:`FitResult` holding one metrics dict per epoch.
 It uses torch alone, so the same call runs in a notebook, a test and a Ray Tune trial (which passes
-``callbacks`` to report and ``checkpoint_fn`` / ``resume_state`` to survive restarts).
+``callbacks`` to report and ``checkpoint_fn`` / ``resume_state`` to survive restarts). Its bookkeeping
+(schedule, metrics, freeze decision, checkpoint state, resume check, result) is
+:class:`autonorm_core.fitcore.Ledger`'s, the same as the stacked loop's (:mod:`autonorm_core.stacking`).
 
 Design notes (why it looks like this):
 
@@ -411,13 +413,15 @@ def fit(
     dev = torch.device(device)
     task, parts = _splits_parts(splits, dev)
     model.to(dev)
+    x_train, y_train = parts["train"]
+    num_train = x_train.shape[0]
     gates: list[Any] = [m for m in model.modules() if is_gate(m)]
     seeded: list[tuple[str, Any]] = [(name, m) for name, m in model.named_modules() if is_seeded(m)]
     book = Ledger(
         cfg,
         seed,
         task=task,
-        num_train=parts["train"][0].shape[0],
+        num_train=num_train,
         tau0=[float(getattr(m, "tau", 1.0)) for m in gates],
         dyt_index=dyt_positions(gates),
     )
@@ -457,8 +461,6 @@ def fit(
             optimizer = _rebuild_optimizer(optimizer, model, cfg, lr)
 
         step = book.step
-        num_train = parts["train"][0].shape[0]
-        x_train, y_train = parts["train"]
         for epoch in range(start_epoch, book.n_epochs + 1):
             model.train()
             perm = torch.randperm(num_train, generator=shuffle_gen).to(dev)

@@ -9,7 +9,9 @@ separate run only by float rounding (other kernels: batched matmuls, grouped con
 tests/core/test_stacking.py. What the K members must share: model architecture, task and split
 sizes, and the TrainConfig fields that fix the step structure (:data:`SHARED_FIELDS`); everything
 else (lr, weight decay, momentum, clipping, smoothing, schedule, warm-up, freezing, tau annealing,
-AutoNorm's tau, the corrected layer's beta) may differ per member.
+AutoNorm's tau, the corrected layer's beta) may differ per member. Each member's bookkeeping (schedule,
+metrics, freeze decision, checkpoint state, resume check, result) is a :class:`~autonorm_core.fitcore.Ledger`,
+the one ``fit`` keeps: only the updates and evaluations are computed here, stacked.
 """
 
 from __future__ import annotations
