@@ -12,8 +12,9 @@ driven headless by Selenium, opens it the way a user would:
   plot loaded, its figures before the protocol;
 * the experiment's own page: MLflow's training view (its runs table, the classic-ML side bar), not
   the GenAI one;
-* the chart view of the confirmatory phase's summary runs: ``test_accuracy_mean`` drawn against the
-  batch size (the step), one line per arm. Its screenshot is docs/compare-in-mlflow.png (refreshed with AUTONORM_UPDATE_DOCS_SCREENSHOT=1).
+* the chart view of the confirmatory phase's summary runs, the phase run hidden, full screen:
+  ``test_accuracy_mean`` drawn against the batch size (the step), one line per arm, every line in
+  sight. Its screenshot is docs/compare-in-mlflow.png (refreshed with AUTONORM_UPDATE_DOCS_SCREENSHOT=1).
 
 Every page is saved as a screenshot under the test's tmp dir. The tests share one study and one
 browser, but no page state: each starts with the MLflow UI unloaded and its browser storage cleared
@@ -28,7 +29,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -68,6 +69,32 @@ class Study:
         return f"{self.server.tracking_uri}/#/experiments/{self.experiment_id}{fragment}"
 
 
+class _Shifted:
+    """A trial session whose reports carry ``test_accuracy`` shifted by ``delta``."""
+
+    def __init__(self, session: Any, delta: float) -> None:
+        self.session, self.delta = session, delta
+
+    def report(self, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        self.session.report(
+            {**metrics, "test_accuracy": metrics["test_accuracy"] + self.delta}, *args, **kwargs
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
+
+#: In the planted world both controls score alike, so one control's line would hide the other's in
+#: the chart: ``linear_batchnorm`` is drawn below ``linear`` here (its slope stays 0).
+CONTROL_GAP = {"linear_batchnorm": -0.03}
+
+
+def shown_apart_trial(config: dict[str, Any], session: Any) -> None:
+    """The planted trial, each arm's ``test_accuracy`` shifted by its :data:`CONTROL_GAP`."""
+    delta = CONTROL_GAP.get(config["model"]["layer"]["type"], 0.0)
+    planted_trial(config, cast(Any, _Shifted(session, delta)) if delta else session)
+
+
 @pytest.fixture(scope="module")
 def study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Study]:
     from mlflow import MlflowClient
@@ -90,7 +117,7 @@ def study(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             "analysis.n_perm=99",
             "max_concurrent=1",  # one trial at a time: one trial actor per phase (an actor process costs seconds of CPU to start)
         )
-        out = run_study_spec(spec, trainable=planted_trial, progress=False)
+        out = run_study_spec(spec, trainable=shown_apart_trial, progress=False)
         assert out.parent_run_id is not None and out.verdict is not None
         client = MlflowClient(tracking_uri=backend)
         study_run = client.get_run(out.parent_run_id)
@@ -457,8 +484,11 @@ def test_summary_runs_chart_draws_one_line_per_arm_against_batch_size(
     study: Study, driver: Any, tmp_path: Path
 ) -> None:
     """What docs/compare-in-mlflow.md tells a user to do: filter the summary runs of the confirmatory
-    phase, open the chart view, expand the phase's row; the ``test_accuracy_mean`` chart then draws
-    one line per arm, one point per batch size (the step). Its screenshot is the recipe's figure."""
+    phase, open the chart view, expand the phase's row and hide the phase run (its eye), find the
+    ``test_accuracy_mean`` chart and open it full screen. It then draws one line per arm and no other
+    (its legend names the arms, not the phase), one point per batch size (the step), every point
+    inside the plot and clear of the chart's toolbar (plotly's modebar, always shown here), no line
+    on top of another. Its screenshot is the recipe's figure."""
     from urllib.parse import quote
 
     from workers.tracking import mlflow_links
@@ -490,6 +520,23 @@ def test_summary_runs_chart_draws_one_line_per_arm_against_batch_size(
         driver=driver,
         shot=tmp_path / "x.png",
     )
+    # The phase run is drawn too (an empty line, named in the legend) until it is hidden: the eye at
+    # the left of its row ("Hide run"). Its summary runs stay shown.
+    phase_row = driver.find_element("css selector", f"{ROWS}[row-id='{confirm.info.run_id}']")
+    phase_row.find_element("css selector", f"label:has({VISIBILITY})").click()
+
+    def hidden_phase() -> dict[str, bool] | None:
+        shown = _shown_runs(driver)
+        expected = {run_id: True for run_id in study.summaries} | {confirm.info.run_id: False}
+        return shown if shown == expected else None
+
+    wait_until(
+        hidden_phase,
+        timeout=LOAD,
+        what="the phase run hidden, its summary runs shown",
+        driver=driver,
+        shot=tmp_path / "x.png",
+    )
     # The chart view has a section per metric prefix; the search box narrows it to the one chart.
     search = wait_until(
         lambda: driver.find_element("css selector", "input[placeholder='Search metric charts']"),
@@ -517,18 +564,99 @@ def test_summary_runs_chart_draws_one_line_per_arm_against_batch_size(
     # One line per arm (the phase run has no such metric: no line), each through every batch size.
     n_sizes = len(study.out.verdict["batch_sizes"])  # type: ignore[index]
     assert shown["lines"] == [n_sizes] * len(study.arms), shown["lines"]
-    for arm in study.arms:
-        assert f"{arm} (test_accuracy_mean)" in shown["text"], (arm, shown["text"])
-    full = tmp_path / "9-summary-chart.png"
-    _shot(driver, full)
-    from PIL import Image
+    _shot(driver, tmp_path / "9-summary-chart.png")
+    # The card is small (its top line runs under the toolbar): full screen, in a window of a screen's
+    # height (the module's browser is taller, for the runs table's rows).
+    size = driver.get_window_size()
+    driver.set_window_size(1600, 1300)
+    try:
+        shown["card"].find_element(
+            "css selector", "[data-component-id='fullscreen_button_chartcard']"
+        ).click()
+        full = wait_until(
+            lambda: _full_screen_chart(driver, "test_accuracy_mean"),
+            timeout=LOAD,
+            what="the chart full screen",
+            driver=driver,
+            shot=tmp_path / "x.png",
+        )
+        _shot(driver, tmp_path / "10-summary-chart-full-screen.png")
+        # Its legend: the arms, nothing else (no phase run).
+        assert sorted(full["legend"]) == sorted(f"{arm} (test_accuracy_mean)" for arm in study.arms), full
+        lines = {t["name"]: t["points"] for t in full["traces"] if t["points"]}
+        assert sorted(lines) == sorted(study.arms), full["traces"]
+        left, top, width, height = full["plot"]
+        bar_left, bar_top, bar_width, bar_height = full["modebar"]
+        radius = 4  # a marker's, in pixels
+        for arm, points in lines.items():
+            assert len(points) == n_sizes, (arm, points)
+            for x, y in points:
+                assert left <= x <= left + width and top <= y <= top + height, (arm, (x, y), full["plot"])
+                under_bar = (
+                    bar_left - radius <= x <= bar_left + bar_width + radius
+                    and bar_top - radius <= y <= bar_top + bar_height + radius
+                )
+                assert not under_bar, (arm, (x, y), "under the chart's toolbar", full["modebar"])
+        for a, b in ((a, b) for a in lines for b in lines if a < b):  # no line drawn over another
+            assert max(abs(p[1] - q[1]) for p, q in zip(lines[a], lines[b], strict=True)) > 2 * radius, (a, b)
+        dialog = driver.find_element("css selector", "[role=dialog] .du-bois-light-modal-content")
+        box = {k: round(v) for k, v in dialog.rect.items()}
+        from PIL import Image
 
-    # The runs list and the first row of charts: the recipe's figure. A test run never rewrites a
-    # tracked file: AUTONORM_UPDATE_DOCS_SCREENSHOT=1 puts it in docs/, else it stays in tmp_path.
-    figure = tmp_path / "compare-in-mlflow.png"
-    if os.environ.get("AUTONORM_UPDATE_DOCS_SCREENSHOT") == "1":
-        figure = REPO_ROOT / "docs" / "compare-in-mlflow.png"
-    with Image.open(full) as image:
-        image.crop((0, 0, image.width, min(image.height, 1100))).save(figure)
-    with Image.open(figure) as saved:
-        assert saved.width > 800 and saved.height > 400, saved.size
+        # The full-screen chart: the recipe's figure. A test run never rewrites a tracked file:
+        # AUTONORM_UPDATE_DOCS_SCREENSHOT=1 puts it in docs/, else it stays in tmp_path.
+        figure = tmp_path / "compare-in-mlflow.png"
+        if os.environ.get("AUTONORM_UPDATE_DOCS_SCREENSHOT") == "1":
+            figure = REPO_ROOT / "docs" / "compare-in-mlflow.png"
+        with Image.open(tmp_path / "10-summary-chart-full-screen.png") as image:
+            ratio = image.width / driver.execute_script("return window.innerWidth")
+            crop = [box["x"], box["y"], box["x"] + box["width"], box["y"] + box["height"]]
+            image.crop(tuple(round(v * ratio) for v in crop)).save(figure)
+        with Image.open(figure) as saved:
+            assert saved.width > 800 and saved.height > 400, saved.size
+    finally:
+        driver.set_window_size(size["width"], size["height"])
+
+
+#: A run's visibility toggle in the runs list (the eye; checked: the run is drawn in the charts).
+VISIBILITY = "input.is-visibility-toggle-checkbox"
+
+
+def _shown_runs(driver: Any) -> dict[str, bool]:
+    """Each listed run's id and whether the charts draw it (its eye is open)."""
+    shown: dict[str, bool] = driver.execute_script(
+        "const out = {}; document.querySelectorAll(arguments[0]).forEach(row => {"
+        " const box = row.querySelector(arguments[1]); if (box) out[row.getAttribute('row-id')] = box.checked; });"
+        " return out;",
+        ROWS,
+        VISIBILITY,
+    )
+    return shown
+
+
+def _full_screen_chart(driver: Any, metric: str) -> dict[str, Any] | None:
+    """The full-screen chart's plot area and toolbar (x, y, width, height in page pixels), its legend
+    entries, and per trace its run's name and its points' centres; ``None`` until it is drawn."""
+    found: dict[str, Any] | None = driver.execute_script(
+        """
+        const dialog = document.querySelector('[role=dialog]');
+        const plot = dialog && dialog.querySelector('.js-plotly-plot');
+        if (!plot || !plot.data) return null;
+        const box = e => (b => [b.x, b.y, b.width, b.height])(e.getBoundingClientRect());
+        const centre = e => (b => [b.x + b.width / 2, b.y + b.height / 2])(e.getBoundingClientRect());
+        const traces = Array.from(plot.querySelectorAll('.scatterlayer .trace'));
+        return {
+          plot: box(plot.querySelector('.nsewdrag')),
+          modebar: box(plot.querySelector('.modebar')),
+          legend: Array.from(dialog.querySelectorAll('span'))
+            .filter(s => s.children.length === 0 && s.innerText.trim().endsWith(' (' + arguments[0] + ')'))
+            .map(s => s.innerText.trim()),
+          traces: plot.data.map((t, i) => ({name: t.name,
+            points: traces[i] ? Array.from(traces[i].querySelectorAll('.point')).map(centre) : []})),
+        };
+        """,
+        metric,
+    )
+    if not found or not any(t["points"] for t in found["traces"]) or not found["legend"]:
+        return None
+    return found
