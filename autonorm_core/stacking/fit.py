@@ -392,6 +392,7 @@ class _StackedRun:
         self.stacked.load_member_state_dict(k, model.state_dict())
         if self.books[k].frozen:
             self._freeze(k, self.books[k].sample_after_freeze)
+            self._sync_member(k)  # its selector frozen too: fit's optimizer (and state) leaves it out
         opt = self._torch_optimizer(k)
         opt.load_state_dict(st["optimizer"])
         names = {id(p): n for n, p in model.named_parameters()}

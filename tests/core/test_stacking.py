@@ -289,6 +289,30 @@ def test_tau_annealing_member_matches_its_separate_fit() -> None:
     assert "tau" not in out.results[1].final
 
 
+def test_a_frozen_member_resumes_stacked() -> None:
+    # AutoNorm-S froze member 0's selector at epoch 1: its state's optimizer leaves the selector out (as
+    # fit's does), and the stacked loop resumes it (it used to build the optimizer over the unfrozen
+    # separate model and fail to load that state).
+    kw = {"preset": "tiny", "norm": {"type": "autonorm", "tau": 0.7}, "patch_size": 4}
+    cfgs = [_adamw(1e-3, epochs=3, freeze=GateFreeze(t_freeze=1, rule="always")), _adamw(2e-3, epochs=3)]
+    states: dict[int, dict[int, dict[str, Any]]] = {}
+    full = fit_stacked(
+        create_members("vit_lite", _images(), SEEDS, **kw), _images(), cfgs, seeds=SEEDS,
+        checkpoint_fn=lambda epoch, st: states.__setitem__(epoch, st),
+    )  # fmt: skip
+    assert states[1][0]["freeze"]["frozen"] and not states[1][1]["freeze"]["frozen"]
+    resumed = fit_stacked(
+        create_members("vit_lite", _images(), SEEDS, **kw), _images(), cfgs, seeds=SEEDS,
+        resume_states=[states[1][0], states[1][1]],
+    )  # fmt: skip
+    for k in range(2):
+        assert [h["val_loss"] for h in resumed.results[k].history] == [
+            h["val_loss"] for h in full.results[k].history
+        ]
+        assert resumed.results[k].freeze_epoch == full.results[k].freeze_epoch
+        assert _max_rel(resumed.states[k], full.states[k]) == 0.0
+
+
 def test_text_encoder_tagging_with_padding_matches() -> None:
     cfgs = [_adamw(lr, batch_size=8, budget="updates", max_updates=10) for lr in (1e-3, 3e-3)]
     _compare("text_encoder", _text(), {"preset": "tiny", "norm": "autonorm"}, cfgs, skip_key_bias=True)
