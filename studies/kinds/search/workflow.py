@@ -25,7 +25,9 @@ from typing import Any
 
 from studies.contract import StudyOutcome
 from studies.kinds.analysis_inputs import chance_levels, sequential_design
+from studies.kinds.looks import ArmLooks, n_looks, run_looks
 from studies.kinds.outcome import hypothesis_entry, run_outcome
+from studies.kinds.printing import interval, probability, say, signed
 from studies.kinds.search.adequacy import (
     adequacy_record,
     adequacy_rule,
@@ -269,59 +271,6 @@ def tune_arm_lr(
     return records[arm]
 
 
-def _run_looks(
-    spec: StudySpec,
-    plan: StudyPlan,
-    runner: Any,
-    bases: Mapping[str, Mapping[str, Any]],
-    run_ids: dict[str, str],
-    tuned: Mapping[str, Any],
-) -> None:
-    """The confirmatory seeds in looks, the claims tested anytime-validly after each. Per-arm
-    stopping: a look runs only the arms a claimed hypothesis still undecided rests on
-    (:func:`studies.kinds.search.claims.arms_needed`; a reported claim such as e keeps no arm
-    running), and no more seeds once every claimed hypothesis is decided. An arm's look already in the
-    study directory runs whatever the decisions (a rerun repeats the study), and so does every look of
-    an explicit ``sequential.looks`` schedule (``extend``) for the arms still needed."""
-    from studies.kinds.search.claims import arms_needed
-    from studies.sequential import look_seeds
-    from studies.study_dir import StudyDir
-
-    assert spec.confirm is not None and spec.sequential is not None
-    schedule = spec.sequential.schedule()
-    where = StudyDir.of(spec)
-    plans = look_seeds(spec.confirm.seeds, schedule)
-    arms = [arm for arm in spec.confirm.arms if arm in bases]
-    running = list(arms)
-    for j, _ in plans:
-        for arm in running:
-            confirmed = runner.run(confirm_plan(spec, plan, bases[arm], arm, look=j))
-            _log_epoch_summaries(runner, look_plan_name(arm, j), arm)
-            run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
-        if j == len(schedule):
-            break
-        table, gate_logs = confirm_table(spec, run_ids)
-        verdict = analyse(table, spec, gate_logs=gate_logs, tuned=tuned)
-        looks = verdict.get("looks") or []
-        state = {k: h["decision"] for k, h in (looks[-1]["hypotheses"] if looks else {}).items()}
-        print(f"[{spec.name}] look {j} ({schedule[j - 1]} seeds): {state}", flush=True)
-        ran_before = [
-            arm for arm in arms if read_trials(where.phase_plan(look_plan_name(arm, j + 1)), history=False)
-        ]
-        needed = arms_needed(looks[-1]["hypotheses"], arms) if looks else list(arms)
-        running = [arm for arm in arms if arm in needed or arm in ran_before]
-        if not running and spec.sequential.looks is None:
-            print(f"[{spec.name}] every claim decided after {schedule[j - 1]} seeds: stop", flush=True)
-            break
-        stopped = [arm for arm in arms if arm not in running]
-        if stopped:
-            print(
-                f"[{spec.name}] no more seeds for {', '.join(stopped)}: every claim on them is decided",
-                flush=True,
-            )
-        runner.set_expected_trials(runner.expected_trials + len(plans[j][1]) * len(running))
-
-
 def _tuning_trials(spec: StudySpec, arm: str) -> list[TrialRecord]:
     """The arm's tuning trials (``confirm-tune-<arm>``, its extension rounds and refinement), read
     from the study directory: the training-adequacy check's 1x runs where it reuses them."""
@@ -344,28 +293,78 @@ def _run_check(
     spec: StudySpec, plan: StudyPlan, runner: Any, base: Mapping[str, Any], arm: str
 ) -> dict[str, Any] | str:
     """The arm's training-adequacy check (phase ``confirm-tune-<arm>-adequacy``,
-    :mod:`studies.kinds.search.adequacy`) at its confirmed configuration ``base``; its entry, printed."""
-    from studies.adequacy import FACTOR
-
+    :mod:`studies.kinds.search.adequacy`) at its confirmed configuration ``base``: its entry (every
+    arm's printed in one line, :func:`_checks_line`)."""
     cplan = check_plan(spec, plan, base, arm)
     lr = float(base["training"]["lr"])
-    print(
-        f"[{spec.name}] phase {cplan.name}: {arm} at lr={lr:g}, {FACTOR}x the budget on seed "
-        f"{dict(cplan.grid)['seed'][0]}: training adequacy",
-        flush=True,
-    )
-    entry = measure(spec, arm, lr, runner.run(cplan).trials, _tuning_trials(spec, arm))
-    print(f"[{spec.name}] {_check_line(arm, entry)}", flush=True)
-    return entry
+    return measure(spec, arm, lr, runner.run(cplan).trials, _tuning_trials(spec, arm))
 
 
-def _check_line(arm: str, entry: Any) -> str:
-    if not isinstance(entry, Mapping):
-        return f"{arm}: adequacy {entry}"
-    reached = "n/a" if entry.get("reached") is None else f"{entry['reached']:.4g}"
-    gain = "n/a" if entry.get("gain") is None else f"{entry['gain']:+.4g}"
-    state = "passed" if entry.get("passed") else f"UNDER-TRAINED ({entry.get('reason')})"
-    return f"{arm}: reached {reached}, {gain} at twice the budget -> {state}"
+def _checks_line(checks: Mapping[str, Any]) -> str:
+    """The training-adequacy check of every checked arm in one line: the arms that passed, then the
+    under-trained ones, each with what it reached and its gain at twice the budget (or its floor)."""
+    from studies.adequacy import FACTOR
+
+    passed = [arm for arm, e in checks.items() if isinstance(e, Mapping) and e.get("passed")]
+    parts = [f"{', '.join(passed)} passed"] if passed else []
+    under = []
+    for arm, e in checks.items():
+        if arm in passed:
+            continue
+        if not isinstance(e, Mapping):
+            parts.append(f"{arm} {e}")
+        elif _finite(e.get("reached")) and _finite(e.get("gain")):
+            under.append(f"{arm} reached {e['reached']:.4f}, {signed(e['gain'])}")
+        else:  # below the metric's floor, or nothing reached: its reason says which
+            under.append(str(e.get("reason") or arm).removeprefix("under-trained: "))
+    if under:
+        parts.append(f"under-trained (gain at {FACTOR}x): " + "; ".join(under))
+    return f"training adequacy ({FACTOR}x the budget): " + "; ".join(parts)
+
+
+def _claim_lines(spec: StudySpec, verdict: Mapping[str, Any]) -> list[str]:
+    """The printed verdict (the batch-size kind's form): the study's (the paper's main claim), then
+    one line per claim: its verdict, its labelled estimate with its interval, its Holm p-value and its
+    reasons; the claims not applicable to the data in one line."""
+    claims = verdict.get("claims") or {}
+    main = [c for c in MAIN_CLAIMS if c in claims and not _not_applicable(claims[c])]
+    lines = [
+        f"STUDY VERDICT: {verdict.get('study_verdict')}  (the paper's main claim: {' and '.join(main) or 'none applies'})"
+    ]
+    skipped: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for cid, c in claims.items():
+        reasons = tuple(_short(str(r)) for r in c.get("reasons") or [])
+        if _not_applicable(c):
+            skipped.setdefault((str(c.get("verdict")), reasons), []).append(cid)
+            continue
+        numbers = ""
+        if _finite(c.get("estimate")):
+            numbers = f"  {estimate_name('search', cid)}={signed(c.get('estimate'))} {interval(c.get('ci'))}"
+        if _finite(c.get("p_value_holm")):
+            numbers += f" p_holm={probability(c.get('p_value_holm'))}"
+        elif _finite(c.get("p_value")):  # a claim tested alone (c, d, a reported e): its own p
+            numbers += f"{'' if numbers else ' '} p={probability(c.get('p_value'))}"
+        why = f" ({'; '.join(reasons)})" if reasons else ""
+        lines.append(f"  {cid}: {c.get('verdict')}{numbers}{why}")
+    for (label, reasons), ids in skipped.items():
+        lines.append(f"  {', '.join(ids)}: {label} ({'; '.join(reasons)})")
+    return lines
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _short(reason: str) -> str:
+    """A claim's reason as its printed line shows it: an under-trained arm by name (the adequacy
+    line above it has its numbers); any other reason as it is."""
+    if reason.startswith("under-trained: "):
+        return f"{reason.split()[1]} under-trained"
+    return reason
+
+
+def _not_applicable(claim: Mapping[str, Any]) -> bool:
+    return any("not applicable" in str(r) for r in claim.get("reasons") or [])
 
 
 def _stored_checks(spec: StudySpec, tuned: Mapping[str, Any], searched_lr: float | None) -> dict[str, Any]:
@@ -424,6 +423,29 @@ def _log_epoch_summaries(runner: Any, phase: str, arm: str) -> None:
     runner.log_summaries(phase, arm_summaries(table, metrics=metrics, axis="epoch"))
 
 
+def _confirm_arm(
+    spec: StudySpec,
+    plan: StudyPlan,
+    runner: Any,
+    base: Mapping[str, Any],
+    arm: str,
+    run_ids: dict[str, str],
+    *,
+    look: int = 1,
+) -> None:
+    """The arm's confirmatory phase (``look``: of a sequential design) at its confirmed configuration
+    ``base``, its summary run logged under the phase run; its trials' MLflow run ids into ``run_ids``."""
+    confirmed = runner.run(confirm_plan(spec, plan, base, arm, look=look))
+    _log_epoch_summaries(runner, look_plan_name(arm, look), arm)
+    run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
+
+
+def _claims_so_far(spec: StudySpec, run_ids: Mapping[str, str], tuned: Mapping[str, Any]) -> dict[str, Any]:
+    """The claims on the confirmatory trials run so far (the tuning's edge gates applied)."""
+    table, gate_logs = confirm_table(spec, run_ids)
+    return analyse(table, spec, gate_logs=gate_logs, tuned=tuned)
+
+
 def _confirm_and_claims(
     spec: StudySpec, plan: StudyPlan, result: StudyResult, runner: Any
 ) -> tuple[dict[str, Any], dict[str, Path]]:
@@ -437,7 +459,7 @@ def _confirm_and_claims(
     checks: dict[str, Any] = {}
     checked = checked_arms(spec)
     if best is None:
-        print(f"[{spec.name}] no completed search trial: the confirmatory phase cannot run", flush=True)
+        say(spec.name, "no completed search trial: the confirmatory phase cannot run")
     else:
         searched_lr = float(best.config["training"]["lr"])
         for arm in confirm.arms:
@@ -481,11 +503,22 @@ def _confirm_and_claims(
             if arm in checked:
                 checks[arm] = _run_check(spec, plan, runner, base, arm)
             if spec.sequential is None:
-                confirmed = runner.run(confirm_plan(spec, plan, base, arm))
-                _log_epoch_summaries(runner, look_plan_name(arm, 1), arm)
-                run_ids.update({t.trial_id: t.mlflow_run_id for t in confirmed.trials if t.mlflow_run_id})
+                _confirm_arm(spec, plan, runner, base, arm, run_ids)
+        if checks:
+            say(spec.name, _checks_line(checks))
         if spec.sequential is not None:
-            _run_looks(spec, plan, runner, bases, run_ids, tuned)
+            from studies.kinds.search.claims import arms_needed
+
+            looks = ArmLooks(
+                spec,
+                [arm for arm in confirm.arms if arm in bases],
+                run_arm=lambda arm, j: _confirm_arm(spec, plan, runner, bases[arm], arm, run_ids, look=j),
+                analyse=lambda: _claims_so_far(spec, run_ids, tuned),
+                needed=arms_needed,
+                phase_of=look_plan_name,
+                noun="claim",
+            )
+            run_looks(looks, sequential=spec.sequential, seeds=confirm.seeds, runner=runner, tag=spec.name)
     table, gate_logs = confirm_table(spec, run_ids)
     verdict = analyse(
         table, spec, gate_logs=gate_logs, tuned=tuned, searched=best is not None, adequacy=checks
@@ -501,16 +534,11 @@ def _confirm_and_claims(
     tags["verdict/study"] = str(verdict["study_verdict"])
     tags.update(scope_tags(verdict.get("scope")))
     runner.log_outputs(files=files.values(), tags=tags, metrics=claim_metrics(claims))
-    for cid, c in claims.items():
-        reasons = "; ".join(str(r) for r in c.get("reasons") or [])
-        print(
-            f"[{spec.name}] claim {cid}: {c.get('verdict')} ({estimate_name('search', cid)} {c.get('estimate')}, "
-            f"CI {c.get('ci')}, "
-            f"p_holm {c.get('p_value_holm')}) {reasons}",
-            flush=True,
-        )
-    print(f"[{spec.name}] study verdict (the paper's main claim): {verdict['study_verdict']}", flush=True)
-    print(f"[{spec.name}] scope: {scope_line(verdict.get('scope'))}", flush=True)
+    lines = _claim_lines(spec, verdict)
+    say(spec.name, lines[0])
+    say(spec.name, f"scope: {scope_line(verdict.get('scope'))}")
+    for text in lines[1:]:
+        say(spec.name, text)
     verdict["tuned_lr"] = tuned
     return verdict, dict(files)
 
@@ -537,7 +565,7 @@ def _write_claims(
     configs = [
         t.config
         for arm in spec.confirm.arms
-        for j in range(1, _n_looks(spec) + 1)
+        for j in range(1, n_looks(spec) + 1)
         for t in read_trials(where.phase_plan(look_plan_name(arm, j)), history=False)
     ]
     verdict["scope"] = study_scope(configs, table, metric=spec.confirm.metric, gpu_hours=spent[2])
@@ -562,7 +590,7 @@ def _write_claims(
     trials = [
         (arm, t)
         for arm in spec.confirm.arms
-        for j in range(1, _n_looks(spec) + 1)
+        for j in range(1, n_looks(spec) + 1)
         for t in read_trials(where.phase_plan(look_plan_name(arm, j)), history=True)
     ]
     plots = write_study_plots(
@@ -596,10 +624,6 @@ def _search_scope(trials: Sequence[TrialRecord], metric: str, *, gpu_hours: floa
     return study_scope([t.config for t in trials], rows, metric=metric, gpu_hours=gpu_hours)
 
 
-def _n_looks(spec: StudySpec) -> int:
-    return len(spec.sequential.schedule()) if spec.sequential is not None else 1
-
-
 def confirm_table(
     spec: StudySpec, run_ids: Mapping[str, str]
 ) -> tuple[Any, dict[tuple[str, Any], list[dict[str, Any]]]]:
@@ -616,7 +640,7 @@ def confirm_table(
     for arm in spec.confirm.arms:
         trials = [
             t
-            for j in range(1, _n_looks(spec) + 1)
+            for j in range(1, n_looks(spec) + 1)
             for t in read_trials(where.phase_plan(look_plan_name(arm, j)), history=True)
         ]
         for t in trials:
