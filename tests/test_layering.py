@@ -76,7 +76,7 @@ def _module_imports(path: Path) -> set[str]:
 
 
 def test_no_kind_folder_imports_another() -> None:
-    # A kind is a plug-in: what two kinds share lives in the kit (studies/kinds/kit.py, studies/*.py).
+    # A kind is a plug-in: what two kinds share lives beside the kind folders (studies/kinds/*.py, studies/*.py).
     kinds = sorted(p.name for p in (ROOT / "studies" / "kinds").iterdir() if (p / "__init__.py").is_file())
     assert len(kinds) >= 3, kinds
     crossing = {

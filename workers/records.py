@@ -42,7 +42,7 @@ class TrialRecord:
         mlflow_run_id: its child run, when one was created.
         history: every reported result in order (filled by :func:`workers.results.read_trials`).
         name: its readable name, the name of its MLflow run (``corrected-B32-s0``), where the reader
-            knew its phase's run-name template (:func:`studies.kinds.kit.read_phase_trials`); else
+            knew its phase's run-name template (:func:`studies.kinds.records.read_phase_trials`); else
             ``None``.
     """
 
