@@ -41,10 +41,10 @@ from workers.plan import StudyPlan, expected_trials
 from workers.records import TrialRecord, best_trial
 from workers.results import read_trials
 
-__all__ = ["report", "status"]
+__all__ = ["report", "status", "trial_name"]
 
 
-def _name(t: TrialRecord, plan: StudyPlan) -> str:
+def trial_name(t: TrialRecord, plan: StudyPlan) -> str:
     """A trial's name as its MLflow run has it (``search-007``), not Tune's id: the phase's run-name
     template rendered for the trial (its ``{index}`` from the ``experiment_tag`` Tune put in its
     results: a searcher's trial ids are random)."""
@@ -64,7 +64,7 @@ def _row(t: TrialRecord, plan: StudyPlan) -> dict[str, Any]:
     from workers.dotted import get_path
 
     row: dict[str, Any] = {
-        "trial": _name(t, plan),
+        "trial": trial_name(t, plan),
         "status": t.status,
         "epoch": t.metrics.get("epoch", t.metrics.get("training_iteration")),
         plan.metric: t.metrics.get(plan.metric),
@@ -113,7 +113,7 @@ def status(spec: StudySpec) -> dict[str, Any]:
         "by_status": dict(counts),
         "phases": phases,
         "metric": plan.metric,
-        "best_trial": _name(best, plan) if best else None,
+        "best_trial": trial_name(best, plan) if best else None,
         f"best_{plan.metric}": best.metrics.get(plan.metric) if best else None,
         "rows": [_row(t, plan) for t in trials],
     }
@@ -176,7 +176,7 @@ def report(spec: StudySpec, out_dir: Path) -> Path:
         from workers.dotted import get_path
 
         lines += [
-            f"## Best completed trial `{_name(best, plan)}`: {plan.metric} = {_short(best.metrics[plan.metric])}",
+            f"## Best completed trial `{trial_name(best, plan)}`: {plan.metric} = {_short(best.metrics[plan.metric])}",
             "",
         ]
         searched = [(p.name, get_path(best.config, p.name)) for p in plan.space]
