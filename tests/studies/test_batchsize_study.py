@@ -711,7 +711,7 @@ def test_smoke_mlflow_one_tag_selects_the_study_and_summary_runs_draw_arms_again
         assert r.data.tags["autonorm.phase"] in folders
     assert "autonorm.phase" not in study.data.tags and "autonorm.budget" not in study.data.tags
     # Trial folders are named after the trials' readable names (the run names); a stacked member's
-    # run names the folder of the group it trained in, itself named after its first member.
+    # run names the folder of the group it trained in, itself named for the group (`<phase>-group<k>`).
     for r in by_role["trial"]:
         folder = Path(out.study_dir) / r.data.tags["autonorm.phase"] / _folder(r)
         assert (folder / "result.json").is_file(), folder
@@ -825,8 +825,11 @@ def _folder(run: Any) -> str:
     group = run.data.tags.get("autonorm.stack_group")
     if group is None:
         return str(run.info.run_name)
-    # a group (several cells' stacks) is named after its first member, with the count of the others
-    assert re.fullmatch(r"[a-z_]+-B\d+-(lr[0-9.e+-]+-)?s\d+\+\d+", group), (group, run.info.run_name)
+    # a group (several cells' stacks) is named for the group (`<phase>-group<k>`)
+    assert re.fullmatch(rf"{re.escape(run.data.tags['autonorm.phase'])}-group\d{{2,}}", group), (
+        group,
+        run.info.run_name,
+    )
     return str(group)
 
 

@@ -566,6 +566,7 @@ def test_read_histories_gives_the_trials_asked_for_what_read_trials_gives_them(t
 def test_status_reads_the_study_directory(tiny_study: Any, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
+    from studies.kinds.search.readback import trial_name
     from workers.records import best_trial
 
     _, plan, outcome, trials, study_dir = tiny_study
@@ -575,7 +576,7 @@ def test_status_reads_the_study_directory(tiny_study: Any, capsys: pytest.Captur
     assert status["by_status"] == {"completed": 3}
     best = best_trial(trials, plan.metric, plan.mode)
     assert best is not None and outcome.summary["best_trial_id"] == best.trial_id
-    assert status["best_trial"] == best.trial_id
+    assert status["best_trial"] == trial_name(best, plan)  # its MLflow run's name, not Tune's id
     assert status["best_val_accuracy"] == pytest.approx(best.metrics["val_accuracy"])
     assert {row["training.lr"] for row in status["rows"]} == {t.params["training.lr"] for t in trials}
 
@@ -583,6 +584,7 @@ def test_status_reads_the_study_directory(tiny_study: Any, capsys: pytest.Captur
 @pytest.mark.ray
 @pytest.mark.slow
 def test_report_regenerates_from_the_directory(tiny_study: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from studies.kinds.search.readback import trial_name
     from workers.records import best_trial
 
     _, plan, _, trials, study_dir = tiny_study
@@ -590,10 +592,11 @@ def test_report_regenerates_from_the_directory(tiny_study: Any, capsys: pytest.C
     report = (study_dir / "report" / "report.md").read_text()
     best = best_trial(trials, plan.metric, plan.mode)
     assert best is not None
-    assert f"## Best completed trial `{best.trial_id}`" in report
+    name = trial_name(best, plan)
+    assert f"## Best completed trial `{name}`" in report
     table = [line for line in report.splitlines() if line.startswith("| ") and "status" not in line]
     assert len(table) == 3
-    assert best.trial_id in table[0]  # sorted best first
+    assert name in table[0]  # sorted best first
     assert (study_dir / "report" / "gate_entropy_per_layer.png").stat().st_size > 1000
 
 

@@ -54,7 +54,7 @@ from studies.kinds.search.power import pilot
 from studies.kinds.search.spec import StudySpec
 from studies.kinds.search.values import claim_metrics
 from studies.kinds.study_runner import extension_runner, refine_runner, study_runner
-from studies.reporting import estimate_name, write_json
+from studies.reporting import estimate_name, with_study_cost, write_json
 from studies.scope import scope_line, scope_tags
 from studies.tuning import RefinePoints, RunPoints, tune
 from workers.plan import StudyPlan
@@ -123,7 +123,7 @@ def run(spec: StudySpec, **runner_options: Any) -> StudyOutcome:
             verdict = analyse(None, spec, best=result.best(plan.metric, plan.mode), metric=plan.metric)
             verdict["scope"] = _search_scope(result.trials, plan.metric, gpu_hours=runner.resource_hours()[1])
             path = runner.local_dir() / "verdict.json"
-            write_json(path, verdict)
+            write_json(path, with_study_cost(verdict))
             files["verdict"] = path
             runner.publish([path])
             runner.log_outputs(
