@@ -60,6 +60,27 @@ __all__ = ["run_study"]
 
 logger = logging.getLogger(__name__)
 
+SNAPSHOT_PERIOD_ENV = "AUTONORM_TUNE_SNAPSHOT_S"
+
+
+def snapshot_period(environ: Mapping[str, str]) -> str:
+    """The ``TUNE_GLOBAL_CHECKPOINT_S`` a study runs with: ``"0"`` (a snapshot at every step of
+    Tune's loop), unless :data:`SNAPSHOT_PERIOD_ENV` names another: ``auto`` (Tune's default, ~10 s
+    and more) or seconds. For measurements (docs/reliability.md), not for studies.
+
+    Raises:
+        ValueError: a value Tune would not accept.
+    """
+    value = environ.get(SNAPSHOT_PERIOD_ENV, "").strip() or "0"
+    if value != "auto":
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not seconds >= 0:
+            raise ValueError(f"{SNAPSHOT_PERIOD_ENV}={value!r}: 'auto' or seconds >= 0")
+    return value
+
 
 def run_study(
     plan: StudyPlan,
@@ -103,8 +124,9 @@ def run_study(
         )
         del os.environ["TUNE_RESULT_DIR"]
     # Snapshot the experiment state on every loop step: with the default (~10 s) a driver killed in
-    # between re-runs trials that had already finished.
-    os.environ["TUNE_GLOBAL_CHECKPOINT_S"] = "0"
+    # between re-runs trials that had already finished. AUTONORM_TUNE_SNAPSHOT_S overrides it (to
+    # measure Tune's own period, docs/reliability.md).
+    os.environ["TUNE_GLOBAL_CHECKPOINT_S"] = snapshot_period(os.environ)
     # ...and Tune's warning that snapshots forced by trial checkpoints (two kept per trial) come more
     # often than every 5 s "may become a bottleneck" is about exactly that choice: a study of small
     # trials printed it every few seconds. Its cost is measured instead (bench/study_scale.py).
