@@ -516,7 +516,8 @@ def render_page(
             "Presets at the size at which the models learn the task (`results/planned.yaml`), priced by "
             "`autonorm-study plan SPEC --preset P --json` (CPU-hours: every look to the maximum, no range "
             "extension) and not stored yet: no verdict. One over the machine's budget is `not testable "
-            "on this machine`; the rows above stay the small-scale studies'.",
+            "on this machine`. A preset's rows leave this table once its study is stored; until then the "
+            "claim's row above rests on the studies stored so far.",
             "",
             *planned,
             "",
