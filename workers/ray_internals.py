@@ -241,7 +241,7 @@ def _trials_state(controller: Any) -> tuple[Any, ...]:
     )
 
 
-def skip_idle_snapshots() -> None:
+def skip_idle_snapshots(book: Callable[[Any], Any]) -> None:
     """Tune saves its experiment state at every step of its loop here (``TUNE_GLOBAL_CHECKPOINT_S=0``,
     so that a driver killed right after a trial finished does not run it again), and the loop steps
     every 0.1 s while it waits for a trial actor or a result: about ten identical snapshots a second,
@@ -249,10 +249,10 @@ def skip_idle_snapshots() -> None:
     study's storage (measured: ~156 snapshots and ~0.9 of 3.1 driver CPU s for a two-phase tiny
     study). A snapshot is skipped when no trial changed since the last one saved; forced and final
     snapshots (``force``/``wait``, or Tune's own forced sync after trial checkpoints) always run.
-    Wraps ``TuneController.checkpoint`` once per process (private Ray API, pinned by a test)."""
+    Wraps ``TuneController.checkpoint`` once per process (private Ray API, pinned by a test).
+    ``book`` is :func:`workers.tune_state.book` (the controller's notes; passed in, so that this
+    module imports none of ours: tune_state reads Tune through it)."""
     from ray.tune.execution.tune_controller import TuneController
-
-    from workers.tune_state import book  # here: tune_state reads Tune through this module
 
     if getattr(TuneController.checkpoint, "_autonorm_skips_idle", False):
         return
@@ -345,13 +345,11 @@ def unique_staging_dirs() -> None:
     StorageContext.__init__ = _unique_staging(StorageContext.__init__)  # type: ignore[method-assign]
 
 
-def _whole_file_sync(original: Any) -> Any:
+def _whole_file_sync(original: Any, is_local: Callable[[Any], bool], upload_tree: Callable[..., Any]) -> Any:
     """``_FilesystemSyncer._sync_up_command`` that uploads whole files to a local destination."""
 
     @functools.wraps(original)
     def sync_up_command(self: Any, local_path: str, uri: str, exclude: list[str] | None = None) -> Any:
-        from workers.uploads import is_local, upload_tree
-
         if exclude or not is_local(self.storage_filesystem):
             return original(self, local_path, uri, exclude)
         return upload_tree, {"local_path": local_path, "fs_path": uri}
@@ -360,17 +358,20 @@ def _whole_file_sync(original: Any) -> Any:
     return sync_up_command
 
 
-def whole_file_uploads() -> None:
+def whole_file_uploads(is_local: Callable[[Any], bool], upload_tree: Callable[..., Any]) -> None:
     """Tune's background copy of the driver's staging folder to a study's local storage writes each
     file whole (a temporary file renamed over it) and skips files already there: a SIGKILL
     mid-copy left an empty ``tuner.pkl`` that no rerun could restore (workers/uploads.py). Wraps
     ``ray.train._internal.storage._FilesystemSyncer._sync_up_command`` once per process (private
-    Ray API, pinned by a test)."""
+    Ray API, pinned by a test). ``is_local`` and ``upload_tree`` are :mod:`workers.uploads`' (passed
+    in: uploads reaches Ray's upload through this module)."""
     from ray.train._internal.storage import _FilesystemSyncer
 
     if getattr(_FilesystemSyncer._sync_up_command, "_autonorm_whole_files", False):
         return
-    _FilesystemSyncer._sync_up_command = _whole_file_sync(_FilesystemSyncer._sync_up_command)  # type: ignore[method-assign]
+    _FilesystemSyncer._sync_up_command = _whole_file_sync(  # type: ignore[method-assign]
+        _FilesystemSyncer._sync_up_command, is_local, upload_tree
+    )
 
 
 # ------------------------------------------------------------------------- what a result costs the driver

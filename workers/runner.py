@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from workers import interrupts, tune_state
+from workers import interrupts, tune_state, uploads
 from workers.console import route_worker_output, tune_output
 from workers.errors import TrackingIncomplete
 from workers.group_trial import group_entry
@@ -175,10 +175,10 @@ def run_study(
     with ray_session(ray_address, ray_init_kwargs, env_vars={"MLFLOW_TRACKING_URI": tracking_uri}):
         check_resources(plan)
         stop_credential_propagation()
-        skip_idle_snapshots()
+        skip_idle_snapshots(tune_state.book)
         tolerate_gone_checkpoints()
         unique_staging_dirs()
-        whole_file_uploads()
+        whole_file_uploads(uploads.is_local, uploads.upload_tree)
         cheaper_results()
         tune_state.install()
         quiet_checkpoint_logs()

@@ -238,8 +238,9 @@ def test_the_private_tune_api_the_snapshot_skip_wraps_is_there() -> None:
     from ray.tune.experiment.trial import Trial
 
     from workers.ray_internals import skip_idle_snapshots
+    from workers.tune_state import book
 
-    skip_idle_snapshots()
+    skip_idle_snapshots(book)
     assert getattr(TuneController.checkpoint, "_autonorm_skips_idle", False)
     assert list(inspect.signature(TuneController.checkpoint).parameters) == ["self", "force", "wait"]
     manager_src = inspect.getsource(_ExperimentCheckpointManager)

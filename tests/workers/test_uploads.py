@@ -89,8 +89,10 @@ def test_tunes_syncer_uploads_whole_files_to_local_storage_only(tmp_path: Path) 
         "exclude",
     ]
     assert "_pyarrow_fs_copy_files" in inspect.getsource(_upload_to_fs_path)
-    whole_file_uploads()
-    whole_file_uploads()  # once per process
+    from workers.uploads import is_local, upload_tree
+
+    whole_file_uploads(is_local, upload_tree)
+    whole_file_uploads(is_local, upload_tree)  # once per process
     local = _FilesystemSyncer(storage_filesystem=pyarrow.fs.LocalFileSystem())
     fn, kwargs = local._sync_up_command(str(tmp_path / "a"), str(tmp_path / "b"))
     assert fn is upload_tree and kwargs == {"local_path": str(tmp_path / "a"), "fs_path": str(tmp_path / "b")}
