@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -574,7 +575,7 @@ def test_summary_runs_chart_draws_one_line_per_arm_against_batch_size(
             "css selector", "[data-component-id='fullscreen_button_chartcard']"
         ).click()
         full = wait_until(
-            lambda: _full_screen_chart(driver, "test_accuracy_mean"),
+            lambda: _settled(lambda: _full_screen_chart(driver, "test_accuracy_mean")),
             timeout=LOAD,
             what="the chart full screen",
             driver=driver,
@@ -634,6 +635,16 @@ def _shown_runs(driver: Any) -> dict[str, bool]:
     return shown
 
 
+def _settled(read: Any, pause_s: float = 0.3) -> Any:
+    """``read()``'s answer once two reads ``pause_s`` apart agree (a chart still animating or being
+    laid out moves between them); ``None`` until then."""
+    first = read()
+    if first is None:
+        return None
+    time.sleep(pause_s)
+    return first if read() == first else None
+
+
 def _full_screen_chart(driver: Any, metric: str) -> dict[str, Any] | None:
     """The full-screen chart's plot area and toolbar (x, y, width, height in page pixels), its legend
     entries, and per trace its run's name and its points' centres; ``None`` until it is drawn."""
@@ -658,5 +669,9 @@ def _full_screen_chart(driver: Any, metric: str) -> dict[str, Any] | None:
         metric,
     )
     if not found or not any(t["points"] for t in found["traces"]) or not found["legend"]:
+        return None
+    # Drawn but not laid out yet: the toolbar still has no size (seen in CI as a point "under" a
+    # 0x0 toolbar at the same spot). Wait for the layout, not for luck.
+    if min(found["modebar"][2:]) <= 0 or min(found["plot"][2:]) <= 0:
         return None
     return found
