@@ -28,6 +28,7 @@ from typing import Any
 
 from studies.schema import SpecError, SpecIssue
 from workers.errors import StudyError
+from workers.ray_internals import RAY_PACKAGE_PREFIX
 
 __all__ = [
     "EXIT_SPEC_ERROR",
@@ -217,10 +218,6 @@ def _validate_one(target: str, args: argparse.Namespace) -> int:
     if errors:
         raise SpecError(errors)
     return 0
-
-
-RAY_PACKAGE_PREFIX = "_ray_pkg_"
-"""How Ray names an unpacked ``working_dir`` package (``ray._private.runtime_env.packaging``)."""
 
 
 def in_ray_job_package(cwd: str | os.PathLike[str]) -> bool:

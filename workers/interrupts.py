@@ -30,6 +30,8 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
+from workers.ray_internals import is_tune_stop_handler
+
 __all__ = [
     "StudyInterrupted",
     "fitting",
@@ -101,9 +103,7 @@ def _stop_now(signum: int) -> None:
 
 def _tune_stop_handler() -> object | None:
     handler = signal.getsignal(signal.SIGUSR1) if hasattr(signal, "SIGUSR1") else None
-    if callable(handler) and getattr(handler, "__name__", "") == "signal_interrupt_tune_run":
-        return handler
-    return None
+    return handler if is_tune_stop_handler(handler) else None
 
 
 def _handle(signum: int, frame: FrameType | None) -> None:

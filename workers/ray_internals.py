@@ -73,10 +73,12 @@ Read, not replaced (Ray 2.60.0):
   and ``ray.tune.execution.experiment_state`` (a failed background sync): :data:`TRAIN_STORAGE_LOGGER`,
   :data:`TRAIN_SYNCER_LOGGER`, :data:`EXPERIMENT_STATE_LOGGER`.
 
-Outside this module (not imports or attributes; pinned in ``test_ray_internals.py``):
-``studies/entrypoints.py``'s ``RAY_PACKAGE_PREFIX`` (``ray._private.runtime_env.packaging``'s
-``RAY_PKG_PREFIX``) and ``workers/interrupts.py``'s test for Tune's stop handler by its name
-(``signal_interrupt_tune_run`` in ``ray.tune.tune``).
+- ``ray._private.runtime_env.packaging.RAY_PKG_PREFIX`` -- how Ray names an unpacked job
+  ``working_dir`` package, which Ray deletes (``studies/entrypoints.py`` keeps no study there):
+  :data:`RAY_PACKAGE_PREFIX`.
+- ``ray.tune.tune.signal_interrupt_tune_run`` -- the name of the SIGUSR1 handler Tune installs in
+  ``Tuner.fit``, which ``workers/interrupts.py`` calls to stop a study gracefully:
+  :func:`is_tune_stop_handler`.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ __all__ = [
     "AUTOSCALER_EVENT",
     "EXPERIMENT_STATE_LOGGER",
     "PRIVATE_NAMES",
+    "RAY_PACKAGE_PREFIX",
     "RAY_VERSION_CHECKED",
     "TRAIN_STORAGE_LOGGER",
     "TRAIN_SYNCER_LOGGER",
@@ -107,6 +110,7 @@ __all__ = [
     "controller_trials",
     "failed_trials",
     "has_optuna_study",
+    "is_tune_stop_handler",
     "no_member_metric_statistics",
     "optuna_completed",
     "optuna_study",
@@ -185,6 +189,17 @@ TRAIN_SYNCER_LOGGER = "ray.train._internal.syncer"
 """Ray Train's syncer logger: "Last sync command failed" with a traceback."""
 EXPERIMENT_STATE_LOGGER = "ray.tune.execution.experiment_state"
 """Tune's experiment-state logger: "Saving experiment state to storage at ... failed"."""
+RAY_PACKAGE_PREFIX = "_ray_pkg_"
+"""How Ray names an unpacked ``working_dir`` package (``ray._private.runtime_env.packaging.
+RAY_PKG_PREFIX``)."""
+TUNE_STOP_HANDLER = "signal_interrupt_tune_run"
+"""The name of the SIGUSR1 handler ``Tuner.fit`` installs (``ray.tune.tune``)."""
+
+
+def is_tune_stop_handler(handler: object) -> bool:
+    """Whether ``handler`` (from ``signal.getsignal``) is Tune's graceful-stop handler."""
+    return callable(handler) and getattr(handler, "__name__", "") == TUNE_STOP_HANDLER
+
 
 logger = logging.getLogger(__name__)
 

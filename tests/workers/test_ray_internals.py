@@ -186,12 +186,18 @@ def test_the_upload_is_rays_own() -> None:
     assert "_upload_to_fs_path(local_path, fs, fs_path)" in inspect.getsource(ray_internals.upload_to_fs_path)
 
 
-def test_the_ray_names_known_outside_the_adapter_are_still_rays() -> None:
-    # Not imports or attributes, so they live where they are used; pinned here all the same.
+def test_rays_package_prefix_and_tune_stop_handler_name_are_still_rays() -> None:
+    import signal
+
     from ray._private.runtime_env import packaging
     from ray.tune import tune as tune_module
 
-    from studies.entrypoints import RAY_PACKAGE_PREFIX
-
-    assert packaging.RAY_PKG_PREFIX == RAY_PACKAGE_PREFIX
+    assert packaging.RAY_PKG_PREFIX == ray_internals.RAY_PACKAGE_PREFIX
     assert re.search(r"def signal_interrupt_tune_run\(", inspect.getsource(tune_module))
+
+    # Tune defines the handler inside ``run``; it is recognised by that name, nothing else is.
+    def signal_interrupt_tune_run(sig: int, frame: object) -> None: ...
+
+    assert ray_internals.is_tune_stop_handler(signal_interrupt_tune_run)
+    assert not ray_internals.is_tune_stop_handler(signal.SIG_DFL)
+    assert not ray_internals.is_tune_stop_handler(lambda *_: None)
