@@ -1,6 +1,7 @@
 """A study driver the restore test runs as a subprocess, SIGKILLs, and runs again.
 
-Usage: python restore_driver.py ROOT RAY_TEMP_DIR. Prints ``RESULT <json>`` when the study ends.
+Usage: python restore_driver.py ROOT RAY_TEMP_DIR [EPOCHS SLEEP_S] (each trial trains EPOCHS epochs of
+SLEEP_S seconds; default 3 of 0.7 s). Prints ``RESULT <json>`` when the study ends.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ from workers.runner import run_study
 
 NUM_SAMPLES = 6
 EPOCHS = 3
+SLEEP_S = 0.7
 
 
-def plan_for(root: Path) -> StudyPlan:
+def plan_for(root: Path, epochs: int = EPOCHS, sleep_s: float = SLEEP_S) -> StudyPlan:
     return StudyPlan(
         name="restore",
         base_config={
-            "training": {"epochs": EPOCHS},
+            "training": {"epochs": epochs},
             "seed": 0,
-            "sleep_s": 0.7,
+            "sleep_s": sleep_s,
             "log_file": str(root / "invocations.jsonl"),
         },
         space=(ParamDef("x", "float", low=0.0, high=1.0),),
@@ -38,9 +40,10 @@ def plan_for(root: Path) -> StudyPlan:
 
 def main() -> None:
     root, temp_dir = Path(sys.argv[1]), sys.argv[2]
+    epochs, sleep_s = (int(sys.argv[3]), float(sys.argv[4])) if len(sys.argv) > 3 else (EPOCHS, SLEEP_S)
     repo = str(Path(__file__).resolve().parents[2])
     result = run_study(
-        plan_for(root),
+        plan_for(root, epochs, sleep_s),
         trainable=quadratic_trial,
         progress=True,
         ray_init_kwargs={
