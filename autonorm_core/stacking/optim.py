@@ -6,12 +6,16 @@ rest) after ``clip_grad_norm_`` over the optimized parameters. Here the same ari
 ``(K, ...)`` tensors with per-member learning rate, weight decay, momentum and clipping norm, and a
 per-member, per-parameter ``mask``: a member that diverged, stopped, or froze that parameter (the
 AutoNorm-S selector) leaves parameter, moments and step count untouched, exactly as a parameter
-outside the separate optimizer. Bias corrections are computed in float64 from the step count, as the
-fused kernel does.
+outside the separate optimizer.
 
-State per parameter: ``step`` ``(K,)`` (float64), ``exp_avg`` / ``exp_avg_sq`` (AdamW) or
-``momentum_buffer`` (SGD with momentum; allocated with the first update that uses momentum), all
-``(K, ...)``: :meth:`member_state` / :meth:`load_member_state`
+AdamW is the separate fit's own kernel (``torch._fused_adamw_``, elementwise): over the stacked
+tensors in one call when every member updates every parameter at one learning rate and weight decay
+(and one step count), else over each member's slices with its own values. Member k's update is the
+same wherever it runs (alone, in any stack), bit for bit.
+
+State per parameter: ``step`` ``(K,)`` (float32, as the fused kernel keeps it), ``exp_avg`` /
+``exp_avg_sq`` (AdamW) or ``momentum_buffer`` (SGD with momentum; allocated with the first update
+that uses momentum), all ``(K, ...)``: :meth:`member_state` / :meth:`load_member_state`
 convert member k's slice to and from ``torch.optim`` state entries.
 
 Plain SGD at one learning rate (no decay, momentum or clipping; :meth:`StackedOptimizer.plain_sgd_lr`)
@@ -23,9 +27,12 @@ runs as ``torch.optim.SGD``'s own ``p.add_(grad, alpha=-lr)``, for all parameter
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from autonorm_core.optim import _FUSED_DEVICES
 
 __all__ = ["StackedOptimizer"]
 
@@ -48,8 +55,11 @@ class StackedOptimizer:
         self._uniform_lr: float | None = None
         # the last masks mapping seen (held: its identity is the cache key) -> per parameter (any, every)
         self._mask_plan: tuple[Mapping[str, Tensor], dict[str, tuple[bool, bool]]] | None = None
+        self._member_masks: tuple[Mapping[str, Tensor], dict[str, list[bool]]] | None = None
+        # whether every parameter's step count is the same for every member (None: not known)
+        self._even_steps: bool | None = True
         for name, p in self.params:
-            st = {"step": torch.zeros(num_members, dtype=torch.float64, device=p.device)}
+            st = {"step": torch.zeros(num_members, dtype=torch.float32, device=p.device)}
             if kind == "adamw":
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
@@ -91,28 +101,30 @@ class StackedOptimizer:
 
     @torch.no_grad()
     def clip_(self, max_norms: Sequence[float | None], masks: Mapping[str, Tensor]) -> None:
-        """``clip_grad_norm_`` per member over the parameters it optimizes (``masks[name][k]``)."""
+        """``clip_grad_norm_`` per member over the parameters it optimizes (``masks[name][k]``): the norm
+        of the per-tensor norms, ``max_norm / (norm + 1e-6)`` clamped to 1, one foreach product."""
         if all(m is None for m in max_norms):
             return
-        sq: Tensor | None = None
-        for name, p in self.params:
-            if p.grad is None:
-                continue
-            g = p.grad
-            # over the member's dimensions, whatever the layout (a stacked linear's weight is transposed)
-            part = torch.where(masks[name], g.double().pow(2).sum(dim=tuple(range(1, g.ndim))), 0.0)
-            sq = part if sq is None else sq + part
-        if sq is None:
+        named = [(name, p.grad) for name, p in self.params if p.grad is not None]
+        if not named:
             return
-        total = sq.sqrt()
-        limit = torch.tensor(
-            [float("inf") if m is None else m for m in max_norms], dtype=torch.float64, device=total.device
+        # Over the member's dimensions, whatever the layout (a stacked linear's weight is transposed), in
+        # float64: a member's norm then rounds to the same float32 coefficient whatever its stack.
+        dims = [tuple(range(1, g.ndim)) for _, g in named]
+        norms = torch.stack(
+            [torch.linalg.vector_norm(g, dim=d, dtype=torch.float64) for (_, g), d in zip(named, dims)]
         )
+        flags = self._flags(masks)
+        if not all(flags[name][1] for name, _ in named):
+            norms = torch.where(torch.stack([masks[name] for name, _ in named]), norms, 0.0)
+        total = torch.linalg.vector_norm(norms, dim=0)  # (K,)
+        limit = self._vector("clip", [float("inf") if m is None else m for m in max_norms])
         coef = (limit / (total + 1e-6)).clamp(max=1.0)
-        coef = torch.where(torch.isinf(limit), 1.0, coef).to(self.params[0][1].dtype)
-        for _, p in self.params:
-            if p.grad is not None:
-                p.grad.mul_(self._view(coef, p.grad))
+        if None in max_norms:
+            coef = torch.where(torch.isinf(limit), 1.0, coef)
+        coef = coef.to(named[0][1].dtype)
+        grads = [g for _, g in named]
+        torch._foreach_mul_(grads, [self._view(coef, g) for g in grads])
 
     def plain_sgd_lr(
         self,
@@ -184,10 +196,13 @@ class StackedOptimizer:
                     torch._foreach_add_(params, grads, alpha=-self._uniform_lr)  # type: ignore[arg-type]
                     torch._foreach_add_([self.state[name]["step"] for name, _ in todo], 1.0)
                 return
+        if self.kind == "adamw":
+            self._adamw(lr, weight_decay, masks, flags)
+            return
         lr64 = self._vector("lr", lr)
         wd64 = self._vector("wd", weight_decay)
         mom = self._vector("mom", momentum)
-        if self.kind == "sgd" and need_mom:
+        if need_mom:
             for name, _ in self.params:
                 self._momentum_buffer(name)
         for name, p in self.params:
@@ -201,10 +216,7 @@ class StackedOptimizer:
             if every:
                 # In place, the common case: every member updates this parameter.
                 st["step"] = step
-                if self.kind == "adamw":
-                    self._adamw_(p, g, st, step, lr64, wd)
-                else:
-                    self._sgd_(p, g, st, step, lr64, wd, mom if need_mom else None)
+                self._sgd_(p, g, st, step, lr64, wd, mom if need_mom else None)
                 continue
             # Some members keep this parameter (diverged, stopped, frozen): update copies, then select.
             mask = masks[name]
@@ -212,31 +224,87 @@ class StackedOptimizer:
             new_p = p.detach().clone()
             new_st = {key: v.clone() for key, v in st.items() if key != "step"}
             new_st["step"] = step
-            if self.kind == "adamw":
-                self._adamw_(new_p, g, new_st, step, lr64, wd)
-            else:
-                self._sgd_(new_p, g, new_st, step, lr64, wd, mom if need_mom else None)
+            self._sgd_(new_p, g, new_st, step, lr64, wd, mom if need_mom else None)
             p.copy_(torch.where(mb, new_p, p))
             st["step"] = torch.where(mask, step, st["step"])
             for key, value in new_st.items():
                 if key != "step":
                     st[key].copy_(torch.where(mb, value, st[key]))
 
-    def _adamw_(
-        self, p: Tensor, g: Tensor, st: Mapping[str, Tensor], step: Tensor, lr: Tensor, wd: Tensor | None
+    def _adamw(
+        self,
+        lr: Sequence[float],
+        weight_decay: Sequence[float],
+        masks: Mapping[str, Tensor],
+        flags: Mapping[str, tuple[bool, bool]],
     ) -> None:
-        """Fused AdamW's arithmetic, in place on ``p`` and ``st``, per-member ``lr`` / ``wd`` / ``step``."""
-        b1, b2 = BETAS
-        dt = p.dtype
-        if wd is not None:
-            p.mul_(self._view((1.0 - lr * wd).to(dt), p))
-        m, v = st["exp_avg"], st["exp_avg_sq"]
-        m.lerp_(g, 1.0 - b1)
-        v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-        bc1 = 1.0 - b1**step
-        bc2_sqrt = (1.0 - b2**step).sqrt()
-        denom = (v.sqrt() / self._view(bc2_sqrt.to(dt), p)).add_(EPS)
-        p.sub_(torch.div(m, denom).mul_(self._view((lr / bc1).to(dt), p)))
+        """The separate fit's fused AdamW: one call over the stacked tensors when every member updates
+        every parameter with one lr, weight decay and step count, else one per member over its slices."""
+        todo = [(name, p) for name, p in self.params if p.grad is not None and flags[name][0]]
+        if not todo:
+            return
+        if (
+            lr.count(lr[0]) == len(lr)
+            and weight_decay.count(weight_decay[0]) == len(weight_decay)
+            and all(flags[name][1] for name, _ in todo)
+            and self._steps_even()
+        ):
+            self._adamw_call(todo, None, float(lr[0]), float(weight_decay[0]))
+            return
+        self._even_steps = None
+        member = self._member_flags(masks)
+        for k in range(self.k):
+            mine = [(name, p) for name, p in todo if member[name][k]]
+            if mine:
+                self._adamw_call(mine, k, float(lr[k]), float(weight_decay[k]))
+
+    def _adamw_call(self, todo: Sequence[tuple[str, Tensor]], k: int | None, lr: float, wd: float) -> None:
+        """``torch.optim.AdamW``'s update of ``param_groups``' two groups, of the stacked tensors (``k``
+        None: every member at one step count, which the kernel reads from member 0) or of member ``k``'s
+        slices; a device without the fused kernel runs torch's functional AdamW on member slices."""
+        fused = todo[0][1].device.type in _FUSED_DEVICES
+        for decays in (True, False):
+            group = [(name, p) for name, p in todo if self.decays(p) == decays]
+            if not group:
+                continue
+            sts = [self.state[name] for name, _ in group]
+            hyper: dict[str, Any] = {"lr": lr, "weight_decay": wd if decays else 0.0, "eps": EPS}
+            hyper.update(beta1=BETAS[0], beta2=BETAS[1], amsgrad=False, maximize=False)
+            params = [p for _, p in group]
+            grads: list[Tensor] = [p.grad for p in params]  # type: ignore[misc]
+            avgs, sqs = [st["exp_avg"] for st in sts], [st["exp_avg_sq"] for st in sts]
+            steps = [st["step"] for st in sts]
+            if k is not None:
+                params, grads, avgs, sqs = ([t[k] for t in ts] for ts in (params, grads, avgs, sqs))
+                steps = [t[k : k + 1] for t in steps]
+            if not fused:
+                from torch.optim.adam import adam
+
+                adam(params, grads, avgs, sqs, [], steps, foreach=False, decoupled_weight_decay=True, **hyper)
+                continue
+            torch._foreach_add_(steps, 1.0)
+            if k is None and self.k > 1:
+                steps = [t[:1] for t in steps]
+            torch._fused_adamw_(params, grads, avgs, sqs, [], steps, **hyper)
+
+    def _steps_even(self) -> bool:
+        """Whether each parameter's step count is the same for every member."""
+        if self._even_steps is None:
+            self._even_steps = all(bool((st["step"] == st["step"][0]).all()) for st in self.state.values())
+        return self._even_steps
+
+    def _member_flags(self, masks: Mapping[str, Tensor]) -> dict[str, list[bool]]:
+        """Per parameter, ``masks[name]`` as a list (read once per masks mapping, as :meth:`_flags`)."""
+        if self._member_masks is None or self._member_masks[0] is not masks:
+            read: dict[int, list[bool]] = {}
+            out = {}
+            for name, _ in self.params:
+                mask = masks[name]
+                if id(mask) not in read:
+                    read[id(mask)] = [bool(v) for v in mask.tolist()]
+                out[name] = read[id(mask)]
+            self._member_masks = (masks, out)
+        return self._member_masks[1]
 
     def _sgd_(
         self,
@@ -286,6 +354,7 @@ class StackedOptimizer:
 
     def load_member_state(self, name: str, k: int, entry: Mapping[str, Tensor] | None) -> None:
         st = self.state[name]
+        self._even_steps = None
         with torch.no_grad():
             if not entry:
                 st["step"][k] = 0.0
