@@ -335,10 +335,12 @@ class _StackedRun:
         self.gates: list[StackedMixture] = [self.stacked.get_submodule(n) for n in self.gate_names]  # type: ignore[misc]
         self.named_params = list(self.stacked.named_parameters())
         self.opt = StackedOptimizer(self.named_params, kind=cfgs[0].optimizer, num_members=self.K)
-        # plain-SGD steps of the linears fed by data happen in their backward (BackwardSGD)
+        # Plain-SGD steps of the linears fed by data happen in their backward (BackwardSGD), for two or
+        # more members: one member's weight is the separate run's, whose two passes cost less than the
+        # hook (MLP tiny, B=8: 13.4 -> 12.5 ms per fit alone, the separate fit 11.6 ms).
         self.backward_sgd = BackwardSGD()
         for m in self.stacked.modules():
-            if isinstance(m, StackedLinear):
+            if isinstance(m, StackedLinear) and self.K > 1:
                 m.backward_sgd = self.backward_sgd
         self.num_train = parts["train"][0][0].shape[0]
         #: each member's bookkeeping, as ``fit`` keeps it (steps and epochs are shared)
@@ -487,6 +489,10 @@ class _StackedRun:
             self._mask_cache = (key, masks)
         return self._mask_cache[1]
 
+    def _live_vector(self, live: list[int]) -> Tensor:
+        """``(K,)``: 1.0 for the members in ``live``, 0.0 for the others."""
+        return torch.zeros(self.K, device=self.dev).index_fill_(0, torch.tensor(live, device=self.dev), 1.0)
+
     def _diverge(self, k: int, divergence: Divergence) -> None:
         self.books[k].diverge(divergence)
         self.final_states[k] = self.stacked.member_state_dict(k)
@@ -553,6 +559,7 @@ class _StackedRun:
             one_schedule = sched.count(sched[0]) == K
             annealed = [k for k in range(K) if self.cfgs[k].tau_final is not None]
             masks = self._masks()
+            ones = torch.ones(K, device=dev)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             t0 = time.perf_counter()
@@ -583,8 +590,8 @@ class _StackedRun:
                 self.opt.zero_grad()
                 if sgd.lr is not None and not self.opt.every_member(masks):
                     sgd.lr = None  # a member stopped or froze: masked updates, from gradients
-                live_loss = losses.sum() if len(live) == K else losses[torch.tensor(live, device=dev)].sum()
-                live_loss.backward()
+                # d(sum of the live members' losses): no sum node in the graph
+                losses.backward(ones if len(live) == K else self._live_vector(live))
                 self.opt.clip_(clips, masks)
                 self.opt.step(lr=lrs, weight_decay=wds, momentum=moms, masks=masks, updated=sgd.updated)
                 sgd.updated.clear()

@@ -174,7 +174,8 @@ class BackwardSGD:
     cache. Set back to ``lr = None`` after the forward (a member diverged in this step, or stopped or
     froze before), the layer writes the ordinary gradient instead, for the masked optimizer step.
     ``updated`` lists the weights updated so (they get no ``.grad``), for the optimizer's step counts.
-    Same products as the separate run's ``∂W`` and ``W -= lr ∂W``, one rounding fewer.
+    Same products as the separate run's ``∂W`` and ``W -= lr ∂W``, one rounding fewer. ``fit_stacked``
+    arms it for two or more members only: one member's weight fits in cache, and the hook costs more.
     """
 
     def __init__(self) -> None:

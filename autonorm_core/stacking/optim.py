@@ -26,7 +26,7 @@ runs as ``torch.optim.SGD``'s own ``p.add_(grad, alpha=-lr)``, for all parameter
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -58,6 +58,7 @@ class StackedOptimizer:
         self._member_masks: tuple[Mapping[str, Tensor], dict[str, list[bool]]] | None = None
         # whether every parameter's step count is the same for every member (None: not known)
         self._even_steps: bool | None = True
+        self._pending_steps: dict[str, int] = {}  # see _count
         for name, p in self.params:
             st = {"step": torch.zeros(num_members, dtype=torch.float32, device=p.device)}
             if kind == "adamw":
@@ -177,8 +178,7 @@ class StackedOptimizer:
         """
         if updated:
             ids = {id(t) for t in updated}
-            steps = [self.state[name]["step"] for name, p in self.params if id(p) in ids]
-            torch._foreach_add_(steps, 1.0)
+            self._count(name for name, p in self.params if id(p) in ids)
         lr0 = lr[0]
         self._uniform_lr = float(lr0) if lr.count(lr0) == len(lr) else None
         need_wd = weight_decay.count(0.0) != len(weight_decay)
@@ -194,8 +194,9 @@ class StackedOptimizer:
                     params = [p for _, p in todo]
                     grads = [p.grad for p in params]
                     torch._foreach_add_(params, grads, alpha=-self._uniform_lr)  # type: ignore[arg-type]
-                    torch._foreach_add_([self.state[name]["step"] for name, _ in todo], 1.0)
+                    self._count(name for name, _ in todo)
                 return
+        self._flush_steps()
         if self.kind == "adamw":
             self._adamw(lr, weight_decay, masks, flags)
             return
@@ -230,6 +231,19 @@ class StackedOptimizer:
             for key, value in new_st.items():
                 if key != "step":
                     st[key].copy_(torch.where(mb, value, st[key]))
+
+    def _count(self, names: Iterable[str]) -> None:
+        """One update of every member of these parameters, counted in Python until a step count is read
+        (:meth:`_flush_steps`): plain SGD itself never reads them."""
+        pending = self._pending_steps
+        for name in names:
+            pending[name] = pending.get(name, 0) + 1
+
+    def _flush_steps(self) -> None:
+        if self._pending_steps:
+            for name, n in self._pending_steps.items():
+                self.state[name]["step"].add_(float(n))
+            self._pending_steps.clear()
 
     def _adamw(
         self,
@@ -335,6 +349,7 @@ class StackedOptimizer:
 
     def member_state(self, name: str, k: int, *, momentum: float) -> dict[str, Tensor] | None:
         """Member ``k``'s ``torch.optim`` state entry for ``name`` (``None``: never updated)."""
+        self._flush_steps()
         st = self.state[name]
         steps = float(st["step"][k])
         if steps == 0.0:
@@ -353,6 +368,7 @@ class StackedOptimizer:
         return {"momentum_buffer": self._momentum_buffer(name)[k].clone(memory_format=fmt)}
 
     def load_member_state(self, name: str, k: int, entry: Mapping[str, Tensor] | None) -> None:
+        self._flush_steps()
         st = self.state[name]
         self._even_steps = None
         with torch.no_grad():

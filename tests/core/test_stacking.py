@@ -212,6 +212,28 @@ def test_mlp_plain_sgd_at_one_lr_steps_the_first_layer_in_its_backward(
     assert applied == [0.1] * 10  # every update, the first layer only
 
 
+def test_one_member_steps_after_its_backward_as_the_separate_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One member: no BackwardSGD hook (its weight is the separate run's; the hook costs more than the
+    # passes it saves). Its step is the separate run's W -= lr ∂W, as in a stack at other lrs.
+    calls: list[int] = []
+    update = StackedLinear._update_weight
+
+    def spy(self: StackedLinear, x3: Tensor, grad: Tensor) -> None:
+        calls.append(x3.shape[0])
+        update(self, x3, grad)
+
+    monkeypatch.setattr(StackedLinear, "_update_weight", spy)
+    splits = make_splits(n_train=80)
+    alone = fit_stacked(
+        create_members("mlp", splits, SEEDS[:1], preset="tiny"), splits, _sgd(0.1), seeds=SEEDS[:1]
+    )
+    assert alone.stacked and calls == []
+    cfgs = [_sgd(0.1), _sgd(0.05)]
+    pair = fit_stacked(create_members("mlp", splits, SEEDS, preset="tiny"), splits, cfgs, seeds=SEEDS)
+    assert pair.stacked and calls == []
+    assert all(torch.equal(pair.states[0][n], t) for n, t in alone.states[0].items())
+
+
 def test_mlp_per_member_hyperparameters_and_adamw() -> None:
     # Different beta per member (a searched hyperparameter), AdamW with decay, clipping, smoothing, warm-up.
     splits = make_splits(n_train=80)
