@@ -22,7 +22,9 @@ __all__ = [
     "PatchNormConv2d",
     "PreNormAffine",
     "affine_divergence_factor",
+    "corrected_denominator",
     "create_linear",
+    "prenormalize",
 ]
 
 LINEAR_KINDS = ("linear", "prenorm_l2", "prenorm_rms", "corrected")
@@ -34,6 +36,17 @@ def affine_divergence_factor(x: Tensor) -> Tensor:
     Shape: ``x.shape[:-1]`` (one factor per sample, or per token for ``(B, T, D)``).
     """
     return x.pow(2).sum(dim=-1) + 1.0
+
+
+def prenormalize(x: Tensor, kind: str, eps: float) -> Tensor:
+    """:class:`PreNormAffine`'s input ``x / ‖x‖`` (``l2``) or ``√n · x / ‖x‖`` (``rms``), last dimension."""
+    x_hat = F.normalize(x, p=2.0, dim=-1, eps=eps)
+    return x_hat * math.sqrt(x.shape[-1]) if kind == "rms" else x_hat
+
+
+def corrected_denominator(x: Tensor, beta_sq: float | Tensor) -> Tensor:
+    """:class:`DivergenceCorrectedLinear`'s ``sqrt(‖x‖² + β²)`` over the last dimension (kept)."""
+    return torch.sqrt(x.pow(2).sum(dim=-1, keepdim=True) + beta_sq)
 
 
 class PreNormAffine(nn.Linear):
@@ -63,10 +76,7 @@ class PreNormAffine(nn.Linear):
         self.eps = float(eps)
 
     def forward(self, x: Tensor) -> Tensor:
-        x_hat = F.normalize(x, p=2.0, dim=-1, eps=self.eps)
-        if self.kind == "rms":
-            x_hat = x_hat * math.sqrt(self.in_features)
-        return F.linear(x_hat, self.weight, self.bias)
+        return F.linear(prenormalize(x, self.kind, self.eps), self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, kind={self.kind!r}"
@@ -95,7 +105,7 @@ class DivergenceCorrectedLinear(nn.Linear):
         self.beta = float(beta)
 
     def forward(self, x: Tensor) -> Tensor:
-        denom = torch.sqrt(x.pow(2).sum(dim=-1, keepdim=True) + self.beta**2)
+        denom = corrected_denominator(x, self.beta**2)
         bias = None if self.bias is None else self.beta * self.bias
         return F.linear(x, self.weight, bias) / denom
 

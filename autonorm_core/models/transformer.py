@@ -96,13 +96,13 @@ class Attention(nn.Module):
             self.proj = make_linear(dim, dim)
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        B, T, C = x.shape
-        qkv = self.qkv(x).reshape(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        *lead, T, C = x.shape  # (B, T, C); a member stack's (K, B, T, C) attends as K*B sequences
+        qkv = self.qkv(x).reshape(-1, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, H, T, C/H)
         # key_mask (B, T), True at real tokens; broadcast over heads and queries.
-        attn_mask = None if key_mask is None else key_mask[:, None, None, :]
+        attn_mask = None if key_mask is None else key_mask.reshape(-1, 1, 1, T)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, H, T, C/H)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
+        return self.proj(y.transpose(1, 2).reshape(*lead, T, C))  # (B, T, C)
 
 
 class FeedForward(nn.Module):

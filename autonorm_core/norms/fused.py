@@ -36,7 +36,12 @@ def _mix(branches: nn.ModuleList, x: Tensor, weights: Tensor, mask: Tensor | Non
 
 def _reference_mix(branches: nn.ModuleList, x: Tensor, weights: Tensor, mask: Tensor | None) -> Tensor:
     """The mixture as plain module calls and tensor expressions (the tests' reference)."""
-    ys = [branch(x, mask=mask) for branch in branches]
+    return _mix_outputs([branch(x, mask=mask) for branch in branches], weights)
+
+
+def _mix_outputs(ys: list[Tensor], weights: Tensor) -> Tensor:
+    """``Σ_k w_k · y_k`` of the branch outputs ``ys`` with per-sample weights ``(..., B, K)`` (a member
+    stack's ``(K, B, K')`` too: :class:`autonorm_core.stacking.layers.StackedMixture`)."""
     dtype = ys[0].dtype
     for y in ys[1:]:
         dtype = torch.promote_types(dtype, y.dtype)
@@ -45,10 +50,10 @@ def _reference_mix(branches: nn.ModuleList, x: Tensor, weights: Tensor, mask: Te
     if len(ys) == 2:
         # lerp(y0, y1, w1) = w0 y0 + w1 y1 when w0 = 1 − w1: one kernel instead of three, and the same
         # gradient through a softmax (whose Jacobian columns sum to zero).
-        return torch.lerp(ys[0], ys[1], _per_sample(weights[:, 1], ys[1]))
-    out = ys[0] * _per_sample(weights[:, 0], ys[0])
+        return torch.lerp(ys[0], ys[1], _per_sample(weights[..., 1], ys[1]))
+    out = ys[0] * _per_sample(weights[..., 0], ys[0])
     for k in range(1, len(ys)):
-        out = torch.addcmul(out, ys[k], _per_sample(weights[:, k], ys[k]))
+        out = torch.addcmul(out, ys[k], _per_sample(weights[..., k], ys[k]))
     return out
 
 

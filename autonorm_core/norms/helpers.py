@@ -67,35 +67,36 @@ def _reference_paths() -> Iterator[None]:
 
 
 class _TokenMean(torch.autograd.Function):
-    """``x.mean(dim=1)`` of a ``(B, T, D)`` input whose backward returns a broadcast *view*.
+    """``x.mean(dim=-2)`` of a ``(..., T, D)`` input whose backward returns a broadcast *view*.
 
     Autograd's ``MeanBackward`` materialises ``grad.expand(B, T, D) / T`` as a full tensor before it
     is added to the input's other gradient; the view costs nothing and the engine adds it in place
     into the dense gradient of the mixture (one memory pass less per AutoNorm layer). Same values:
-    the forward is ``x.mean(1)``, the backward ``(grad / T)`` broadcast over the tokens.
+    the forward is ``x.mean(-2)``, the backward ``(grad / T)`` broadcast over the tokens.
     """
 
     @staticmethod
     def forward(ctx: Any, x: Tensor) -> Tensor:
-        ctx.tokens = x.shape[1]
-        return x.mean(dim=1)
+        ctx.shape = x.shape
+        return x.mean(dim=-2)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> Tensor:
-        b, d = grad.shape
-        return (grad / ctx.tokens).unsqueeze(1).expand(b, ctx.tokens, d)
+        return (grad / ctx.shape[-2]).unsqueeze(-2).expand(ctx.shape)
 
 
-def _pool_tokens(x: Tensor, mask: Tensor | None = None) -> Tensor:
+def _pool_tokens(x: Tensor, mask: Tensor | None = None, *, members: bool = False) -> Tensor:
     """Per-sample summary used by the self-conditioned layers: mean over the real tokens of (B, T, D).
 
     ``mask`` (B, T) is True at real tokens; ``None`` averages over every position (bit-identical to
     ``x.mean(1)``). Padding is excluded with ``where`` rather than a multiplication, so that whatever
     the padded positions hold (even inf or NaN) cannot reach the result. A sample without any real
-    token pools to zeros.
+    token pools to zeros. ``members``: a member stack's ``(K, B, T, D)`` or ``(K, B, D)`` input and
+    ``(K, B, T)`` mask (:mod:`autonorm_core.stacking`), pooled per member as each member's alone.
     """
-    if x.ndim == 3:
+    lead = int(members)
+    if x.ndim == 3 + lead:
         if mask is None:
             if (
                 _FAST_PATHS["on"]
@@ -105,14 +106,14 @@ def _pool_tokens(x: Tensor, mask: Tensor | None = None) -> Tensor:
             ):
                 pooled: Tensor = _TokenMean.apply(x)
                 return pooled
-            return x.mean(dim=1)  # (B, D)
-        if mask.shape != x.shape[:2]:
-            raise ValueError(f"mask must have shape {tuple(x.shape[:2])} (B, T), got {tuple(mask.shape)}")
+            return x.mean(dim=-2)  # (B, D)
+        if mask.shape != x.shape[:-1]:
+            raise ValueError(f"mask must have shape {tuple(x.shape[:-1])} (B, T), got {tuple(mask.shape)}")
         keep = mask.to(torch.bool).unsqueeze(-1)  # (B, T, 1)
-        total = torch.where(keep, x, x.new_zeros(())).sum(dim=1)  # (B, D)
-        count = keep.sum(dim=1).clamp_min(1).to(x.dtype)  # (B, 1)
+        total = torch.where(keep, x, x.new_zeros(())).sum(dim=-2)  # (B, D)
+        count = keep.sum(dim=-2).clamp_min(1).to(x.dtype)  # (B, 1)
         return total / count
-    if x.ndim == 2:
+    if x.ndim == 2 + lead:
         if mask is not None:
             raise ValueError("a mask applies to (B, T, D) token sequences, not to (B, D) vectors")
         return x
@@ -120,5 +121,6 @@ def _pool_tokens(x: Tensor, mask: Tensor | None = None) -> Tensor:
 
 
 def _per_sample(w: Tensor, like: Tensor) -> Tensor:
-    """Reshape per-sample weights (B,) to broadcast over the tokens and channels of ``like``."""
-    return w.to(like.dtype).reshape(w.shape[0], *([1] * (like.ndim - 1)))
+    """Reshape per-sample weights (B,) (a member stack's (K, B)) to broadcast over the tokens and
+    channels of ``like``."""
+    return w.to(like.dtype).reshape(*w.shape, *([1] * (like.ndim - w.ndim)))

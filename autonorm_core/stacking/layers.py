@@ -30,9 +30,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from autonorm_core.affine import DivergenceCorrectedLinear, PatchNormConv2d, PreNormAffine
+from autonorm_core.affine import (
+    DivergenceCorrectedLinear,
+    PatchNormConv2d,
+    PreNormAffine,
+    corrected_denominator,
+    prenormalize,
+)
 from autonorm_core.norms import DyT, Identity, RandomSelector, RMSNorm
 from autonorm_core.norms import LayerNorm as _AnyLayerNorm
+from autonorm_core.norms.fused import _mix_outputs
+from autonorm_core.norms.helpers import _pool_tokens
 
 __all__ = [
     "BackwardSGD",
@@ -235,12 +243,10 @@ class StackedLinear(nn.Module):
         weight = self.weight
         assert weight is not None
         if self.prenorm is not None:
-            x3 = F.normalize(x3, p=2.0, dim=-1, eps=self.eps)
-            if self.prenorm == "rms":
-                x3 = x3 * math.sqrt(self.in_features)
+            x3 = prenormalize(x3, self.prenorm, self.eps)
         bias = self.bias
         if self.corrected:
-            denom = torch.sqrt(x3.pow(2).sum(dim=-1, keepdim=True) + self.beta_sq)
+            denom = corrected_denominator(x3, self.beta_sq)
             z = self._affine(x3, weight, None if bias is None else self.beta[:, 0] * bias) / denom
         else:
             z = self._affine(x3, weight, bias)
@@ -371,20 +377,6 @@ class _StackedIdentity(nn.Module):
         return x
 
 
-def _pool_tokens(x: Tensor, mask: Tensor | None) -> Tensor:
-    """Per-member, per-sample token mean over the real tokens: ``(K, B, T, D)`` -> ``(K, B, D)``."""
-    if x.ndim == 3:
-        if mask is not None:
-            raise NotStackableError("a mask applies to (K, B, T, D) token sequences")
-        return x
-    if mask is None:
-        return x.mean(dim=2)
-    keep = mask.to(torch.bool).unsqueeze(-1)  # (K, B, T, 1)
-    total = torch.where(keep, x, x.new_zeros(())).sum(dim=2)
-    count = keep.sum(dim=2).clamp_min(1).to(x.dtype)
-    return total / count
-
-
 class _StackedSelector(nn.Module):
     """AutoNorm's NormSelector per member: token mean -> fc1 -> ReLU -> fc2 -> logits ``(K, B, C)``."""
 
@@ -394,7 +386,7 @@ class _StackedSelector(nn.Module):
         self.fc2 = StackedLinear([m.fc2 for m in members])  # type: ignore[misc]
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        return self.fc2(F.relu(self.fc1(_pool_tokens(x, mask))))
+        return self.fc2(F.relu(self.fc1(_pool_tokens(x, mask, members=True))))
 
 
 class StackedMixture(nn.Module):
@@ -457,18 +449,6 @@ class StackedMixture(nn.Module):
             return not self.frozen[k] or self.sample_after_freeze[k]
         return self.eval_mode == "sample"
 
-    def _mix(self, ys: list[Tensor], weights: Tensor) -> Tensor:
-        def per_sample(c: int) -> Tensor:
-            w = weights[:, :, c]  # (K, B)
-            return w.to(ys[0].dtype).reshape(*w.shape, *([1] * (ys[0].ndim - 2)))
-
-        if len(ys) == 2:
-            return torch.lerp(ys[0], ys[1], per_sample(1))
-        out = ys[0] * per_sample(0)
-        for c in range(1, len(ys)):
-            out = torch.addcmul(out, ys[c], per_sample(c))
-        return out
-
     def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
         if x.ndim not in (3, 4):
             raise ValueError(f"expected a (K, B, T, D) or (K, B, D) input, got shape {tuple(x.shape)}")
@@ -477,7 +457,7 @@ class StackedMixture(nn.Module):
         if not self.learned:
             weights = self._random_weights(K, B, C, x)
             self.last_weights = weights.detach()
-            return self._mix(ys, weights)
+            return _mix_outputs(ys, weights)
         sampling = [self._samples(k) for k in range(K)]
         logits = self.selector(x, mask)  # (K, B, C)
         if logits.dtype not in (torch.float32, torch.float64):
@@ -498,7 +478,7 @@ class StackedMixture(nn.Module):
             weights = F.one_hot(probs.argmax(dim=-1), C).to(probs.dtype)
         self.last_probs = probs.detach()
         self.last_weights = weights.detach()
-        out = self._mix(ys, weights)
+        out = _mix_outputs(ys, weights)
         if any(self.frozen):
             # The separate layer's frozen fast path, member by member: one candidate for the whole batch.
             low = weights.detach().amin(dim=1)  # (K, C)

@@ -27,6 +27,7 @@ from autonorm_core.models import (
     ViTLite,
     create_model,
 )
+from autonorm_core.models.transformer import Attention, Block, Encoder, FeedForward
 from autonorm_core.stacking.layers import (
     MemberGenerators,
     NotStackableError,
@@ -139,33 +140,22 @@ class StackedCNN(StackedModel):
 # ---------------------------------------------------------------------------------------- transformers
 
 
-class _StackedAttention(nn.Module):
+class _StackedAttention(Attention):
+    """K attentions: :class:`Attention`'s forward, the members' ``B`` sequences side by side."""
+
     def __init__(self, members: Sequence[Any]):
-        super().__init__()
+        nn.Module.__init__(self)
         self.heads = int(members[0].heads)
         self.qkv = stack_token_layer([m.qkv for m in members])
         self.proj = stack_token_layer([m.proj for m in members])
 
-    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        K, B, T, C = x.shape
-        qkv = self.qkv(x).reshape(K * B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # each (K*B, H, T, C/H)
-        attn_mask = None if key_mask is None else key_mask.reshape(K * B, 1, 1, T)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        out: Tensor = self.proj(y.transpose(1, 2).reshape(K, B, T, C))
-        return out
 
-
-class _StackedFeedForward(nn.Module):
+class _StackedFeedForward(FeedForward):
     def __init__(self, members: Sequence[Any]):
-        super().__init__()
+        nn.Module.__init__(self)
         self.fc1 = stack_token_layer([m.fc1 for m in members])
-        self.act = stack_token_layer([m.act for m in members])
+        self.act = stack_token_layer([m.act for m in members])  # type: ignore[assignment]
         self.fc2 = stack_token_layer([m.fc2 for m in members])
-
-    def forward(self, x: Tensor) -> Tensor:
-        out: Tensor = self.fc2(self.act(self.fc1(x)))
-        return out
 
 
 def _stack_misc(members: Sequence[nn.Module], rng: MemberGenerators) -> nn.Module:
@@ -179,34 +169,24 @@ def _stack_misc(members: Sequence[nn.Module], rng: MemberGenerators) -> nn.Modul
     raise NotStackableError(f"no stacked form for {type(first).__name__}")
 
 
-class _StackedBlock(nn.Module):
+class _StackedBlock(Block):
     def __init__(self, members: Sequence[Any], rng: MemberGenerators):
-        super().__init__()
+        nn.Module.__init__(self)
         self.norm1 = stack_norm([m.norm1 for m in members])
         self.attn = _StackedAttention([m.attn for m in members])
         self.ls1 = _stack_misc([m.ls1 for m in members], rng)
         self.norm2 = stack_norm([m.norm2 for m in members])
         self.mlp = _StackedFeedForward([m.mlp for m in members])
         self.ls2 = _stack_misc([m.ls2 for m in members], rng)
-        self.drop_path = _stack_misc([m.drop_path for m in members], rng)
-
-    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x, mask=key_mask), key_mask)))
-        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x, mask=key_mask))))
+        self.drop_path = _stack_misc([m.drop_path for m in members], rng)  # type: ignore[assignment]
 
 
-class _StackedEncoder(nn.Module):
+class _StackedEncoder(Encoder):
     def __init__(self, members: Sequence[Any], rng: MemberGenerators):
-        super().__init__()
+        nn.Module.__init__(self)
         depth = len(members[0].blocks)
         self.blocks = nn.ModuleList(_StackedBlock([m.blocks[i] for m in members], rng) for i in range(depth))
         self.norm = stack_norm([m.norm for m in members])
-
-    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        for block in self.blocks:
-            x = block(x, key_mask)
-        out: Tensor = self.norm(x, mask=key_mask)
-        return out
 
 
 def _stacked_param(tensors: Sequence[Tensor]) -> nn.Parameter:
