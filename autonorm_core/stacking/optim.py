@@ -36,6 +36,8 @@ from autonorm_core.optim import _FUSED_DEVICES
 
 __all__ = ["StackedOptimizer"]
 
+#: per parameter: whether some member updates it, whether every member does, which members do
+_Flags = tuple[bool, bool, list[bool]]
 BETAS = (0.9, 0.999)  # torch.optim.AdamW's defaults, which autonorm_core.optim.adamw keeps
 EPS = 1e-8
 
@@ -54,8 +56,7 @@ class StackedOptimizer:
         self._vectors: dict[str, tuple[tuple[float, ...], Tensor]] = {}
         self._uniform_lr: float | None = None
         # the last masks mapping seen (held: its identity is the cache key) -> per parameter (any, every)
-        self._mask_plan: tuple[Mapping[str, Tensor], dict[str, tuple[bool, bool]]] | None = None
-        self._member_masks: tuple[Mapping[str, Tensor], dict[str, list[bool]]] | None = None
+        self._mask_plan: tuple[Mapping[str, Tensor], dict[str, _Flags]] | None = None
         # whether every parameter's step count is the same for every member (None: not known)
         self._even_steps: bool | None = True
         self._pending_steps: dict[str, int] = {}  # see _count
@@ -145,18 +146,20 @@ class StackedOptimizer:
 
     def every_member(self, masks: Mapping[str, Tensor]) -> bool:
         """Whether every member updates every parameter under ``masks``."""
-        return all(every for _, every in self._flags(masks).values())
+        return all(flags[1] for flags in self._flags(masks).values())
 
-    def _flags(self, masks: Mapping[str, Tensor]) -> dict[str, tuple[bool, bool]]:
-        """Per parameter ``(mask.any(), mask.all())``, read once per masks mapping: callers pass the same
-        mapping (of never-mutated masks) until a member stops or freezes (``fit_stacked`` caches it)."""
+    def _flags(self, masks: Mapping[str, Tensor]) -> dict[str, _Flags]:
+        """Per parameter ``(mask.any(), mask.all(), mask as a list)``, read once per masks mapping: callers
+        pass the same mapping (of never-mutated masks) until a member stops or freezes (``fit_stacked``
+        caches it)."""
         if self._mask_plan is None or self._mask_plan[0] is not masks:
-            read: dict[int, tuple[bool, bool]] = {}
+            read: dict[int, _Flags] = {}
             flags = {}
             for name, _ in self.params:
                 mask = masks[name]
                 if id(mask) not in read:
-                    read[id(mask)] = (bool(mask.any()), bool(mask.all()))
+                    values = [bool(v) for v in mask.tolist()]
+                    read[id(mask)] = (any(values), all(values), values)
                 flags[name] = read[id(mask)]
             self._mask_plan = (masks, flags)
         return self._mask_plan[1]
@@ -207,7 +210,7 @@ class StackedOptimizer:
             for name, _ in self.params:
                 self._momentum_buffer(name)
         for name, p in self.params:
-            some, every = flags[name]
+            some, every, _ = flags[name]
             if p.grad is None or not some:
                 continue
             st = self.state[name]
@@ -250,7 +253,7 @@ class StackedOptimizer:
         lr: Sequence[float],
         weight_decay: Sequence[float],
         masks: Mapping[str, Tensor],
-        flags: Mapping[str, tuple[bool, bool]],
+        flags: Mapping[str, _Flags],
     ) -> None:
         """The separate fit's fused AdamW: one call over the stacked tensors when every member updates
         every parameter with one lr, weight decay and step count, else one per member over its slices."""
@@ -266,9 +269,8 @@ class StackedOptimizer:
             self._adamw_call(todo, None, float(lr[0]), float(weight_decay[0]))
             return
         self._even_steps = None
-        member = self._member_flags(masks)
         for k in range(self.k):
-            mine = [(name, p) for name, p in todo if member[name][k]]
+            mine = [(name, p) for name, p in todo if flags[name][2][k]]
             if mine:
                 self._adamw_call(mine, k, float(lr[k]), float(weight_decay[k]))
 
@@ -306,19 +308,6 @@ class StackedOptimizer:
         if self._even_steps is None:
             self._even_steps = all(bool((st["step"] == st["step"][0]).all()) for st in self.state.values())
         return self._even_steps
-
-    def _member_flags(self, masks: Mapping[str, Tensor]) -> dict[str, list[bool]]:
-        """Per parameter, ``masks[name]`` as a list (read once per masks mapping, as :meth:`_flags`)."""
-        if self._member_masks is None or self._member_masks[0] is not masks:
-            read: dict[int, list[bool]] = {}
-            out = {}
-            for name, _ in self.params:
-                mask = masks[name]
-                if id(mask) not in read:
-                    read[id(mask)] = [bool(v) for v in mask.tolist()]
-                out[name] = read[id(mask)]
-            self._member_masks = (masks, out)
-        return self._member_masks[1]
 
     def _sgd_(
         self,
