@@ -425,6 +425,7 @@ class StackedMixture(nn.Module):
                 _same(members, "fast_path_threshold", [m.fast_path_threshold for m in members])
             )
             self.taus = [float(m.tau) for m in members]
+            self._tau: tuple[Any, Tensor] | None = None  # the taus as a (K, 1, 1) tensor
             self.frozen = [bool(m.frozen) for m in members]
             self.sample_after_freeze = [bool(m.sample_after_freeze) for m in members]
 
@@ -465,15 +466,21 @@ class StackedMixture(nn.Module):
         probs = logits.softmax(dim=-1)
         weights = probs
         if any(sampling):
-            gumbel = torch.zeros_like(logits)
-            for k in range(K):
-                if sampling[k]:
-                    u = self.rngs[k].uniform((B, C), x.device).clamp(1e-6, 1.0 - 1e-6).to(logits.dtype)
-                    gumbel[k] = -torch.log(-torch.log(u))
-            tau = torch.tensor(self.taus, dtype=logits.dtype, device=x.device).reshape(K, 1, 1)
-            soft = ((logits + gumbel) / tau).softmax(dim=-1)
-            samp = torch.tensor(sampling, device=x.device).reshape(K, 1, 1)
-            weights = torch.where(samp, soft, probs)
+            # AutoNorm's Gumbel noise from each member's generator, computed for all members at once
+            fill = torch.full((B, C), 0.5, device=x.device)  # a member without noise: its soft is unused
+            u = torch.stack([r.uniform((B, C), x.device) if s else fill for r, s in zip(self.rngs, sampling)])
+            gumbel = -torch.log(-torch.log(u.clamp(1e-6, 1.0 - 1e-6).to(logits.dtype)))
+            key = (tuple(self.taus), logits.dtype, x.device)
+            if self._tau is None or self._tau[0] != key:
+                self._tau = (
+                    key,
+                    torch.tensor(self.taus, dtype=logits.dtype, device=x.device).reshape(K, 1, 1),
+                )
+            soft = ((logits + gumbel) / self._tau[1]).softmax(dim=-1)
+            if all(sampling):
+                weights = soft
+            else:
+                weights = torch.where(torch.tensor(sampling, device=x.device).reshape(K, 1, 1), soft, probs)
         if not self.training and self.eval_mode == "argmax":
             weights = F.one_hot(probs.argmax(dim=-1), C).to(probs.dtype)
         self.last_probs = probs.detach()
