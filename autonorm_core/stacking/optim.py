@@ -8,10 +8,10 @@ per-member, per-parameter ``mask``: a member that diverged, stopped, or froze th
 AutoNorm-S selector) leaves parameter, moments and step count untouched, exactly as a parameter
 outside the separate optimizer.
 
-AdamW is the separate fit's own kernel (``torch._fused_adamw_``, elementwise): over the stacked
-tensors in one call when every member updates every parameter at one learning rate and weight decay
-(and one step count), else over each member's slices with its own values. Member k's update is the
-same wherever it runs (alone, in any stack), bit for bit.
+AdamW is the separate fit's own kernel (``torch._fused_adamw_``, elementwise), called on each
+member's slices with its own values: the kernel's vectorized loop and its scalar tail round apart, so
+one call over the whole stack would let a member's numbers depend on where its slice falls. Member
+k's update is therefore the same wherever it trains (alone, in any stack), bit for bit.
 
 State per parameter: ``step`` ``(K,)`` (float32, as the fused kernel keeps it), ``exp_avg`` /
 ``exp_avg_sq`` (AdamW) or ``momentum_buffer`` (SGD with momentum; allocated with the first update
@@ -57,8 +57,6 @@ class StackedOptimizer:
         self._uniform_lr: float | None = None
         # the last masks mapping seen (held: its identity is the cache key) -> per parameter (any, every)
         self._mask_plan: tuple[Mapping[str, Tensor], dict[str, _Flags]] | None = None
-        # whether every parameter's step count is the same for every member (None: not known)
-        self._even_steps: bool | None = True
         self._pending_steps: dict[str, int] = {}  # see _count
         for name, p in self.params:
             st = {"step": torch.zeros(num_members, dtype=torch.float32, device=p.device)}
@@ -201,7 +199,7 @@ class StackedOptimizer:
                 return
         self._flush_steps()
         if self.kind == "adamw":
-            self._adamw(lr, weight_decay, masks, flags)
+            self._adamw(lr, weight_decay, flags)
             return
         lr64 = self._vector("lr", lr)
         wd64 = self._vector("wd", weight_decay)
@@ -248,66 +246,60 @@ class StackedOptimizer:
                 self.state[name]["step"].add_(float(n))
             self._pending_steps.clear()
 
-    def _adamw(
-        self,
-        lr: Sequence[float],
-        weight_decay: Sequence[float],
-        masks: Mapping[str, Tensor],
-        flags: Mapping[str, _Flags],
-    ) -> None:
-        """The separate fit's fused AdamW: one call over the stacked tensors when every member updates
-        every parameter with one lr, weight decay and step count, else one per member over its slices."""
+    def _adamw(self, lr: Sequence[float], weight_decay: Sequence[float], flags: Mapping[str, _Flags]) -> None:
+        """The separate fit's fused AdamW, member by member (see the module docstring): the decayed and
+        the other group of member k's slices, each one kernel call."""
         todo = [(name, p) for name, p in self.params if p.grad is not None and flags[name][0]]
         if not todo:
             return
-        if (
-            lr.count(lr[0]) == len(lr)
-            and weight_decay.count(weight_decay[0]) == len(weight_decay)
-            and all(flags[name][1] for name, _ in todo)
-            and self._steps_even()
-        ):
-            self._adamw_call(todo, None, float(lr[0]), float(weight_decay[0]))
-            return
-        self._even_steps = None
-        for k in range(self.k):
-            mine = [(name, p) for name, p in todo if flags[name][2][k]]
-            if mine:
-                self._adamw_call(mine, k, float(lr[k]), float(weight_decay[k]))
-
-    def _adamw_call(self, todo: Sequence[tuple[str, Tensor]], k: int | None, lr: float, wd: float) -> None:
-        """``torch.optim.AdamW``'s update of ``param_groups``' two groups, of the stacked tensors (``k``
-        None: every member at one step count, which the kernel reads from member 0) or of member ``k``'s
-        slices; a device without the fused kernel runs torch's functional AdamW on member slices."""
         fused = todo[0][1].device.type in _FUSED_DEVICES
         for decays in (True, False):
             group = [(name, p) for name, p in todo if self.decays(p) == decays]
             if not group:
                 continue
             sts = [self.state[name] for name, _ in group]
-            hyper: dict[str, Any] = {"lr": lr, "weight_decay": wd if decays else 0.0, "eps": EPS}
-            hyper.update(beta1=BETAS[0], beta2=BETAS[1], amsgrad=False, maximize=False)
-            params = [p for _, p in group]
-            grads: list[Tensor] = [p.grad for p in params]  # type: ignore[misc]
-            avgs, sqs = [st["exp_avg"] for st in sts], [st["exp_avg_sq"] for st in sts]
-            steps = [st["step"] for st in sts]
-            if k is not None:
-                params, grads, avgs, sqs = ([t[k] for t in ts] for ts in (params, grads, avgs, sqs))
-                steps = [t[k : k + 1] for t in steps]
-            if not fused:
-                from torch.optim.adam import adam
+            # per tensor its K member views (one unbind each; a member's slice as K=1 would hold it)
+            views = [
+                (p, p.grad, st["exp_avg"], st["exp_avg_sq"], st["step"])
+                if self.k == 1
+                else (
+                    p.unbind(0),
+                    p.grad.unbind(0),  # type: ignore[union-attr]
+                    st["exp_avg"].unbind(0),
+                    st["exp_avg_sq"].unbind(0),
+                    st["step"].split(1),
+                )
+                for (_, p), st in zip(group, sts)
+            ]
+            for k in range(self.k):
+                mine = [v for (name, _), v in zip(group, views) if flags[name][2][k]]
+                if not mine:
+                    continue
+                if self.k == 1:
+                    params, grads, avgs, sqs, steps = (list(t) for t in zip(*mine))
+                else:
+                    params, grads, avgs, sqs, steps = ([t[k] for t in ts] for ts in zip(*mine))
+                hyper: dict[str, Any] = {"lr": float(lr[k]), "eps": EPS, "amsgrad": False, "maximize": False}
+                hyper.update(
+                    weight_decay=float(weight_decay[k]) if decays else 0.0, beta1=BETAS[0], beta2=BETAS[1]
+                )
+                if not fused:
+                    from torch.optim.adam import adam
 
-                adam(params, grads, avgs, sqs, [], steps, foreach=False, decoupled_weight_decay=True, **hyper)
-                continue
-            torch._foreach_add_(steps, 1.0)
-            if k is None and self.k > 1:
-                steps = [t[:1] for t in steps]
-            torch._fused_adamw_(params, grads, avgs, sqs, [], steps, **hyper)
-
-    def _steps_even(self) -> bool:
-        """Whether each parameter's step count is the same for every member."""
-        if self._even_steps is None:
-            self._even_steps = all(bool((st["step"] == st["step"][0]).all()) for st in self.state.values())
-        return self._even_steps
+                    adam(
+                        params,
+                        grads,
+                        avgs,
+                        sqs,
+                        [],
+                        steps,
+                        foreach=False,
+                        decoupled_weight_decay=True,
+                        **hyper,
+                    )
+                    continue
+                torch._foreach_add_(steps, 1.0)
+                torch._fused_adamw_(params, grads, avgs, sqs, [], steps, **hyper)
 
     def _sgd_(
         self,
@@ -359,7 +351,6 @@ class StackedOptimizer:
     def load_member_state(self, name: str, k: int, entry: Mapping[str, Tensor] | None) -> None:
         self._flush_steps()
         st = self.state[name]
-        self._even_steps = None
         with torch.no_grad():
             if not entry:
                 st["step"][k] = 0.0
