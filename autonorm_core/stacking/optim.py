@@ -58,6 +58,7 @@ class StackedOptimizer:
         # the last masks mapping seen (held: its identity is the cache key) -> per parameter (any, every)
         self._mask_plan: tuple[Mapping[str, Tensor], dict[str, _Flags]] | None = None
         self._pending_steps: dict[str, int] = {}  # see _count
+        self._views: dict[str, tuple[Sequence[Tensor], ...]] = {}  # see _member_views
         for name, p in self.params:
             st = {"step": torch.zeros(num_members, dtype=torch.float32, device=p.device)}
             if kind == "adamw":
@@ -258,19 +259,15 @@ class StackedOptimizer:
             if not group:
                 continue
             sts = [self.state[name] for name, _ in group]
-            # per tensor its K member views (one unbind each; a member's slice as K=1 would hold it)
-            views = [
-                (p, p.grad, st["exp_avg"], st["exp_avg_sq"], st["step"])
-                if self.k == 1
-                else (
-                    p.unbind(0),
-                    p.grad.unbind(0),  # type: ignore[union-attr]
-                    st["exp_avg"].unbind(0),
-                    st["exp_avg_sq"].unbind(0),
-                    st["step"].split(1),
-                )
-                for (_, p), st in zip(group, sts)
-            ]
+            # per tensor its K member views (a member's slice as K=1 would hold it); the state's are kept
+            views: list[tuple[Any, ...]] = []
+            for (name, p), st in zip(group, sts):
+                grad: Tensor = p.grad  # type: ignore[assignment]
+                if self.k == 1:
+                    views.append((p, grad, st["exp_avg"], st["exp_avg_sq"], st["step"]))
+                else:
+                    p_k, avg_k, sq_k, step_k = self._member_views(name, p, st)
+                    views.append((p_k, grad.unbind(0), avg_k, sq_k, step_k))
             for k in range(self.k):
                 mine = [v for (name, _), v in zip(group, views) if flags[name][2][k]]
                 if not mine:
@@ -300,6 +297,21 @@ class StackedOptimizer:
                     continue
                 torch._foreach_add_(steps, 1.0)
                 torch._fused_adamw_(params, grads, avgs, sqs, [], steps, **hyper)
+
+    def _member_views(self, name: str, p: Tensor, st: Mapping[str, Tensor]) -> tuple[Sequence[Tensor], ...]:
+        """Member views of ``p`` and its AdamW state (updated in place, never replaced), made once."""
+        views = self._views.get(name)
+        if views is None:
+            views = self._views[name] = tuple(
+                t.unbind(0) if key != "step" else t.split(1)
+                for key, t in (
+                    ("p", p),
+                    ("exp_avg", st["exp_avg"]),
+                    ("exp_avg_sq", st["exp_avg_sq"]),
+                    ("step", st["step"]),
+                )
+            )
+        return views
 
     def _sgd_(
         self,
