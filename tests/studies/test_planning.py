@@ -376,6 +376,7 @@ def test_each_member_of_a_stacked_group_adds_its_result_to_every_round() -> None
 ADEQUATE = {
     ("autonorm_search.yaml", "text_oanc"): "autonorm_claims_text_oanc",
     ("autonorm_search.yaml", "vision_full"): "autonorm_claims_vision_full",
+    ("autonorm_search.yaml", "vision_long"): "autonorm_claims_vision_long",
     ("affine_divergence_table.yaml", "cnn_adequate"): "affine_divergence_table_cnn_adequate",
 }
 
@@ -392,7 +393,7 @@ def test_the_adequate_presets_validate_and_plan(file: str, preset: str) -> None:
     data, model = spec.data, spec.model
     if preset == "text_oanc":
         assert data.type == "oanc_pos" and model.depth is not None and model.depth >= 6
-    elif preset == "vision_full":
+    elif preset in ("vision_full", "vision_long"):
         assert data.type == "fashion_mnist" and (data.subset is None or data.subset >= 20000)
     else:
         assert data.type == "fashion_mnist" and data.subset is None and model.type == "cnn"
