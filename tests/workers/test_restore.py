@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,37 @@ def _stop_tree(procs: list[psutil.Process], timeout_s: float = 20.0) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
+def _ends(first: subprocess.Popen[str], root: Path, n: int, *, poll_s: float) -> list[float]:
+    """The sorted end times of the study's trials once ``n`` have ended (the driver still running)."""
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline:
+        ends = sorted(e["t"] for e in _events(root) if e["event"] == "end")
+        if len(ends) >= n:
+            return ends
+        assert first.poll() is None, first.stdout.read() if first.stdout else ""
+        time.sleep(poll_s)
+    pytest.fail(f"the study did not finish {n} trials in time")
+
+
+def _sigkill(first: subprocess.Popen[str], when: Callable[[], None], *, group: bool) -> float:
+    """SIGKILL the driver (its process group with ``group``) once ``when()`` returns; stop what it
+    had started either way. Returns the kill's time."""
+    kill = os.killpg if group else os.kill
+    tree: list[psutil.Process] = []
+    try:
+        when()
+        tree = psutil.Process(first.pid).children(recursive=True)
+        kill_time = time.time()
+        kill(first.pid, signal.SIGKILL)
+        first.wait()
+    finally:
+        if first.poll() is None:
+            kill(first.pid, signal.SIGKILL)
+            first.wait()
+        _stop_tree(tree)
+    return kill_time
+
+
 def _rerun(root: Path, temp_dir: str, *args: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run the same study command again (a resume) to its end: its ``RESULT`` and every trial event."""
     second = _driver(root, temp_dir, *args)
@@ -105,27 +136,12 @@ def workdir() -> Iterator[tuple[Path, str]]:
 def test_sigkill_mid_study_then_rerun(workdir: tuple[Path, str]) -> None:
     root, temp_dir = workdir
     first = _driver(root, temp_dir)
-    tree: list[psutil.Process] = []
-    try:
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline:
-            ends = [e for e in _events(root) if e["event"] == "end"]
-            if len(ends) >= 2:
-                break
-            assert first.poll() is None, first.stdout.read() if first.stdout else ""
-            time.sleep(0.2)
-        else:
-            pytest.fail("the study did not finish two trials in time")
+
+    def after_two_ends() -> None:
+        _ends(first, root, 2, poll_s=0.2)
         time.sleep(SNAPSHOT_MARGIN_S + 0.5)
-        tree = psutil.Process(first.pid).children(recursive=True)
-        kill_time = time.time()
-        os.kill(first.pid, signal.SIGKILL)
-        first.wait()
-    finally:
-        if first.poll() is None:
-            os.kill(first.pid, signal.SIGKILL)
-            first.wait()
-        _stop_tree(tree)
+
+    kill_time = _sigkill(first, after_two_ends, group=False)
     ended_before = {
         e["trial"] for e in _events(root) if e["event"] == "end" and e["t"] < kill_time - SNAPSHOT_MARGIN_S
     }
@@ -163,28 +179,13 @@ def test_sigkill_just_after_a_trial_ended_does_not_train_it_again(workdir: tuple
     root, temp_dir = workdir
     args = (str(GAP_EPOCHS), str(GAP_SLEEP_S))
     first = _driver(root, temp_dir, *args)
-    tree: list[psutil.Process] = []
-    try:
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline:
-            ends = sorted(e["t"] for e in _events(root) if e["event"] == "end")
-            if len(ends) >= GAP_KILL_AFTER_END:
-                break
-            assert first.poll() is None, first.stdout.read() if first.stdout else ""
-            time.sleep(0.1)
-        else:
-            pytest.fail(f"the study did not finish {GAP_KILL_AFTER_END} trials in time")
+
+    def after_the_gap_trials_end() -> None:
+        ends = _ends(first, root, GAP_KILL_AFTER_END, poll_s=0.1)
         # The kill time is taken from the trial's own end time, not from when this loop saw it.
         time.sleep(max(0.0, ends[GAP_KILL_AFTER_END - 1] + SNAPSHOT_MARGIN_S + 0.5 - time.time()))
-        tree = psutil.Process(first.pid).children(recursive=True)
-        kill_time = time.time()
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait()
-        _stop_tree(tree)
+
+    kill_time = _sigkill(first, after_the_gap_trials_end, group=True)
     before = _events(root)
     ended_before = {
         e["trial"] for e in before if e["event"] == "end" and e["t"] < kill_time - SNAPSHOT_MARGIN_S
