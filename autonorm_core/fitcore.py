@@ -1,19 +1,26 @@
-"""The bookkeeping of a fit: the one both training loops use.
+"""The one training loop and its bookkeeping, for one model and for K stacked members alike.
 
 :func:`autonorm_core.training.fit` (one model) and :func:`autonorm_core.stacking.fit_stacked` (K
-members as one stacked model) differ only in how they compute updates and evaluations. What they keep
-around those is here, once: the seed streams (:func:`derive_seed`), which modules are gates or own a
-generator, the torch optimizer a run's state is written in, and per run (per member) a :class:`Ledger`
-of its schedule position, freeze decision, history and status, which builds each epoch's metrics,
-takes the AutoNorm-S decision, writes and checks the checkpoint state and returns the
-:class:`FitResult`. :mod:`autonorm_core.training` re-exports the public names.
+members as one stacked model) are thin drivers of :func:`train_epochs`: the loop over epochs and
+updates (schedule, Gumbel temperature, divergence, loss sums, evaluation, the AutoNorm-S decision,
+checkpoint, callbacks, in that order) is written once, here. What differs is how K members' updates
+and evaluations are computed, behind the :class:`Members` protocol: ``training._ModuleMembers`` (one
+ordinary module, its torch optimizer, bf16 autocast and ``torch.compile``: any ``nn.Module``) and
+``stacking.fit._StackedRun`` (K members as one stacked model). Around those, also once: the seed
+streams (:func:`derive_seed`), which modules are gates or own a generator, the torch optimizer a run's
+state is written in, and per member a :class:`Ledger` of its schedule position, freeze decision,
+history and status, which builds each epoch's metrics, takes the AutoNorm-S decision, writes and
+checks the checkpoint state and returns the :class:`FitResult`. :mod:`autonorm_core.training`
+re-exports the public names.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -31,6 +38,7 @@ __all__ = [
     "Divergence",
     "FitResult",
     "Ledger",
+    "Members",
     "StopTraining",
     "build_optimizer",
     "cpu_copy",
@@ -39,6 +47,7 @@ __all__ = [
     "is_gate",
     "is_seeded",
     "same_run",
+    "train_epochs",
 ]
 
 #: History keys measured with a wall clock: they differ between otherwise identical runs.
@@ -372,3 +381,155 @@ class Ledger:
             message=self.message,
             divergence=self.divergence,
         )
+
+
+# ------------------------------------------------------------------------------------------ loop
+
+
+class Members(Protocol):
+    """What :func:`train_epochs` trains: K members (an ordinary fit: one) and how their updates and
+    evaluations are computed. The loop owns the order of things; a member set owns its model(s),
+    optimizer(s) and generators.
+
+    ``books`` holds member k's :class:`Ledger`; every member shares ``batch_size`` and the step
+    structure. ``forward(b, lrs)`` computes batch ``b`` of the epoch (the last :meth:`begin_epoch`
+    shuffled) at the members' learning rates and returns ``(pending, losses, counts)``: per member the
+    mean training loss (a float) and the examples/tokens it covers; ``update(pending, live)`` then
+    applies the update of the members in ``live`` (a member whose loss is not finite has been passed to
+    :meth:`diverged` and left out).
+    """
+
+    K: int
+    books: list[Ledger]
+    batch_size: int
+    dev: torch.device
+
+    def seed(self, k: int) -> None: ...
+    def resume(self, k: int, state: Mapping[str, Any]) -> int: ...
+    def begin_epoch(self, steps: int) -> None: ...
+    def set_tau(self, k: int, taus: Sequence[float]) -> None: ...
+    def forward(self, b: int, lrs: Sequence[float]) -> tuple[Any, list[float], list[int]]: ...
+    def diverged(self, k: int) -> None: ...
+    def update(self, pending: Any, live: Sequence[int]) -> None: ...
+    def end_epoch(self) -> None: ...
+    def evaluate(self) -> tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]]: ...
+    def tau(self, k: int) -> float: ...
+    def freeze(self, k: int, sample: bool) -> None: ...
+    def finished(self, k: int) -> None: ...
+    def member_state(self, k: int, epoch: int) -> dict[str, Any]: ...
+    def member_model(self, k: int) -> nn.Module: ...
+    def train(self, mode: bool) -> None: ...
+
+
+def _synchronize(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def train_epochs(
+    members: Members,
+    resume: Sequence[Mapping[str, Any] | None],
+    *,
+    callbacks: Sequence[Sequence[Callback]],
+    checkpoint_fn: Callable[[int, dict[int, dict[str, Any]]], object] | None,
+) -> Iterator[int]:
+    """The training loop: trains ``members`` an epoch per step and yields the epoch's number.
+
+    Per member: seeds it (``resume[k]`` ``None``) or resumes it (all members from the same epoch);
+    per update, the scheduled learning rate and Gumbel temperature, a member whose training loss is
+    not finite diverges (the others go on), the summed training loss; per epoch, the evaluation of
+    val (with gate statistics) and test, the metrics and AutoNorm-S decision (:meth:`Ledger.end_epoch`),
+    then ``checkpoint_fn(epoch, {k: state})`` for the members still training, then each member's
+    ``callbacks[k]`` (:class:`StopTraining` stops that member). The results are the ledgers'.
+    """
+    K, books = members.K, members.books
+    if any(r is not None for r in resume) and any(r is None for r in resume):
+        raise ValueError("resume_states: give a state for every member or for none")
+    starts = set()
+    for k in range(K):
+        st = resume[k]
+        if st is None:
+            members.seed(k)
+            starts.add(1)
+        else:
+            starts.add(members.resume(k, st))
+    if len(starts) != 1:
+        raise ValueError(f"resume_states come from different epochs: {sorted(starts)}")
+    for epoch in range(starts.pop(), books[0].n_epochs + 1):
+        live = [k for k in range(K) if books[k].status == "running"]
+        if not live:
+            break
+        members.train(True)
+        # the update counters and last learning rates, written back to the ledgers after the epoch
+        step = [bk.step for bk in books]
+        last_lr = [bk.last_lr for bk in books]
+        epoch_steps = min(books[0].steps_per_epoch, books[0].total - max(step))
+        members.begin_epoch(epoch_steps)
+        loss_sum = [0.0] * K
+        count_sum = [0] * K
+        lrs = [bk.peak for bk in books]
+        # Per-update work stays O(1) in Python where the members allow: the schedule is evaluated once
+        # per distinct member schedule.
+        sched = [(bk.warmup, bk.peak, bk.cfg.schedule) for bk in books]
+        one_schedule = sched.count(sched[0]) == K
+        annealed = [k for k in range(K) if books[k].cfg.tau_final is not None]
+        _synchronize(members.dev)
+        t0 = time.perf_counter()
+        for b in range(epoch_steps):
+            if one_schedule and step.count(step[0]) == K:
+                lrs = [books[0].lr_at(step[0])] * K
+            else:
+                lrs = [bk.lr_at(s) for bk, s in zip(books, step)]
+            for k in annealed:
+                if books[k].status == "running":
+                    members.set_tau(k, books[k].tau_at(step[k]))
+            pending, values, counts = members.forward(b, lrs)
+            if not all(map(math.isfinite, values)):
+                for k in live:
+                    if not math.isfinite(values[k]):
+                        books[k].diverge(Divergence("training", values[k], epoch, step[k]))
+                        members.diverged(k)
+                live = [k for k in range(K) if books[k].status == "running"]
+                if not live:
+                    break
+            members.update(pending, live)
+            for k in live:
+                last_lr[k] = lrs[k]
+                step[k] += 1
+                loss_sum[k] += values[k] * counts[k]
+                count_sum[k] += int(counts[k])
+        members.end_epoch()
+        for bk, bk_step, bk_lr in zip(books, step, last_lr):
+            bk.step, bk.last_lr = bk_step, bk_lr
+        _synchronize(members.dev)
+        train_time = time.perf_counter() - t0
+        live = [k for k in range(K) if books[k].status == "running"]
+        if not live:
+            break
+        members.train(False)
+        val, test = members.evaluate()
+        for k in live:
+            recorded = books[k].end_epoch(
+                epoch,
+                val[k],
+                test[k],
+                loss_sum=loss_sum[k],
+                count=count_sum[k],
+                lr=lrs[k],
+                examples_per_s=epoch_steps * members.batch_size / max(train_time, 1e-9),
+                tau=functools.partial(members.tau, k),
+                freeze=functools.partial(members.freeze, k),
+            )
+            if not recorded:
+                members.finished(k)
+        if checkpoint_fn is not None:
+            states = {k: members.member_state(k, epoch) for k in live if books[k].status == "running"}
+            if states:
+                checkpoint_fn(epoch, states)
+        for k in live:
+            if books[k].status != "running" or not callbacks[k]:
+                continue
+            books[k].call_back(epoch, members.member_model(k), callbacks[k])
+            if books[k].status == "stopped":
+                members.finished(k)
+        yield epoch

@@ -3,9 +3,11 @@
 ``fit(model, splits, TrainConfig(...), seed=0)`` trains a model built by :mod:`autonorm_core.models` on
 :class:`autonorm_core.data.Splits` and returns a :class:`FitResult` holding one metrics dict per epoch.
 It uses torch alone, so the same call runs in a notebook, a test and a Ray Tune trial (which passes
-``callbacks`` to report and ``checkpoint_fn`` / ``resume_state`` to survive restarts). Its bookkeeping
-(schedule, metrics, freeze decision, checkpoint state, resume check, result) is
-:class:`autonorm_core.fitcore.Ledger`'s, the same as the stacked loop's (:mod:`autonorm_core.stacking`).
+``callbacks`` to report and ``checkpoint_fn`` / ``resume_state`` to survive restarts). Its loop is
+:func:`autonorm_core.fitcore.train_epochs`, the one the stacked fit (:mod:`autonorm_core.stacking`)
+drives too, with its bookkeeping (schedule, metrics, freeze decision, checkpoint state, resume check,
+result) in :class:`autonorm_core.fitcore.Ledger`; here is only how one module's updates and
+evaluations are computed (``_ModuleMembers``).
 
 Design notes (why it looks like this):
 
@@ -35,7 +37,6 @@ import functools
 import math
 import os
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -96,6 +97,7 @@ from autonorm_core.fitcore import (  # re-exported: the training API as before
     is_gate,
     is_seeded,
     same_run,
+    train_epochs,
 )
 from autonorm_core.fitcore import derive_seed as _derive_seed
 
@@ -365,6 +367,131 @@ def _splits_parts(splits: Any, device: torch.device) -> tuple[str, dict[str, tup
     return task, parts
 
 
+class _ModuleMembers:
+    """One ordinary module as the loop's one member (:class:`~autonorm_core.fitcore.Members`, K = 1):
+    its torch optimizer, shuffling generator and the forked default generator, bf16 autocast and the
+    compiled forward. Any ``nn.Module`` trains here, stackable or not."""
+
+    K = 1
+
+    def __init__(self, model: nn.Module, splits: Any, cfg: TrainConfig, seed: int, dev: torch.device):
+        self.dev, self.cfg, self.model = dev, cfg, model
+        self.task, self.parts = _splits_parts(splits, dev)
+        model.to(dev)
+        self.batch_size = cfg.batch_size
+        self.gates: list[Any] = [m for m in model.modules() if is_gate(m)]
+        self.seeded: list[tuple[str, Any]] = [(name, m) for name, m in model.named_modules() if is_seeded(m)]
+        book = Ledger(
+            cfg,
+            seed,
+            task=self.task,
+            num_train=self.parts["train"][0].shape[0],
+            tau0=[float(getattr(m, "tau", 1.0)) for m in self.gates],
+            dyt_index=dyt_positions(self.gates),
+        )
+        self.books = [book]
+        _check_precision(cfg.precision, dev)
+        # Forward passes go through ``forward``; everything else (optimizer, state_dict, callbacks) uses
+        # ``model`` itself.
+        self.compiled = _compiled(model, cfg, self.gates) if resolve_compile(cfg.compile, dev) else None
+        self.run: Callable[[Tensor], Tensor] = model if self.compiled is None else self.compiled
+        self.shuffle = torch.Generator()
+        self.optimizer = build_optimizer(model, cfg, book.peak)
+        self.perm = torch.arange(0)
+
+    def seed(self, k: int) -> None:
+        seed = self.books[0].seed
+        self.shuffle.manual_seed(_derive_seed(seed, 0))
+        _seed_global(_derive_seed(seed, 1), self.dev)
+        for i, (_, m) in enumerate(self.seeded):
+            m.manual_seed(_derive_seed(seed, 2, i))
+
+    def resume(self, k: int, state: Mapping[str, Any]) -> int:
+        book = self.books[0]
+        start_epoch = book.resume(state)
+        self.model.load_state_dict(state["model"])
+        for m in self.gates if book.frozen else ():
+            _freeze_selector(m, sample=book.sample_after_freeze)
+        self.shuffle.set_state(state["rng"]["shuffle"])
+        _set_global_rng_state(state["rng"]["global"], self.dev)
+        for name, m in self.seeded:
+            m.set_rng_state(state["rng"]["modules"][name])
+        self.optimizer = build_optimizer(self.model, self.cfg, book.peak)  # without a frozen selector
+        self.optimizer.load_state_dict(state["optimizer"])
+        return start_epoch
+
+    def train(self, mode: bool) -> None:
+        self.model.train(mode)
+
+    def begin_epoch(self, steps: int) -> None:
+        self.perm = torch.randperm(self.parts["train"][0].shape[0], generator=self.shuffle).to(self.dev)
+
+    def set_tau(self, k: int, taus: Sequence[float]) -> None:
+        for m, tau in zip(self.gates, taus):
+            m.tau = tau
+
+    def forward(self, b: int, lrs: Sequence[float]) -> tuple[Any, list[float], list[int]]:
+        idx = self.perm[b * self.batch_size : (b + 1) * self.batch_size]
+        x_train, y_train = self.parts["train"]
+        x, y = x_train[idx], y_train[idx]
+        for group in self.optimizer.param_groups:
+            group["lr"] = lrs[0]
+        with _autocast(self.cfg.precision, self.dev):
+            out = self.run(x)
+        loss, count = _task_loss(out.float(), y, self.task, label_smoothing=self.books[0].label_smoothing)
+        return loss, [float(loss.item())], [count]
+
+    def diverged(self, k: int) -> None:
+        pass  # the model stays as it was at the divergence
+
+    def update(self, pending: Any, live: Sequence[int]) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        pending.backward()
+        if self.cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(_optimized_params(self.optimizer), self.cfg.grad_clip)
+        self.optimizer.step()
+
+    def end_epoch(self) -> None:
+        pass
+
+    def evaluate(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        evaluate = functools.partial(
+            _evaluate,
+            self.model,
+            task=self.task,
+            batch_size=self.cfg.eval_batch_size,
+            forward=self.compiled,
+            precision=self.cfg.precision,
+        )
+        return [evaluate(self.parts["val"], gates=self.gates)], [evaluate(self.parts["test"])]
+
+    def tau(self, k: int) -> float:
+        return float(getattr(self.gates[0], "tau", math.nan))
+
+    def freeze(self, k: int, sample: bool) -> None:
+        # Dropping the selector from the optimizer keeps AdamW's decoupled weight decay from moving it;
+        # the backbone keeps its moment estimates.
+        for m in self.gates:
+            _freeze_selector(m, sample=sample)
+        self.optimizer = _rebuild_optimizer(self.optimizer, self.model, self.cfg, self.books[0].last_lr)
+
+    def finished(self, k: int) -> None:
+        pass  # the model itself holds the final weights
+
+    def member_state(self, k: int, epoch: int) -> dict[str, Any]:
+        return self.books[0].state(
+            epoch,
+            model=self.model.state_dict(),
+            optimizer=self.optimizer.state_dict(),
+            shuffle=self.shuffle.get_state(),
+            global_rng=_global_rng_state(self.dev),
+            modules={name: m.rng_state() for name, m in self.seeded},
+        )
+
+    def member_model(self, k: int) -> nn.Module:
+        return self.model
+
+
 def fit(
     model: nn.Module,
     splits: Any,
@@ -411,133 +538,21 @@ def fit(
     the ``dyt`` candidate), layers numbered in module order; with ``tau_final``, also ``tau``.
     """
     dev = torch.device(device)
-    task, parts = _splits_parts(splits, dev)
-    model.to(dev)
-    x_train, y_train = parts["train"]
-    num_train = x_train.shape[0]
-    gates: list[Any] = [m for m in model.modules() if is_gate(m)]
-    seeded: list[tuple[str, Any]] = [(name, m) for name, m in model.named_modules() if is_seeded(m)]
-    book = Ledger(
-        cfg,
-        seed,
-        task=task,
-        num_train=num_train,
-        tau0=[float(getattr(m, "tau", 1.0)) for m in gates],
-        dyt_index=dyt_positions(gates),
-    )
-    _check_precision(cfg.precision, dev)
-    # Forward passes go through ``forward``; everything else (optimizer, state_dict, callbacks) uses
-    # ``model`` itself.
-    compiled = _compiled(model, cfg, gates) if resolve_compile(cfg.compile, dev) else None
-    forward: Callable[[Tensor], Tensor] = model if compiled is None else compiled
+    members = _ModuleMembers(model, splits, cfg, seed, dev)
 
-    with _forked_global_rng(dev), _recompile_room(compiled is not None):
-        shuffle_gen = torch.Generator()
-        if resume_state is None:
-            shuffle_gen.manual_seed(_derive_seed(seed, 0))
-            _seed_global(_derive_seed(seed, 1), dev)
-            for i, (_, m) in enumerate(seeded):
-                m.manual_seed(_derive_seed(seed, 2, i))
-            start_epoch = 1
-        else:
-            start_epoch = book.resume(resume_state)
-            model.load_state_dict(resume_state["model"])
-            for m in gates if book.frozen else ():
-                _freeze_selector(m, sample=book.sample_after_freeze)
-            shuffle_gen.set_state(resume_state["rng"]["shuffle"])
-            _set_global_rng_state(resume_state["rng"]["global"], dev)
-            for name, m in seeded:
-                m.set_rng_state(resume_state["rng"]["modules"][name])
-        optimizer = build_optimizer(model, cfg, book.peak)
-        if resume_state is not None:
-            optimizer.load_state_dict(resume_state["optimizer"])
+    def checkpoint(epoch: int, states: dict[int, dict[str, Any]]) -> None:
+        assert checkpoint_fn is not None
+        checkpoint_fn(epoch, states[0])
 
-        def freeze(sample: bool) -> None:
-            # Dropping the selector from the optimizer keeps AdamW's decoupled weight decay from
-            # moving it; the backbone keeps its moment estimates.
-            nonlocal optimizer
-            for m in gates:
-                _freeze_selector(m, sample=sample)
-            optimizer = _rebuild_optimizer(optimizer, model, cfg, lr)
-
-        step = book.step
-        for epoch in range(start_epoch, book.n_epochs + 1):
-            model.train()
-            perm = torch.randperm(num_train, generator=shuffle_gen).to(dev)
-            epoch_steps = min(book.steps_per_epoch, book.total - step)
-            loss_sum = 0.0
-            count_sum = 0
-            lr = book.peak
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            t0 = time.perf_counter()
-            for b in range(epoch_steps):
-                idx = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
-                x, y = x_train[idx], y_train[idx]
-                lr = book.lr_at(step)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                if cfg.tau_final is not None:
-                    for m, tau in zip(gates, book.tau_at(step)):
-                        m.tau = tau
-                with _autocast(cfg.precision, dev):
-                    out = forward(x)
-                loss, count = _task_loss(out.float(), y, task, label_smoothing=book.label_smoothing)
-                loss_value = float(loss.item())
-                if not math.isfinite(loss_value):
-                    book.diverge(Divergence("training", loss_value, epoch, step))
-                    break
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.grad_clip is not None:
-                    torch.nn.utils.clip_grad_norm_(_optimized_params(optimizer), cfg.grad_clip)
-                optimizer.step()
-                step += 1
-                loss_sum += loss_value * count
-                count_sum += count
-            book.step = step
-            if book.status == "diverged":
-                break
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            train_time = time.perf_counter() - t0
-
-            model.eval()
-            evaluate = functools.partial(
-                _evaluate,
-                model,
-                task=task,
-                batch_size=cfg.eval_batch_size,
-                forward=compiled,
-                precision=cfg.precision,
-            )
-            recorded = book.end_epoch(
-                epoch,
-                evaluate(parts["val"], gates=gates),
-                evaluate(parts["test"]),
-                loss_sum=loss_sum,
-                count=count_sum,
-                lr=lr,
-                examples_per_s=epoch_steps * cfg.batch_size / max(train_time, 1e-9),
-                tau=lambda: float(getattr(gates[0], "tau", math.nan)),
-                freeze=freeze,
-            )
-            if not recorded:
-                break
-            if checkpoint_fn is not None:
-                state = book.state(
-                    epoch,
-                    model=model.state_dict(),
-                    optimizer=optimizer.state_dict(),
-                    shuffle=shuffle_gen.get_state(),
-                    global_rng=_global_rng_state(dev),
-                    modules={name: m.rng_state() for name, m in seeded},
-                )
-                checkpoint_fn(epoch, state)
-            book.call_back(epoch, model, callbacks)
-            if book.status == "stopped":
-                break
-    return book.result()
+    with _forked_global_rng(dev), _recompile_room(members.compiled is not None):
+        for _ in train_epochs(
+            members,
+            [resume_state],
+            callbacks=[callbacks],
+            checkpoint_fn=checkpoint if checkpoint_fn is not None else None,
+        ):
+            pass
+    return members.books[0].result()
 
 
 def save_state(path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:

@@ -11,14 +11,12 @@ sizes, and the TrainConfig fields that fix the step structure (:data:`SHARED_FIE
 else (lr, weight decay, momentum, clipping, smoothing, schedule, warm-up, freezing, tau annealing,
 AutoNorm's tau, the corrected layer's beta) may differ per member. Each member's bookkeeping (schedule,
 metrics, freeze decision, checkpoint state, resume check, result) is a :class:`~autonorm_core.fitcore.Ledger`,
-the one ``fit`` keeps: only the updates and evaluations are computed here, stacked.
+and the loop is :func:`~autonorm_core.fitcore.train_epochs`, both the ones ``fit`` uses: only the
+updates and evaluations are computed here, stacked (``_StackedRun``, the loop's ``Members``).
 """
 
 from __future__ import annotations
 
-import functools
-import math
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +27,6 @@ from torch import Tensor, nn
 
 from autonorm_core.fitcore import (
     Callback,
-    Divergence,
     FitResult,
     Ledger,
     build_optimizer,
@@ -37,6 +34,7 @@ from autonorm_core.fitcore import (
     dyt_positions,
     is_gate,
     is_seeded,
+    train_epochs,
 )
 from autonorm_core.stacking.evaluate import evaluate_stacked
 from autonorm_core.stacking.layers import BackwardSGD, NotStackableError, StackedLinear, StackedMixture
@@ -227,7 +225,8 @@ class StackedTraining:
         self._run, self._resume = run, resume
 
     def epochs(self) -> Iterator[int]:
-        return self._run.epochs(self._resume)
+        run = self._run
+        return train_epochs(run, self._resume, callbacks=run.callbacks, checkpoint_fn=run.checkpoint_fn)
 
     def result(self) -> StackedFitResult:
         return self._run._result()
@@ -314,6 +313,7 @@ class _StackedRun:
         checkpoint_fn: CheckpointFn | None,
     ):
         self.K = len(models)
+        self.batch_size = cfgs[0].batch_size
         self.models = list(models)
         self.cfgs = list(cfgs)
         self.seeds = list(seeds)
@@ -372,7 +372,7 @@ class _StackedRun:
 
     # ------------------------------------------------------------------------------------- seeding
 
-    def _seed(self, k: int) -> None:
+    def seed(self, k: int) -> None:
         s = self.seeds[k]
         self.shuffle[k].manual_seed(derive_seed(s, 0))
         self.global_cpu[k].manual_seed(derive_seed(s, 1))
@@ -383,17 +383,17 @@ class _StackedRun:
             assert isinstance(mod, StackedMixture)
             mod.manual_seed(k, derive_seed(s, 2, i))
 
-    def _freeze(self, k: int, sample: bool) -> None:
+    def freeze(self, k: int, sample: bool) -> None:
         for g in self.gates:
             g.freeze(k, sample=sample)
 
-    def _resume(self, k: int, st: Mapping[str, Any]) -> int:
+    def resume(self, k: int, st: Mapping[str, Any]) -> int:
         start_epoch = self.books[k].resume(st, who=f"member {k}: ")
         model = self.models[k]
         model.load_state_dict(st["model"])
         self.stacked.load_member_state_dict(k, model.state_dict())
         if self.books[k].frozen:
-            self._freeze(k, self.books[k].sample_after_freeze)
+            self.freeze(k, self.books[k].sample_after_freeze)
             self._sync_member(k)  # its selector frozen too: fit's optimizer (and state) leaves it out
         opt = self._torch_optimizer(k)
         opt.load_state_dict(st["optimizer"])
@@ -449,7 +449,7 @@ class _StackedRun:
         # fit's optimizer holds the lr of the last update in its groups
         return build_optimizer(self.models[k], self.cfgs[k], self.books[k].last_lr)
 
-    def _member_state(self, k: int, epoch: int) -> dict[str, Any]:
+    def member_state(self, k: int, epoch: int) -> dict[str, Any]:
         model = self._sync_member(k)
         opt = self._torch_optimizer(k)
         names = {id(p): n for n, p in model.named_parameters()}
@@ -493,10 +493,6 @@ class _StackedRun:
         """``(K,)``: 1.0 for the members in ``live``, 0.0 for the others."""
         return torch.zeros(self.K, device=self.dev).index_fill_(0, torch.tensor(live, device=self.dev), 1.0)
 
-    def _diverge(self, k: int, divergence: Divergence) -> None:
-        self.books[k].diverge(divergence)
-        self.final_states[k] = self.stacked.member_state_dict(k)
-
     def _epoch_order(self, perms: list[Tensor], steps: int) -> Tensor:
         """``(steps, K*B)``: row b holds member 0's batch-b indices, then member 1's, ... (one copy/epoch)."""
         B = self.cfgs[0].batch_size
@@ -516,138 +512,75 @@ class _StackedRun:
         ys = [self.parts["train"][k][1].index_select(0, idx[k]) for k in range(K)]
         return torch.stack(xs), torch.stack(ys)
 
-    def epochs(self, resume: Sequence[Mapping[str, Any] | None]) -> Iterator[int]:
-        if any(r is not None for r in resume) and any(r is None for r in resume):
-            raise ValueError("resume_states: give a state for every member or for none")
-        starts = set()
-        for k in range(self.K):
-            st = resume[k]
-            if st is None:
-                self._seed(k)
-                starts.add(1)
-            else:
-                starts.add(self._resume(k, st))
-        if len(starts) != 1:
-            raise ValueError(f"resume_states come from different epochs: {sorted(starts)}")
-        start_epoch = starts.pop()
-        K, B, dev, books = self.K, self.cfgs[0].batch_size, self.dev, self.books
-        for epoch in range(start_epoch, books[0].n_epochs + 1):
-            live = [k for k in range(K) if books[k].status == "running"]
-            if not live:
-                break
-            self.stacked.train()
-            perms: list[Tensor] = []
-            for k in range(K):
-                if books[k].status == "running":
-                    perms.append(torch.randperm(self.num_train, generator=self.shuffle[k]).to(dev))
-                else:  # a finished member's slot still computes; its results are ignored
-                    perms.append(torch.arange(self.num_train, device=dev))
-            # the update counters and last learning rates, written back to the ledgers after the epoch
-            step = [bk.step for bk in books]
-            last_lr = [bk.last_lr for bk in books]
-            epoch_steps = min(books[0].steps_per_epoch, books[0].total - max(step))
-            order = self._epoch_order(perms, epoch_steps)
-            loss_sum = [0.0] * K
-            count_sum = [0] * K
-            lrs = [bk.peak for bk in books]
-            # Per-step work stays O(1) in Python where the members allow: the hyperparameter lists are
-            # built once per epoch, the schedule is evaluated once per distinct member schedule.
-            clips = [c.grad_clip for c in self.cfgs]
-            wds = [c.weight_decay for c in self.cfgs]
-            moms = [c.momentum for c in self.cfgs]
-            sched = [(bk.warmup, bk.peak, bk.cfg.schedule) for bk in books]
-            one_schedule = sched.count(sched[0]) == K
-            annealed = [k for k in range(K) if self.cfgs[k].tau_final is not None]
-            masks = self._masks()
-            ones = torch.ones(K, device=dev)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            t0 = time.perf_counter()
-            for b in range(epoch_steps):
-                x, y = self._batch(order, b)
-                if one_schedule and step.count(step[0]) == K:
-                    lrs = [books[0].lr_at(step[0])] * K
-                else:
-                    lrs = [bk.lr_at(s) for bk, s in zip(books, step)]
-                sgd = self.backward_sgd
-                sgd.lr = self.opt.plain_sgd_lr(lr=lrs, weight_decay=wds, momentum=moms, max_norms=clips)
-                for k in annealed:
-                    if books[k].status == "running":
-                        for g, tau in zip(self.gates, books[k].tau_at(step[k])):
-                            g.taus[k] = tau
-                out = self.stacked(x)
-                losses, counts = _member_loss(out, y, self.task, self.smoothing)
-                values = losses.tolist()
-                count_list = [counts] * K if isinstance(counts, int) else counts.tolist()
-                if not all(map(math.isfinite, values)):
-                    for k in live:
-                        if not math.isfinite(values[k]):
-                            self._diverge(k, Divergence("training", values[k], epoch, step[k]))
-                    live = [k for k in range(K) if books[k].status == "running"]
-                    if not live:
-                        break
-                    masks = self._masks()
-                self.opt.zero_grad()
-                if sgd.lr is not None and not self.opt.every_member(masks):
-                    sgd.lr = None  # a member stopped or froze: masked updates, from gradients
-                # d(sum of the live members' losses): no sum node in the graph
-                losses.backward(ones if len(live) == K else self._live_vector(live))
-                self.opt.clip_(clips, masks)
-                self.opt.step(lr=lrs, weight_decay=wds, momentum=moms, masks=masks, updated=sgd.updated)
-                sgd.updated.clear()
-                sgd.lr = None
-                for k in live:
-                    last_lr[k] = lrs[k]
-                    step[k] += 1
-                    loss_sum[k] += values[k] * count_list[k]
-                    count_sum[k] += int(count_list[k])
-            self.backward_sgd.lr = None
-            for bk, bk_step, bk_lr in zip(books, step, last_lr):
-                bk.step, bk.last_lr = bk_step, bk_lr
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            train_time = time.perf_counter() - t0
-            live = [k for k in range(K) if books[k].status == "running"]
-            if not live:
-                break
-            self.stacked.eval()
-            val = evaluate_stacked(
-                self.stacked,
-                self.parts["val"],
-                self.task,
-                batch_size=self.cfgs[0].eval_batch_size,
-                gates=self.gates,
-            )
-            test = evaluate_stacked(
-                self.stacked, self.parts["test"], self.task, batch_size=self.cfgs[0].eval_batch_size
-            )
-            for k in live:
-                recorded = books[k].end_epoch(
-                    epoch,
-                    val[k],
-                    test[k],
-                    loss_sum=loss_sum[k],
-                    count=count_sum[k],
-                    lr=lrs[k],
-                    examples_per_s=epoch_steps * B / max(train_time, 1e-9),
-                    tau=functools.partial(self._tau, k),
-                    freeze=functools.partial(self._freeze, k),
-                )
-                if not recorded:
-                    self.final_states[k] = self.stacked.member_state_dict(k)
-            if self.checkpoint_fn is not None:
-                states = {k: self._member_state(k, epoch) for k in live if books[k].status == "running"}
-                if states:
-                    self.checkpoint_fn(epoch, states)
-            for k in live:
-                if books[k].status != "running" or not self.callbacks[k]:
-                    continue
-                books[k].call_back(epoch, self._sync_member(k), self.callbacks[k])
-                if books[k].status == "stopped":
-                    self.final_states[k] = self.stacked.member_state_dict(k)
-            yield epoch
+    # ---------------------------------------------------------------- the loop's hooks (fitcore.Members)
 
-    def _tau(self, k: int) -> float:
+    def train(self, mode: bool) -> None:
+        self.stacked.train(mode)
+
+    def begin_epoch(self, steps: int) -> None:
+        perms: list[Tensor] = []
+        for k in range(self.K):
+            if self.books[k].status == "running":
+                perms.append(torch.randperm(self.num_train, generator=self.shuffle[k]).to(self.dev))
+            else:  # a finished member's slot still computes; its results are ignored
+                perms.append(torch.arange(self.num_train, device=self.dev))
+        self._order = self._epoch_order(perms, steps)
+        # the hyperparameter lists, built once per epoch
+        self._clips = [c.grad_clip for c in self.cfgs]
+        self._wds = [c.weight_decay for c in self.cfgs]
+        self._moms = [c.momentum for c in self.cfgs]
+        self._ones = torch.ones(self.K, device=self.dev)
+        self._masks_now = self._masks()
+
+    def set_tau(self, k: int, taus: Sequence[float]) -> None:
+        for g, tau in zip(self.gates, taus):
+            g.taus[k] = tau
+
+    def forward(self, b: int, lrs: Sequence[float]) -> tuple[Any, list[float], list[int]]:
+        x, y = self._batch(self._order, b)
+        sgd = self.backward_sgd
+        sgd.lr = self.opt.plain_sgd_lr(
+            lr=lrs, weight_decay=self._wds, momentum=self._moms, max_norms=self._clips
+        )
+        losses, counts = _member_loss(self.stacked(x), y, self.task, self.smoothing)
+        count_list = [counts] * self.K if isinstance(counts, int) else counts.tolist()
+        return (losses, lrs), losses.tolist(), count_list
+
+    def diverged(self, k: int) -> None:
+        self.final_states[k] = self.stacked.member_state_dict(k)
+        self._masks_now = self._masks()
+
+    def update(self, pending: Any, live: Sequence[int]) -> None:
+        losses, lrs = pending
+        masks, sgd = self._masks_now, self.backward_sgd
+        self.opt.zero_grad()
+        if sgd.lr is not None and not self.opt.every_member(masks):
+            sgd.lr = None  # a member stopped or froze: masked updates, from gradients
+        # d(sum of the live members' losses): no sum node in the graph
+        losses.backward(self._ones if len(live) == self.K else self._live_vector(list(live)))
+        self.opt.clip_(self._clips, masks)
+        self.opt.step(lr=lrs, weight_decay=self._wds, momentum=self._moms, masks=masks, updated=sgd.updated)
+        sgd.updated.clear()
+        sgd.lr = None
+
+    def end_epoch(self) -> None:
+        self.backward_sgd.lr = None
+
+    def evaluate(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        batch_size = self.cfgs[0].eval_batch_size
+        val = evaluate_stacked(
+            self.stacked, self.parts["val"], self.task, batch_size=batch_size, gates=self.gates
+        )
+        test = evaluate_stacked(self.stacked, self.parts["test"], self.task, batch_size=batch_size)
+        return val, test
+
+    def finished(self, k: int) -> None:
+        self.final_states[k] = self.stacked.member_state_dict(k)
+
+    def member_model(self, k: int) -> nn.Module:
+        return self._sync_member(k)
+
+    def tau(self, k: int) -> float:
         return float(self.gates[0].taus[k])
 
     def _result(self) -> StackedFitResult:

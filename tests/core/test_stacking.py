@@ -154,7 +154,7 @@ def test_member_starts_from_the_separate_runs_weights_data_order_and_noise() -> 
         stacked, members, [splits] * 2, [_adamw(1e-3)] * 2, SEEDS, [(), ()], torch.device("cpu"), None
     )
     for k, seed in enumerate(SEEDS):
-        run._seed(k)
+        run.seed(k)
         # data order: fit's shuffling generator
         ref_gen = torch.Generator().manual_seed(derive_seed(seed, 0))
         assert torch.equal(
