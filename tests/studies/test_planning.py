@@ -377,6 +377,7 @@ ADEQUATE = {
     ("autonorm_search.yaml", "text_oanc"): "autonorm_claims_text_oanc",
     ("autonorm_search.yaml", "vision_full"): "autonorm_claims_vision_full",
     ("autonorm_search.yaml", "vision_long"): "autonorm_claims_vision_long",
+    ("autonorm_search.yaml", "vision_xl"): "autonorm_claims_vision_xl",
     ("affine_divergence_table.yaml", "cnn_adequate"): "affine_divergence_table_cnn_adequate",
 }
 
@@ -393,7 +394,7 @@ def test_the_adequate_presets_validate_and_plan(file: str, preset: str) -> None:
     data, model = spec.data, spec.model
     if preset == "text_oanc":
         assert data.type == "oanc_pos" and model.depth is not None and model.depth >= 6
-    elif preset in ("vision_full", "vision_long"):
+    elif preset in ("vision_full", "vision_long", "vision_xl"):
         assert data.type == "fashion_mnist" and (data.subset is None or data.subset >= 20000)
     else:
         assert data.type == "fashion_mnist" and data.subset is None and model.type == "cnn"
