@@ -73,7 +73,7 @@ class StopTraining(Exception):
 
 @dataclass(frozen=True)
 class Divergence:
-    """Where a fit's loss became NaN/inf: the typed record both loops return (``FitResult.divergence``)
+    """Where a fit's loss became NaN/inf: the typed record both fits return (``FitResult.divergence``)
     and the trial reads, instead of parsing ``FitResult.message`` back (the message is its text).
 
     Attributes:

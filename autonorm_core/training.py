@@ -391,8 +391,8 @@ class _ModuleMembers:
         )
         self.books = [book]
         _check_precision(cfg.precision, dev)
-        # Forward passes go through ``forward``; everything else (optimizer, state_dict, callbacks) uses
-        # ``model`` itself.
+        # Forward passes go through ``run`` (the compiled wrapper when compiling); everything else
+        # (optimizer, state_dict, callbacks) uses ``model`` itself.
         self.compiled = _compiled(model, cfg, self.gates) if resolve_compile(cfg.compile, dev) else None
         self.run: Callable[[Tensor], Tensor] = model if self.compiled is None else self.compiled
         self.shuffle = torch.Generator()
