@@ -262,6 +262,39 @@ def test_a_declining_control_with_a_flagged_cell_is_unclear_and_its_fix_arm_inco
     assert gated["study_reasons"][0].startswith("not testable at this budget: linear@128")
 
 
+def test_a_fix_arm_on_an_under_trained_cell_or_control_takes_no_more_seeds() -> None:
+    """Per-arm stopping counts a hypothesis the check made inconclusive as decided: its fix arm gets
+    no seeds after the look, and a flagged control stops every fix arm (its interactions all rest on it)."""
+    from studies.kinds.analysis_inputs import sequential_design
+    from studies.kinds.batchsize.workflow import look_arms
+
+    spec = load_study(BATCHSIZE, preset="local")
+    assert spec.sequential is not None and len(spec.fix_arms) >= 2
+    flagged_fix, *other_fix = spec.fix_arms
+    # fix arms 0.004 per doubling below the controls: neither rejected nor futile at the first look
+    table = _bs_table({arm: 0.0 if arm in spec.control_arms else -0.004 for arm in spec.arms})
+    table = table[table["seed"] < spec.sequential.min_seeds]
+    args: dict[str, Any] = {
+        "control": spec.control,
+        "controls": list(spec.control_arms),
+        "chance_metric": 0.1,
+        "chance_loss": math.log(10),
+        "n_perm": 499,
+        "sequential": sequential_design(spec.sequential, [str(s) for s in spec.seeds]),
+    }
+    plain = batchsize_trend(table, **args)
+    assert set(look_arms(spec, plain, "") or []) == set(spec.arms)  # nothing decided after one look
+    cell = f"{flagged_fix}@128"
+    one = batchsize_trend(table, adequacy={"": {cell: _entry(False, cell)}}, **args)
+    assert one["verdict"][flagged_fix] == "inconclusive"
+    assert one["looks"][-1]["hypotheses"][flagged_fix]["decision"] == "continue"  # the test itself is open
+    assert set(look_arms(spec, one, "") or []) == set(spec.arms) - {flagged_fix}
+    cell = f"{spec.control}@8"
+    control = batchsize_trend(table, adequacy={"": {cell: _entry(False, cell)}}, **args)
+    assert all(control["verdict"][arm] == "inconclusive" for arm in [flagged_fix, *other_fix])
+    assert look_arms(spec, control, "") == []
+
+
 # ---- stored studies -----------------------------------------------------------------------------
 
 

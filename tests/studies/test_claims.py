@@ -395,6 +395,13 @@ def test_an_arm_stops_when_every_claim_on_it_is_decided() -> None:
     }
     # a decided: random_selector stops; b open: autonorm and autonorm_s go on; FrozenLN only served e
     assert arms_needed(look, arms) == ["autonorm", "autonorm_s"]
+    # an arm that failed the training-adequacy check: every claim on it ends inconclusive by rule,
+    # so b (on autonorm_s) is as decided as a futile claim, and nothing else needs autonorm
+    assert arms_needed(look, arms, under_trained=["autonorm_s"]) == []
+    look["d"] = {"decision": "continue", "reported": False}  # on the gate arm, autonorm
+    assert arms_needed(look, arms, under_trained=["autonorm_s"]) == ["autonorm"]
+    assert arms_needed(look, arms, under_trained=["autonorm"]) == []
+    del look["d"]
     look["b"]["decision"] = "futile"
     assert arms_needed(look, arms) == []  # every claimed hypothesis decided: the study stops
     with pytest.raises(ValueError, match="unknown claim"):

@@ -261,17 +261,25 @@ def look_arms(spec: BatchSizeStudySpec, verdict: Mapping[str, Any], budget: str)
     """Per-arm stopping (PROTOCOL §5) for ``budget``'s next look: a fix arm whose hypothesis (its
     interaction against the control) is decided gets no more seeds; the controls go on while any fix
     arm's hypothesis is open (the control pairs with every fix arm, and the control labels are the
-    claim's second half); ``[]`` once every fix arm is decided. ``None`` before the first look."""
+    claim's second half); ``[]`` once every fix arm is decided. A fix arm with a cell that failed the
+    training-adequacy check (``under_trained`` in its result), or whose interaction's control
+    (``spec.control``) has one, counts as decided: its verdict ends ``inconclusive`` whatever more
+    seeds show. ``None`` before the first look."""
     budgets = verdict.get("budgets") or {"": verdict}
     result = budgets.get(budget) or (budgets.get("") if len(budgets) == 1 else None)
     looks = (result or {}).get("looks") or []
     if not looks:
         return None
     hypotheses = looks[-1]["hypotheses"]
+    arms = (result or {}).get("arms") or {}
+    under = {arm for arm, r in arms.items() if r.get("under_trained")}  # analysis: its failed cells
+    control_under = spec.control in under  # every interaction is measured against it
     open_fix = [
         arm
         for arm in spec.fix_arms
         if (hypotheses.get(arm) or {}).get("decision") not in ("reject", "futile")
+        and arm not in under
+        and not control_under
     ]
     if not open_fix:
         return []

@@ -44,7 +44,7 @@ is :mod:`studies.kinds.search.gates`; this module turns it into verdicts.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -159,17 +159,27 @@ def hypothesis_arms(claim: str, *, gate_arm: str = "autonorm") -> tuple[str, ...
 
 
 def arms_needed(
-    hypotheses: Mapping[str, Mapping[str, Any]], arms: Sequence[str], *, gate_arm: str = "autonorm"
+    hypotheses: Mapping[str, Mapping[str, Any]],
+    arms: Sequence[str],
+    *,
+    gate_arm: str = "autonorm",
+    under_trained: Collection[str] = (),
 ) -> list[str]:
     """Per-arm stopping (PROTOCOL §5): of ``arms``, those a claimed hypothesis still undecided at
     the last look (``hypotheses``: a look's ``{claim: {decision, reported, ...}}``) rests on. An arm
     whose every claimed hypothesis is decided (rejected or futile) gets no more seeds; decisions are
-    final, so it never needs them again. A reported hypothesis needs no arm."""
+    final, so it never needs them again. A reported hypothesis needs no arm. Nor does one resting on
+    an arm of ``under_trained`` (arms whose training-adequacy check did not pass): it ends
+    ``inconclusive`` by rule (:func:`studies.kinds.search.adequacy.gate_claims`) whatever more seeds
+    show, so it is as decided as a futile one."""
     needed: set[str] = set()
     for claim, h in hypotheses.items():
         if h.get("reported") or claim in REPORTED or h.get("decision") in ("reject", "futile"):
             continue
-        needed.update(hypothesis_arms(claim, gate_arm=gate_arm))
+        rests_on = hypothesis_arms(claim, gate_arm=gate_arm)
+        if any(arm in under_trained for arm in rests_on):
+            continue
+        needed.update(rests_on)
     return [arm for arm in arms if arm in needed]
 
 

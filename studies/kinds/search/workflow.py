@@ -507,14 +507,24 @@ def _confirm_and_claims(
         if checks:
             say(spec.name, _checks_line(checks))
         if spec.sequential is not None:
+            from studies.adequacy import failed_cells
             from studies.kinds.search.claims import arms_needed
 
+            # A claim on an arm that failed the check ends inconclusive whatever its seeds show: such
+            # an arm gets no seeds after the first look (arms_needed counts its claims as decided).
+            under = [arm for arm in checks if failed_cells(checks, [arm])]
+            if under:
+                say(
+                    spec.name,
+                    f"{', '.join(under)} under-trained: the claims on them end inconclusive whatever "
+                    "the seeds, so they take no seeds after the first look",
+                )
             looks = ArmLooks(
                 spec,
                 [arm for arm in confirm.arms if arm in bases],
                 run_arm=lambda arm, j: _confirm_arm(spec, plan, runner, bases[arm], arm, run_ids, look=j),
                 analyse=lambda: _claims_so_far(spec, run_ids, tuned),
-                needed=arms_needed,
+                needed=lambda hypotheses, arms: arms_needed(hypotheses, arms, under_trained=under),
                 phase_of=look_plan_name,
                 noun="claim",
             )
