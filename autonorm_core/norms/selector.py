@@ -19,69 +19,106 @@ from autonorm_core.norms.helpers import _check_dim, _eager_only, _pool_tokens
 from autonorm_core.norms.registry import create_norm, get_norm_layer, register_norm
 
 
-class _OwnsGenerator(nn.Module):
-    """Base for modules that draw random numbers from their own ``torch.Generator``.
+class NoiseStream:
+    """A noise stream: a ``torch.Generator`` created lazily on the device of the first draw and seeded
+    with ``seed`` (a draw on another device restarts the stream from the seed there).
 
-    The generator is created lazily on the input's device (a CUDA input needs a CUDA generator) and
-    seeded with the module's seed (moving the module to another device restarts the stream from the
-    seed there). Without an explicit ``seed`` the seed is drawn from the global RNG
-    at construction, exactly like the parameter init, so a model built under one ``torch.manual_seed``
-    is reproducible and its layers still draw different noise. A training loop seeds each such module
-    with :meth:`manual_seed` and checkpoints :meth:`rng_state` for an exact resume.
+    :meth:`rng_state` / :meth:`set_rng_state` work before the first draw too (the seed and any pending
+    state are enough to recreate the generator), in one ``torch.save``-able format. One per mixture
+    layer (:class:`_OwnsGenerator`), one per member of a stacked layer
+    (:class:`autonorm_core.stacking.layers.StackedMixture`): a stacked member draws the separate run's
+    numbers because it is this same stream.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+        self.generator: torch.Generator | None = None
+        self.pending: Tensor | None = None
+
+    def manual_seed(self, seed: int) -> None:
+        """Restart the stream from ``seed`` (applied now, or when the generator is created)."""
+        self.seed = int(seed)
+        self.pending = None
+        if self.generator is not None:
+            self.generator.manual_seed(self.seed)
+
+    def rng_state(self) -> dict[str, Any]:
+        """Opaque state of the stream, for :meth:`set_rng_state` (possibly in another process)."""
+        if self.generator is not None:
+            state: Tensor | None = self.generator.get_state()
+        else:
+            state = None if self.pending is None else self.pending.clone()
+        return {"seed": self.seed, "state": state}
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        self.seed = int(state["seed"])
+        saved: Tensor | None = state["state"]
+        if saved is None:
+            self.generator, self.pending = None, None
+        elif self.generator is not None:
+            self.generator.set_state(saved)
+        else:
+            self.pending = saved.clone()
+
+    def uniform(self, shape: tuple[int, ...], device: torch.device) -> Tensor:
+        """float32 U(0, 1) draws from the stream (never the global RNG)."""
+        if self.generator is None or self.generator.device != device:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(self.seed)
+            if self.pending is not None:
+                gen.set_state(self.pending)
+                self.pending = None
+            self.generator = gen
+        return torch.rand(shape, generator=self.generator, device=device, dtype=torch.float32)
+
+
+def simplex_weights(u: Tensor, k: int) -> Tensor:
+    """RandomSelector's weights ``(..., k)`` from U(0, 1) draws ``u`` (``(..., 1)`` for two candidates,
+    candidate 0 getting ``u``; else ``(..., k)``, normalised Exp(1) draws: uniform on the simplex)."""
+    if k == 2:
+        return torch.cat([u, 1.0 - u], dim=-1)
+    e = -torch.log(u.clamp_min(1e-12))
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def gumbel(u: Tensor, dtype: torch.dtype) -> Tensor:
+    """AutoNorm's Gumbel(0, 1) noise from float32 U(0, 1) draws, computed in ``dtype`` (clamped to
+    ``[1e-6, 1 − 1e-6]`` first: ``F.gumbel_softmax`` has produced NaNs)."""
+    return -torch.log(-torch.log(u.clamp(1e-6, 1.0 - 1e-6).to(dtype)))
+
+
+class _OwnsGenerator(nn.Module):
+    """Base for modules that draw random numbers from a :class:`NoiseStream` of their own (``noise``).
+
+    Without an explicit ``seed`` the seed is drawn from the global RNG at construction, exactly like
+    the parameter init, so a model built under one ``torch.manual_seed`` is reproducible and its
+    layers still draw different noise. A training loop seeds each such module with :meth:`manual_seed`
+    and checkpoints :meth:`rng_state` for an exact resume.
     """
 
     def __init__(self, *, seed: int | None) -> None:
         super().__init__()
-        self._seed = int(seed) if seed is not None else int(torch.randint(0, 2**62, (1,)).item())
-        self.generator: torch.Generator | None = None
-        self._pending_state: Tensor | None = None
+        self.noise = NoiseStream(int(seed) if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        """The stream's generator (``None`` before the first draw)."""
+        return self.noise.generator
 
     def manual_seed(self, seed: int) -> None:
-        """Restart the noise stream from ``seed`` (applied now, or when the generator is created)."""
-        self._seed = int(seed)
-        self._pending_state = None
-        if self.generator is not None:
-            self.generator.manual_seed(self._seed)
+        self.noise.manual_seed(seed)
 
     def rng_state(self) -> dict[str, Any]:
-        """Opaque, ``torch.save``-able state of the noise stream, for :meth:`set_rng_state`.
-
-        Works before the first forward too (the generator does not exist yet; the seed and any pending
-        state are enough to recreate it).
-        """
-        if self.generator is not None:
-            state: Tensor | None = self.generator.get_state()
-        else:
-            state = None if self._pending_state is None else self._pending_state.clone()
-        return {"seed": self._seed, "state": state}
+        return self.noise.rng_state()
 
     def set_rng_state(self, state: Mapping[str, Any]) -> None:
-        """Restore a state returned by :meth:`rng_state` (possibly of another process)."""
-        self._seed = int(state["seed"])
-        saved: Tensor | None = state["state"]
-        if saved is None:
-            self.generator = None
-            self._pending_state = None
-        elif self.generator is not None:
-            self.generator.set_state(saved)
-        else:
-            self._pending_state = saved.clone()
+        self.noise.set_rng_state(state)
 
     @_eager_only
     def _uniform(self, shape: tuple[int, ...], device: torch.device) -> Tensor:
-        """float32 U(0, 1) draws from the module's generator (never the global RNG).
-
-        Kept out of ``torch.compile`` graphs: a generator argument is not traceable, and the draw is
-        tiny (one number per sample and candidate).
-        """
-        if self.generator is None or self.generator.device != device:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(self._seed)
-            if self._pending_state is not None:
-                gen.set_state(self._pending_state)
-                self._pending_state = None
-            self.generator = gen
-        return torch.rand(shape, generator=self.generator, device=device, dtype=torch.float32)
+        """The stream's draws, kept out of ``torch.compile`` graphs: a generator argument is not
+        traceable, and the draw is tiny (one number per sample and candidate)."""
+        return self.noise.uniform(shape, device)
 
 
 def _build_branches(
@@ -210,12 +247,7 @@ class RandomSelector(_OwnsGenerator):
         dtype = torch.promote_types(x.dtype, torch.float32)
         if not self.training and self.eval_mode == "mean":
             return torch.full((batch, k), 1.0 / k, device=x.device, dtype=dtype)
-        u = self._uniform((batch, k if k > 2 else 1), x.device).to(dtype)
-        if k == 2:
-            return torch.cat([u, 1.0 - u], dim=1)  # candidate 0 (DyT by default) gets U(0, 1)
-        # Normalised Exp(1) draws are uniform on the simplex (Dirichlet(1, ..., 1)).
-        e = -torch.log(u.clamp_min(1e-12))
-        return e / e.sum(dim=1, keepdim=True)
+        return simplex_weights(self._uniform((batch, k if k > 2 else 1), x.device).to(dtype), k)
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
         """The weights do not depend on ``x``; ``mask`` only reaches candidates that pool."""
@@ -372,9 +404,8 @@ class AutoNorm(_OwnsGenerator):
 
     def _gumbel_noise(self, batch: int, device: torch.device) -> Tensor:
         """Gumbel(0, 1) noise ``(B, K)``: float32 draws, computed in the gate's dtype (≥ float32)."""
-        u = self._uniform((batch, len(self.candidates)), device).clamp(1e-6, 1.0 - 1e-6)
-        u = u.to(torch.promote_types(self.selector.fc2.weight.dtype, torch.float32))
-        return -torch.log(-torch.log(u))
+        u = self._uniform((batch, len(self.candidates)), device)
+        return gumbel(u, torch.promote_types(self.selector.fc2.weight.dtype, torch.float32))
 
     @staticmethod
     def _straight_through(soft: Tensor) -> Tensor:

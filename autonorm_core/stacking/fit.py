@@ -381,7 +381,7 @@ class _StackedRun:
         for i, name in enumerate(self.seeded_names):
             mod = self.stacked.get_submodule(name)
             assert isinstance(mod, StackedMixture)
-            mod.manual_seed(k, derive_seed(s, 2, i))
+            mod.rngs[k].manual_seed(derive_seed(s, 2, i))
 
     def freeze(self, k: int, sample: bool) -> None:
         for g in self.gates:
@@ -408,7 +408,7 @@ class _StackedRun:
         for name in self.seeded_names:
             mod = self.stacked.get_submodule(name)
             assert isinstance(mod, StackedMixture)
-            mod.set_rng_state(k, st["rng"]["modules"][name])
+            mod.rngs[k].set_rng_state(st["rng"]["modules"][name])
         return start_epoch
 
     # --------------------------------------------------------------------------- member state (fit's)
@@ -470,7 +470,7 @@ class _StackedRun:
             shuffle=self.shuffle[k].get_state(),
             global_rng={"cpu": self.global_cpu[k].get_state(), **cuda_state},
             modules={
-                name: self.stacked.get_submodule(name).rng_state(k)  # type: ignore[operator]
+                name: self.stacked.get_submodule(name).rngs[k].rng_state()  # type: ignore[union-attr,index]
                 for name in self.seeded_names
             },
         )

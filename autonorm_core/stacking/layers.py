@@ -14,7 +14,7 @@ Two activation layouts:
   members), pooling and activations.
 
 Randomness: AutoNorm's Gumbel noise and RandomSelector's weights come from one generator per member and
-layer (:class:`MemberRNG`, the semantics of the member layer's own generator); DropPath draws from a
+layer (:class:`~autonorm_core.norms.selector.NoiseStream`, the member layer's own kind of stream); DropPath draws from a
 per-member stand-in of torch's default generator (:class:`MemberGenerators`), which the stacked fit
 seeds as the separate fit seeds the default one. Member k's draws are therefore the separate run's.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -41,11 +41,11 @@ from autonorm_core.norms import DyT, Identity, RandomSelector, RMSNorm
 from autonorm_core.norms import LayerNorm as _AnyLayerNorm
 from autonorm_core.norms.fused import _mix_outputs
 from autonorm_core.norms.helpers import _pool_tokens
+from autonorm_core.norms.selector import NoiseStream, gumbel, simplex_weights
 
 __all__ = [
     "BackwardSGD",
     "MemberGenerators",
-    "MemberRNG",
     "NotStackableError",
     "StackedBatchNorm",
     "StackedConv2d",
@@ -109,52 +109,6 @@ def _bcast(t: Tensor, ndim: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- randomness
-
-
-class MemberRNG:
-    """One member's copy of a noise-drawing layer's generator (``_OwnsGenerator`` semantics).
-
-    Lazily created on the input's device from the seed (or a pending restored state); ``rng_state`` /
-    ``set_rng_state`` use the member layer's format, so a stacked member's state resumes a separate run.
-    """
-
-    def __init__(self, seed: int) -> None:
-        self.seed = int(seed)
-        self.generator: torch.Generator | None = None
-        self.pending: Tensor | None = None
-
-    def manual_seed(self, seed: int) -> None:
-        self.seed = int(seed)
-        self.pending = None
-        if self.generator is not None:
-            self.generator.manual_seed(self.seed)
-
-    def rng_state(self) -> dict[str, Any]:
-        if self.generator is not None:
-            state: Tensor | None = self.generator.get_state()
-        else:
-            state = None if self.pending is None else self.pending.clone()
-        return {"seed": self.seed, "state": state}
-
-    def set_rng_state(self, state: Mapping[str, Any]) -> None:
-        self.seed = int(state["seed"])
-        saved: Tensor | None = state["state"]
-        if saved is None:
-            self.generator, self.pending = None, None
-        elif self.generator is not None:
-            self.generator.set_state(saved)
-        else:
-            self.pending = saved.clone()
-
-    def uniform(self, shape: tuple[int, ...], device: torch.device) -> Tensor:
-        if self.generator is None or self.generator.device != device:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(self.seed)
-            if self.pending is not None:
-                gen.set_state(self.pending)
-                self.pending = None
-            self.generator = gen
-        return torch.rand(shape, generator=self.generator, device=device, dtype=torch.float32)
 
 
 class MemberGenerators:
@@ -392,7 +346,7 @@ class _StackedSelector(nn.Module):
 class StackedMixture(nn.Module):
     """K AutoNorm (learned gate, Gumbel-Softmax, freezing) or RandomSelector layers.
 
-    Per member: its own candidate norms, selector, generator (:class:`MemberRNG`), temperature ``tau``,
+    Per member: its own candidate norms, selector, noise stream, temperature ``tau``,
     ``frozen`` flag (AutoNorm-S) and ``sample_after_freeze``. ``last_probs`` ``(K, B, C)`` holds the
     noise-free gate probabilities of the last forward (what the separate fit's gate statistics read).
     Frozen members take the separate layer's fast path exactly: a batch whose every sample puts at least
@@ -414,7 +368,7 @@ class StackedMixture(nn.Module):
         self.branches = nn.ModuleList(
             stack_norm([m.branches[i] for m in members]) for i in range(len(self.candidates))
         )
-        self.rngs = [MemberRNG(int(getattr(m, "_seed", 0))) for m in members]
+        self.rngs = [NoiseStream(m.noise.seed) for m in members]
         self.last_probs: Tensor | None = None
         self.last_weights: Tensor | None = None
         if self.learned:
@@ -428,16 +382,6 @@ class StackedMixture(nn.Module):
             self._tau: tuple[Any, Tensor] | None = None  # the taus as a (K, 1, 1) tensor
             self.frozen = [bool(m.frozen) for m in members]
             self.sample_after_freeze = [bool(m.sample_after_freeze) for m in members]
-
-    # per-member generator interface (member k of this layer), in _OwnsGenerator's format
-    def manual_seed(self, k: int, seed: int) -> None:
-        self.rngs[k].manual_seed(seed)
-
-    def rng_state(self, k: int) -> dict[str, Any]:
-        return self.rngs[k].rng_state()
-
-    def set_rng_state(self, k: int, state: Mapping[str, Any]) -> None:
-        self.rngs[k].set_rng_state(state)
 
     def freeze(self, k: int, *, sample: bool) -> None:
         self.frozen[k] = True
@@ -469,14 +413,14 @@ class StackedMixture(nn.Module):
             # AutoNorm's Gumbel noise from each member's generator, computed for all members at once
             fill = torch.full((B, C), 0.5, device=x.device)  # a member without noise: its soft is unused
             u = torch.stack([r.uniform((B, C), x.device) if s else fill for r, s in zip(self.rngs, sampling)])
-            gumbel = -torch.log(-torch.log(u.clamp(1e-6, 1.0 - 1e-6).to(logits.dtype)))
+            noise = gumbel(u, logits.dtype)
             key = (tuple(self.taus), logits.dtype, x.device)
             if self._tau is None or self._tau[0] != key:
                 self._tau = (
                     key,
                     torch.tensor(self.taus, dtype=logits.dtype, device=x.device).reshape(K, 1, 1),
                 )
-            soft = ((logits + gumbel) / self._tau[1]).softmax(dim=-1)
+            soft = ((logits + noise) / self._tau[1]).softmax(dim=-1)
             if all(sampling):
                 weights = soft
             else:
@@ -500,15 +444,8 @@ class StackedMixture(nn.Module):
         dtype = torch.promote_types(x.dtype, torch.float32)
         if not self._samples(0):
             return torch.full((K, B, C), 1.0 / C, device=x.device, dtype=dtype)
-        rows = []
-        for k in range(K):
-            u = self.rngs[k].uniform((B, C if C > 2 else 1), x.device).to(dtype)
-            if C == 2:
-                rows.append(torch.cat([u, 1.0 - u], dim=1))
-            else:
-                e = -torch.log(u.clamp_min(1e-12))
-                rows.append(e / e.sum(dim=1, keepdim=True))
-        return torch.stack(rows)
+        u = torch.stack([r.uniform((B, C if C > 2 else 1), x.device) for r in self.rngs])
+        return simplex_weights(u.to(dtype), C)
 
 
 def stack_norm(members: Sequence[nn.Module]) -> nn.Module:

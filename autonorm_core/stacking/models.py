@@ -45,8 +45,11 @@ __all__ = ["StackedModel", "create_members", "stack_models", "stackable", "train
 class StackedModel(nn.Module):
     """Base of the stacked models: K members, per-member ``state_dict`` views, the members' RNG holder."""
 
-    num_members: int
-    member_rng: MemberGenerators
+    def __init__(self, members: Sequence[nn.Module]):
+        super().__init__()
+        self.config: Any = members[0].config
+        self.num_members = len(members)
+        self.member_rng = MemberGenerators()
 
     def member_state_dict(self, k: int) -> dict[str, Tensor]:
         """Member ``k``'s ``state_dict`` (contiguous copies), loadable into a member model of the architecture."""
@@ -96,10 +99,7 @@ def _check_same_config(members: Sequence[nn.Module]) -> None:
 
 class StackedMLP(StackedModel):
     def __init__(self, members: Sequence[MLP]):
-        super().__init__()
-        self.config = members[0].config
-        self.num_members = len(members)
-        self.member_rng = MemberGenerators()
+        super().__init__(members)
         n = len(members[0].features)
         self.features = nn.Sequential(
             *(stack_token_layer([m.features[i] for m in members]) for i in range(n))
@@ -113,10 +113,7 @@ class StackedMLP(StackedModel):
 
 class StackedCNN(StackedModel):
     def __init__(self, members: Sequence[CNN]):
-        super().__init__()
-        self.config = members[0].config
-        self.num_members = len(members)
-        self.member_rng = MemberGenerators()
+        super().__init__(members)
         n = len(members[0].features)
         self.features = nn.Sequential(
             *(stack_channel_layer([m.features[i] for m in members]) for i in range(n))
@@ -224,10 +221,7 @@ class _StackedPatchEmbed(nn.Module):
 
 class StackedViTLite(StackedModel):
     def __init__(self, members: Sequence[ViTLite]):
-        super().__init__()
-        self.config = members[0].config
-        self.num_members = len(members)
-        self.member_rng = MemberGenerators()
+        super().__init__(members)
         self.patch_embed = _StackedPatchEmbed([m.patch_embed for m in members])
         self.cls_token = _stacked_param([m.cls_token for m in members])  # (K, 1, 1, dim)
         self.pos_embed = _stacked_param([m.pos_embed for m in members])  # (K, 1, N+1, dim)
@@ -245,11 +239,8 @@ class StackedViTLite(StackedModel):
 
 class StackedTextEncoder(StackedModel):
     def __init__(self, members: Sequence[TextEncoder]):
-        super().__init__()
-        self.config = members[0].config
+        super().__init__(members)
         c = self.config
-        self.num_members = len(members)
-        self.member_rng = MemberGenerators()
         self.use_cls = members[0].use_cls
         self.tok_embed = _StackedEmbedding([m.tok_embed for m in members])
         self.cls_token = (
@@ -309,10 +300,7 @@ class _StackedEmbedding(nn.Module):
 
 class StackedTabularTransformer(StackedModel):
     def __init__(self, members: Sequence[TabularTransformer]):
-        super().__init__()
-        self.config = members[0].config
-        self.num_members = len(members)
-        self.member_rng = MemberGenerators()
+        super().__init__(members)
         self.feature_weight = _stacked_param([m.feature_weight for m in members])  # (K, F, C)
         self.feature_bias = _stacked_param([m.feature_bias for m in members])
         self.cls_token = _stacked_param([m.cls_token for m in members])  # (K, 1, 1, C)

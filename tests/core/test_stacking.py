@@ -180,7 +180,7 @@ def test_member_starts_from_the_separate_runs_weights_data_order_and_noise() -> 
             layer(x.unsqueeze(0).expand(2, *x.shape))
             assert torch.equal(layer.last_weights[k], mod.last_weights)
             assert not torch.equal(layer.last_weights[k], layer.last_weights[1 - k])  # members' own noise
-            assert layer.rng_state(k)["seed"] == mod.rng_state()["seed"]
+            assert layer.rngs[k].rng_state()["seed"] == mod.rng_state()["seed"]
 
 
 # ------------------------------------------------------------------------------ after 10 updates: 1e-5
