@@ -66,25 +66,36 @@ def _has_hooks(module: nn.Module) -> bool:
     )
 
 
-def _fused_pair(branches: nn.ModuleList, x: Tensor) -> tuple[int, int] | None:
+def _fused_pair(
+    branches: nn.ModuleList, x: Tensor, *, kinds: tuple[type, type] = (DyT, LayerNorm), lead: int = 0
+) -> tuple[int, int] | None:
     """Indices ``(dyt, layernorm)`` when the fused eager mixture applies, else ``None``.
 
     It applies to exactly two branches, a fused :class:`DyT` and a :class:`LayerNorm` with affine
     parameters, in eager mode, without autocast, with parameters of the input's dtype, and when no
     hook watches a branch (hooks must see the branch modules run). ``torch.compile`` graphs take the
     reference expression instead: Inductor fuses it into fewer passes than any eager kernel sequence.
+    ``kinds`` and ``lead``: a member stack's (DyT, LayerNorm) types and its ``lead`` leading member
+    dimension (:class:`autonorm_core.stacking.layers.StackedMixture`, :class:`_MemberDyTLayerNormMix`).
     """
-    if not _FAST_PATHS["on"] or len(branches) != 2 or x.ndim not in (2, 3) or torch.compiler.is_compiling():
+    if (
+        not _FAST_PATHS["on"]
+        or len(branches) != 2
+        or x.ndim - lead not in (2, 3)
+        or torch.compiler.is_compiling()
+    ):
         return None
     if torch.is_autocast_enabled(x.device.type):
         return None
     a, b = branches[0], branches[1]
-    if type(a) is DyT and type(b) is LayerNorm:
-        dyt, ln, pair = a, b, (0, 1)
-    elif type(a) is LayerNorm and type(b) is DyT:
-        dyt, ln, pair = b, a, (1, 0)
+    if type(a) is kinds[0] and type(b) is kinds[1]:
+        pair = (0, 1)
+    elif type(a) is kinds[1] and type(b) is kinds[0]:
+        pair = (1, 0)
     else:
         return None
+    dyt: Any = branches[pair[0]]
+    ln: Any = branches[pair[1]]
     if not dyt.fused or ln.weight is None or ln.bias is None or len(ln.normalized_shape) != 1:
         return None
     if _has_hooks(dyt) or _has_hooks(ln) or nn.modules.module._global_forward_hooks:
@@ -192,3 +203,93 @@ class _DyTLayerNormMix(torch.autograd.Function):
                 scale = alpha * 4.0
                 grad_x = h.mul_(scale) if grad_x is None else grad_x.addcmul_(h, scale)
         return grad_x, grad_w, grad_alpha, grad_dw, grad_db, grad_lw, grad_lb, None
+
+
+class _MemberDyTLayerNormMix(torch.autograd.Function):
+    """:class:`_DyTLayerNormMix` for a member stack: every tensor with a leading member dimension K.
+
+    Inputs: ``x`` (K, B, T, D) or (K, B, D) contiguous; ``w_ln`` (K, B); DyT's ``alpha`` (K, 1),
+    ``weight`` and ``bias`` (K, D); LayerNorm's ``weight`` and ``bias`` (K, D) and ``eps``. The same
+    plan as the one-model function, with two differences: PyTorch's fused LayerNorm takes one affine
+    map, not K, so the forward normalises without it (the kernel's mean and 1/σ saved) and applies
+    each member's ``γ, β`` in one ``addcmul``; and every per-member sum is a plain reduction over that
+    member's own elements (no batched matmul), so a member's numbers do not depend on the stack it
+    trains in. The forward is the stacked layers' own expression (normalised LN, then ``addcmul``;
+    ``2γ ⊙ s + (β − γ)``; ``lerp``), value for value; the backward replaces autograd's chain over it.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        w_ln: Tensor,
+        alpha: Tensor,
+        dyt_weight: Tensor,
+        dyt_bias: Tensor,
+        ln_weight: Tensor,
+        ln_bias: Tensor,
+        eps: float,
+    ) -> Tensor:
+        K, dim = x.shape[0], x.shape[-1]
+        x4 = x.reshape(K, x.shape[1], -1, dim)  # (K, B, T, D), T = 1 for vectors
+        y_hat, mean, rstd = torch.native_layer_norm(x4, (dim,), None, None, eps)
+        s = torch.mul(x4, alpha.reshape(K, 1, 1, 1) * 2.0).sigmoid_()
+        y_ln = torch.addcmul(ln_bias.reshape(K, 1, 1, dim), y_hat, ln_weight.reshape(K, 1, 1, dim))
+        dw, db = dyt_weight.reshape(K, 1, 1, dim), dyt_bias.reshape(K, 1, 1, dim)
+        out = torch.addcmul(db - dw, s, dw * 2.0).lerp_(y_ln, _per_sample(w_ln, x4))
+        ctx.save_for_backward(x4, w_ln, alpha, dyt_weight, dyt_bias, ln_weight, ln_bias, s, y_hat, mean, rstd)
+        ctx.shape = x.shape
+        return out.reshape(x.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        x, w_ln, alpha, dyt_weight, dyt_bias, ln_weight, ln_bias, s, y_hat, mean, rstd = ctx.saved_tensors
+        need_x, need_w, need_alpha, need_dw, need_db, need_lw, need_lb, _ = ctx.needs_input_grad
+        g = grad_out.reshape(x.shape).contiguous()  # (K, B, T, D)
+        w = w_ln.to(g.dtype).unsqueeze(-1)  # (K, B, 1)
+        keep = 1.0 - w  # DyT's weight per member and sample
+        grad_w = grad_alpha = grad_dw = grad_db = grad_x = grad_lw = grad_lb = None
+        scratch = torch.empty_like(g)  # serves g ⊙ s, g ⊙ LN-hat(x), the LN input gradient and h in turn
+        g0 = g.sum(dim=2)  # (K, B, D)
+        if need_db:
+            grad_db = (keep * g0).sum(dim=1)
+        if need_w or need_dw:
+            gt = torch.mul(g, s, out=scratch).sum(dim=2).mul_(2.0).sub_(g0)  # Σ_t g ⊙ tanh(αx)
+            if need_dw:
+                grad_dw = (keep * gt).sum(dim=1)
+        if need_w or need_lw:
+            gh = torch.mul(g, y_hat, out=scratch).sum(dim=2)  # Σ_t g ⊙ LN-hat(x), (K, B, D)
+            if need_lw:
+                grad_lw = (w * gh).sum(dim=1)
+        if need_lb:
+            grad_lb = (w * g0).sum(dim=1)
+        if need_w:
+            # ⟨g, LN(x)⟩ − ⟨g, DyT(x)⟩ per member and sample
+            lw, lb = ln_weight.unsqueeze(1), ln_bias.unsqueeze(1)
+            dw, db = dyt_weight.unsqueeze(1), dyt_bias.unsqueeze(1)
+            grad_w = ((gh * lw + g0 * lb) - (gt * dw + g0 * db)).sum(dim=-1).to(w_ln.dtype)
+        if need_x:
+            g_hat = torch.mul(g, (w.unsqueeze(-1) * ln_weight.reshape(x.shape[0], 1, 1, -1)), out=scratch)
+            grad_x = torch.ops.aten.native_layer_norm_backward(
+                g_hat, x, (x.shape[-1],), mean, rstd, None, None, [True, False, False]
+            )[0]
+        if need_x or need_alpha:
+            coef = (keep * dyt_weight.unsqueeze(1)).unsqueeze(2)  # (K, B, 1, D)
+            h = torch.mul(g, coef, out=scratch)
+            torch.ops.aten.sigmoid_backward.grad_input(h, s, grad_input=h)  # × s (1 − s), in place
+            a = alpha.reshape(-1, 1, 1, 1)
+            if need_alpha:
+                grad_alpha = (h * x).sum(dim=(1, 2, 3)).mul_(4.0).reshape(alpha.shape)
+            if need_x:
+                grad_x = h.mul_(a * 4.0) if grad_x is None else grad_x.addcmul_(h, a * 4.0)
+        return (
+            (None if grad_x is None else grad_x.reshape(ctx.shape)),
+            grad_w,
+            grad_alpha,
+            grad_dw,
+            grad_db,
+            grad_lw,
+            grad_lb,
+            None,
+        )

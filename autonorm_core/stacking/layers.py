@@ -39,7 +39,7 @@ from autonorm_core.affine import (
 )
 from autonorm_core.norms import DyT, Identity, RandomSelector, RMSNorm
 from autonorm_core.norms import LayerNorm as _AnyLayerNorm
-from autonorm_core.norms.fused import _mix_outputs
+from autonorm_core.norms.fused import _fused_pair, _MemberDyTLayerNormMix, _mix_outputs
 from autonorm_core.norms.helpers import _pool_tokens
 from autonorm_core.norms.selector import NoiseStream, gumbel, simplex_weights
 
@@ -264,6 +264,7 @@ class StackedLayerNorm(nn.Module):
         if len(shape) != 1:
             raise NotStackableError(f"LayerNorm over {shape}: only a last-dimension LayerNorm stacks")
         self.dim = int(shape[0])
+        self.normalized_shape = (self.dim,)
         self.eps = float(_same(members, "eps", [m.eps for m in lns]))
         self.weight = _param([m.weight for m in lns])
         self.bias = _param([m.bias for m in lns])
@@ -398,11 +399,10 @@ class StackedMixture(nn.Module):
         if x.ndim not in (3, 4):
             raise ValueError(f"expected a (K, B, T, D) or (K, B, D) input, got shape {tuple(x.shape)}")
         K, B, C = self.num_members, x.shape[1], len(self.candidates)
-        ys = [branch(x, mask=mask) for branch in self.branches]
         if not self.learned:
             weights = self._random_weights(K, B, C, x)
             self.last_weights = weights.detach()
-            return _mix_outputs(ys, weights)
+            return self._mix(x, weights, mask)[0]
         sampling = [self._samples(k) for k in range(K)]
         logits = self.selector(x, mask)  # (K, B, C)
         if logits.dtype not in (torch.float32, torch.float64):
@@ -429,7 +429,7 @@ class StackedMixture(nn.Module):
             weights = F.one_hot(probs.argmax(dim=-1), C).to(probs.dtype)
         self.last_probs = probs.detach()
         self.last_weights = weights.detach()
-        out = _mix_outputs(ys, weights)
+        out, ys = self._mix(x, weights, mask)
         if any(self.frozen):
             # The separate layer's frozen fast path, member by member: one candidate for the whole batch.
             low = weights.detach().amin(dim=1)  # (K, C)
@@ -437,8 +437,25 @@ class StackedMixture(nn.Module):
                 chosen = [self.frozen[k] and float(low[k, c]) >= self.fast_path_threshold for k in range(K)]
                 if any(chosen):
                     sel = torch.tensor(chosen, device=x.device).reshape(K, *([1] * (x.ndim - 1)))
-                    out = torch.where(sel, ys[c].to(out.dtype), out)
+                    y = ys[c] if ys is not None else self.branches[c](x, mask=mask)
+                    out = torch.where(sel, y.to(out.dtype), out)
         return out
+
+    def _mix(self, x: Tensor, weights: Tensor, mask: Tensor | None) -> tuple[Tensor, list[Tensor] | None]:
+        """``Σ_c w_c · branch_c(x)`` per member, and the branch outputs where they were computed: the
+        candidates (DyT, LayerNorm), in that order, run the ordinary layer's fused plan
+        (:func:`_fused_pair`, :class:`_MemberDyTLayerNormMix`; the same values as the expression it
+        replaces), anything else the branches and :func:`_mix_outputs`."""
+        pair = _fused_pair(self.branches, x, kinds=(StackedDyT, StackedLayerNorm), lead=1)
+        if pair != (0, 1):  # (LayerNorm, DyT) mixes as lerp(LN, DyT, w_DyT): the reference expression
+            ys = [branch(x, mask=mask) for branch in self.branches]
+            return _mix_outputs(ys, weights), ys
+        dyt: Any = self.branches[0]
+        ln: Any = self.branches[1]
+        out: Tensor = _MemberDyTLayerNormMix.apply(
+            x, weights[..., 1], dyt.alpha, dyt.weight, dyt.bias, ln.weight, ln.bias, ln.eps
+        )
+        return out, None
 
     def _random_weights(self, K: int, B: int, C: int, x: Tensor) -> Tensor:
         dtype = torch.promote_types(x.dtype, torch.float32)

@@ -636,3 +636,74 @@ def test_members_must_share_the_step_structure() -> None:
             [_sgd(0.1), _sgd(0.1, batch_size=8)],
             seeds=SEEDS,
         )
+
+
+# ------------------------------------------------------------- the fused (DyT, LayerNorm) mixture, stacked
+
+
+def _stacked_autonorms(candidates: tuple[str, str], frozen: int | None = None) -> Any:
+    from autonorm_core.norms import AutoNorm
+    from autonorm_core.stacking.layers import stack_norm
+
+    members = []
+    for k in range(3):
+        m = AutoNorm(6, candidates=candidates, selector_init="default", seed=k).double()
+        with torch.no_grad():
+            for i, p in enumerate(m.parameters()):
+                p.add_(
+                    0.3
+                    * torch.randn(p.shape, generator=torch.Generator().manual_seed(10 * k + i), dtype=p.dtype)
+                )
+        members.append(m)
+    layer = stack_norm(members).train()
+    if frozen is not None:
+        layer.freeze(frozen, sample=False)
+    return layer
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 5, 6), (3, 4, 6)], ids=["KBTD", "KBD"])
+@pytest.mark.parametrize("candidates", [("dyt", "layernorm"), ("layernorm", "dyt")], ids=["dyt_ln", "ln_dyt"])
+@pytest.mark.parametrize("frozen", [None, 1], ids=["learning", "member1-frozen"])
+def test_the_stacked_fused_mixture_matches_the_stacked_reference_expression(
+    shape: tuple[int, ...], candidates: tuple[str, str], frozen: int | None
+) -> None:
+    # StackedMixture runs the (DyT, LayerNorm) pair through _MemberDyTLayerNormMix, the ordinary
+    # layer's fused plan with a member dimension: the same output (the forward is the stacked layers'
+    # own expression) and every gradient to float64 rounding, per member.
+    from autonorm_core.norms.helpers import _reference_paths
+
+    layer = _stacked_autonorms(candidates, frozen)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(shape, dtype=torch.float64, generator=g)
+    dy = torch.randn(shape, dtype=torch.float64, generator=g)
+    runs = []
+    for reference in (False, True):
+        for k in range(3):
+            layer.rngs[k].manual_seed(k)  # the same Gumbel noise both times
+        xi = x.clone().requires_grad_(True)
+        with _reference_paths() if reference else torch.enable_grad():
+            y = layer(xi)
+        fused = type(y.grad_fn).__name__ == "_MemberDyTLayerNormMixBackward"
+        assert fused == (not reference and candidates[0] == "dyt")  # (LN, DyT): the reference expression
+        params = list(layer.parameters())
+        grads = torch.autograd.grad(y, [xi, *params], dy, allow_unused=True)
+        runs.append([y, *(torch.zeros_like(p) if gr is None else gr for gr, p in zip(grads, [xi, *params]))])
+    names = ["out", "x", *(n for n, _ in layer.named_parameters())]
+    assert torch.equal(runs[0][0], runs[1][0])
+    for name, a, b in zip(names[1:], runs[0][1:], runs[1][1:]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+    assert all(gr.abs().sum() > 0 for n, gr in zip(names[2:], runs[0][2:]) if "branches" in n)
+
+
+def test_the_stacked_fused_mixture_passes_gradcheck() -> None:
+    from autonorm_core.norms.fused import _MemberDyTLayerNormMix
+
+    g = torch.Generator().manual_seed(0)
+
+    def t(*shape: int) -> Tensor:
+        return torch.randn(shape, dtype=torch.float64, generator=g).requires_grad_(True)
+
+    K, B, T, D = 2, 3, 4, 5
+    w = torch.rand(K, B, dtype=torch.float64, generator=g).requires_grad_(True)
+    inputs = (t(K, B, T, D), w, t(K, 1), t(K, D), t(K, D), t(K, D), t(K, D))
+    assert torch.autograd.gradcheck(lambda *a: _MemberDyTLayerNormMix.apply(*a, 1e-5), inputs)
