@@ -58,11 +58,14 @@ class NextLook:
         stopped: the arms it no longer runs (every hypothesis on them decided), as printed.
         may_stop: nothing is left to decide and none of it is in the study directory: the study
             stops here unless its ``sequential.looks`` schedule is explicit.
+        idle: it may stop with a hypothesis still open, because no arm it rests on runs (an
+            under-trained cell: its verdict is inconclusive whatever the seeds).
     """
 
     per_seed: int
     stopped: Sequence[str] = ()
     may_stop: bool = False
+    idle: bool = False
 
 
 class LookHooks(ABC):
@@ -103,10 +106,11 @@ def run_looks(hooks: LookHooks, *, sequential: Any, seeds: Sequence[Any], runner
         say(tag, f"look {j} ({schedule[j - 1]} seeds): " + ", ".join(f"{k} {v}" for k, v in state.items()))
         nxt = hooks.next_look(j + 1, verdict)
         if nxt.may_stop and sequential.looks is None:
-            say(
-                tag,
-                f"every {hooks.noun} decided after {schedule[j - 1]} of {sequential.max_seeds} seeds: stop",
-            )
+            done = f"after {schedule[j - 1]} of {sequential.max_seeds} seeds: stop"
+            if nxt.idle:
+                say(tag, f"no {hooks.noun} left open can change (each rests on an under-trained cell) {done}")
+            else:
+                say(tag, f"every {hooks.noun} decided {done}")
             break
         if nxt.stopped:
             say(tag, f"no more seeds for {', '.join(nxt.stopped)}: every {hooks.noun} on them is decided")
@@ -129,7 +133,7 @@ class BudgetLooks(LookHooks):
     ``None``: every arm); ``analyse(tables)``: the verdict of the tables so far; ``look_arms(verdict,
     budget)``: the arms the budget's next look runs (:meth:`~studies.kinds.pipeline.TunedDesign.look_arms`;
     ``None``: every arm). A next look already on disk runs every arm; the study may stop when every
-    claimed hypothesis is decided (:func:`all_decided`)."""
+    claimed hypothesis is decided (:func:`all_decided`) or no budget's next look runs an arm."""
 
     def __init__(
         self,
@@ -167,7 +171,12 @@ class BudgetLooks(LookHooks):
         stopped = sorted(
             {a for run in self.arms.values() if run is not None for a in spec.arm_names if a not in run}
         )
-        return NextLook(per_seed, stopped, may_stop=all_decided(verdict) and not ran_before)
+        # No budget runs an arm (every hypothesis decided, or resting on an under-trained cell): more
+        # looks would add no trial and change no decision.
+        decided, idle = all_decided(verdict), all(a == [] for a in self.arms.values())
+        return NextLook(
+            per_seed, stopped, may_stop=(decided or idle) and not ran_before, idle=idle and not decided
+        )
 
 
 class ArmLooks(LookHooks):

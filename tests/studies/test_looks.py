@@ -112,6 +112,28 @@ def test_budget_looks_run_every_budget_per_look_and_stop_when_all_is_decided(
     assert runner.expected_trials == 10 + 1 * 4  # look 2: 1 seed x (2 arms x 2 per arm) of one budget
 
 
+def test_budget_looks_stop_when_no_budget_runs_an_arm_though_a_hypothesis_is_open(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A fix arm on an under-trained cell (batch-size kind's look_arms) keeps its test "continue" but
+    # gets no seeds: once no budget runs an arm, further looks could change nothing.
+    monkeypatch.setattr(looks, "_on_disk", lambda spec, phase: False)
+    spec = SimpleNamespace(budget_names=["epochs"], trials_per_seed=2, arm_names=["c", "f1"])
+    ran: list[tuple[str, int, Any]] = []
+    hooks = BudgetLooks(
+        spec,
+        confirm=lambda budget, look, arms: ran.append((budget, look, arms)),
+        analyse=lambda tables: _verdict(f1="continue"),
+        look_arms=lambda verdict, b: [],
+    )
+    runner = _Runner()
+    run_looks(hooks, sequential=_Sequential([2, 3, 4]), seeds=range(4), runner=runner, tag="bs")
+    assert ran == [("epochs", 1, None)] and runner.expected_trials == 10
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "[bs] no hypothesis left open can change (each rests on an under-trained cell) after 2 of 4 seeds: stop"
+    )
+
+
 def test_counts_and_decisions() -> None:
     assert n_looks(SimpleNamespace(sequential=None)) == 1
     assert n_looks(SimpleNamespace(sequential=_Sequential([6, 8, 10]))) == 3
