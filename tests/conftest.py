@@ -63,14 +63,22 @@ def _install_test_kind() -> None:
     import sys
     import sysconfig
 
+    package = Path(__file__).resolve().parent / "kinds_plugin"
+
     def installed() -> bool:
-        return any(
-            ep.name == "seedspread" for ep in importlib.metadata.entry_points(group="autonorm_studies.kinds")
+        # Installed from this checkout: an editable install made by another checkout's run (a git
+        # worktree sharing this environment) points at that checkout's copy, which may be gone.
+        try:
+            dist = importlib.metadata.distribution("autonorm_seedspread")
+        except importlib.metadata.PackageNotFoundError:
+            return False
+        source = json.loads(dist.read_text("direct_url.json") or "{}").get("url")
+        return source == package.as_uri() and any(
+            ep.name == "seedspread" and ep.group == "autonorm_studies.kinds" for ep in dist.entry_points
         )
 
     if installed():
         return
-    package = Path(__file__).resolve().parent / "kinds_plugin"
     with open(Path(sys.prefix) / ".autonorm-test-kind.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         importlib.invalidate_caches()
@@ -92,8 +100,11 @@ def _install_test_kind() -> None:
                 timeout=300,
             )
             importlib.invalidate_caches()
-    # This process started before the install: read the new .pth (the editable path) now.
+    # This process started before the install: read the new .pth (the editable path) now, and put
+    # the package first on the path (an editable finder this process loaded earlier may map the
+    # name to another checkout's copy).
     site.addsitedir(sysconfig.get_paths()["purelib"])
+    sys.path.insert(0, str(package))
     if not installed():
         raise RuntimeError(f"installing {package} registered no 'autonorm_studies.kinds' entry point")
 
