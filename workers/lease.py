@@ -4,7 +4,8 @@ Nothing in Tune or MLflow stops two drivers of one study: both would restore the
 run every trial twice and fight over the MLflow runs. The lease is a small object beside the study
 (``<storage>/<name>.lease``, outside the study directory so that taking it writes nothing into it):
 
-* local storage: created with ``O_CREAT | O_EXCL`` (atomic on POSIX file systems, NFS v3+ included);
+* local storage: written to a private file, then hard-linked to the lease's name (``link`` is atomic
+  and refuses an existing name on POSIX file systems, NFS included), so it never exists half-written;
 * S3: a conditional put (``If-None-Match: *``), which S3 and compatible stores answer with 412 when
   the object exists.
 
@@ -59,33 +60,58 @@ class _Backend:
 
     # local ---------------------------------------------------------------------------------------
     def create(self, body: bytes) -> bool:
-        if self.storage.is_local:
-            os.makedirs(os.path.dirname(self.key), exist_ok=True)
+        """Create the lease with its whole body, or return False when it exists.
+
+        Locally the body is written to a private file first and then hard-linked to the lease's
+        name: ``link`` is atomic and refuses an existing name, so no other driver ever reads a
+        lease without its holder and heartbeat (with ``O_EXCL`` and a write after it, a second
+        driver could read the empty file in between, take it for a stale lease and break it).
+        """
+        if not self.storage.is_local:
+            return self._s3_put(body, if_none_match=True)
+        os.makedirs(os.path.dirname(self.key), exist_ok=True)
+        tmp = f"{self.key}.{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(body)
+        try:
+            os.link(tmp, self.key)
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: exclusive create, then write
             try:
                 fd = os.open(self.key, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(body)
-            return True
-        return self._s3_put(body, if_none_match=True)
+            with os.fdopen(fd, "wb") as out:
+                out.write(body)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return True
 
     def read(self) -> dict[str, Any] | None:
+        """The lease's fields, ``None`` when there is none.
+
+        A lease that does not parse (written by a driver that died mid-write, or being written by
+        one on a store without atomic creation) gets its object's modification time as its
+        heartbeat: it is stale once that is older than the expiry, never at once.
+        """
         try:
-            data: bytes | None
-            if self.storage.is_local:
-                with open(self.key, "rb") as f:
-                    data = f.read()
-            else:
-                data = self._s3_get()
-            if data is None:
-                return None
-            parsed: dict[str, Any] = json.loads(data.decode("utf-8") or "{}")
-            return parsed
+            got = self._local_get() if self.storage.is_local else self._s3_get()
         except FileNotFoundError:
             return None
+        if got is None:
+            return None
+        data, modified = got
+        try:
+            parsed: dict[str, Any] = json.loads(data.decode("utf-8"))
         except (ValueError, UnicodeDecodeError):
-            return {}  # half-written: treated as stale once old enough
+            return {"heartbeat": modified}
+        return parsed if isinstance(parsed, dict) else {"heartbeat": modified}
+
+    def _local_get(self) -> tuple[bytes, float]:
+        with open(self.key, "rb") as f:
+            return f.read(), os.fstat(f.fileno()).st_mtime
 
     def overwrite(self, body: bytes) -> None:
         if self.storage.is_local:
@@ -150,17 +176,18 @@ class _Backend:
             raise
         return True
 
-    def _s3_get(self) -> bytes | None:
+    def _s3_get(self) -> tuple[bytes, float] | None:
         from botocore.exceptions import ClientError
 
         bucket, key = self._bucket_key()
         try:
-            body: bytes = self._client().get_object(Bucket=bucket, Key=key)["Body"].read()
+            response = self._client().get_object(Bucket=bucket, Key=key)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return None
             raise
-        return body
+        modified = response.get("LastModified")
+        return response["Body"].read(), modified.timestamp() if modified is not None else time.time()
 
 
 def lease_holder(
@@ -245,18 +272,18 @@ def study_lease(
 
     def beat() -> None:
         while not stop.wait(heartbeat_s):
-            held = backend.read()
-            if held and held.get("token") != token:
-                logger.error(
-                    "lease %s was taken over by host %s pid %s",
-                    backend.uri,
-                    held.get("host"),
-                    held.get("pid"),
-                )
-                return
             try:
+                held = backend.read()
+                if held and held.get("token") != token:
+                    logger.error(
+                        "lease %s was taken over by host %s pid %s",
+                        backend.uri,
+                        held.get("host"),
+                        held.get("pid"),
+                    )
+                    return
                 backend.overwrite(body())
-            except Exception as exc:  # storage outage: the next beat tries again
+            except Exception as exc:  # storage outage (read or write): the next beat tries again
                 logger.warning("lease heartbeat failed: %s", exc)
 
     thread = threading.Thread(target=beat, name=f"lease-{name}", daemon=True)

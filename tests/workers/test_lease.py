@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -89,3 +90,48 @@ def test_lease_on_s3_is_exclusive_and_released(s3_server: Any, monkeypatch: pyte
     assert "lease-test/s5.lease" not in s3_server.list_keys("lease-test/")
     with study_lease(storage, "s5", **kw):  # free again
         pass
+
+
+def test_a_lease_being_written_is_not_taken_for_a_stale_one(tmp_path: Path) -> None:
+    """A lease without a parseable body is as old as its file, not as old as the epoch.
+
+    The race CI hit: one driver had created the lease but not yet written it; the second read an
+    empty file, took its missing heartbeat for an ancient one, broke the lease, and both ran.
+    """
+    lease = tmp_path / "s6.lease"
+    lease.write_text("")
+    with pytest.raises(LeaseError, match="held by another driver"), study_lease(_storage(tmp_path), "s6"):
+        pass
+    assert lease.read_text() == ""  # left to its writer
+    old = time.time() - 3600
+    os.utime(lease, (old, old))  # a driver that died mid-write an hour ago: stale, broken
+    with study_lease(_storage(tmp_path), "s6", expire_s=60) as held:
+        assert json.loads(lease.read_text())["token"] == held["token"]
+
+
+def _race(storage: Any, name: str, drivers: int) -> tuple[int, int]:
+    """``drivers`` threads take the lease at one instant and hold it a while: (held, refused)."""
+    barrier = threading.Barrier(drivers)
+    outcomes: list[str] = []
+
+    def driver() -> None:
+        barrier.wait()
+        try:
+            with study_lease(storage, name, heartbeat_s=60):
+                outcomes.append("held")
+                time.sleep(0.2)  # hold it while the others try
+        except LeaseError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=driver) for _ in range(drivers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes.count("held"), outcomes.count("refused")
+
+
+def test_drivers_racing_for_one_lease_never_both_hold_it(tmp_path: Path) -> None:
+    storage = _storage(tmp_path)
+    for round_ in range(20):
+        assert _race(storage, f"r{round_}", 4) == (1, 3), round_
