@@ -379,6 +379,7 @@ ADEQUATE = {
     ("autonorm_search.yaml", "vision_long"): "autonorm_claims_vision_long",
     ("autonorm_search.yaml", "vision_xl"): "autonorm_claims_vision_xl",
     ("affine_divergence_table.yaml", "cnn_adequate"): "affine_divergence_table_cnn_adequate",
+    ("affine_divergence_table.yaml", "mlp_adequate"): "affine_divergence_table_mlp_adequate",
 }
 
 
@@ -396,6 +397,9 @@ def test_the_adequate_presets_validate_and_plan(file: str, preset: str) -> None:
         assert data.type == "oanc_pos" and model.depth is not None and model.depth >= 6
     elif preset in ("vision_full", "vision_long", "vision_xl"):
         assert data.type == "fashion_mnist" and (data.subset is None or data.subset >= 20000)
+    elif preset == "mlp_adequate":  # twice the 10 epochs at which plain linear was still gaining
+        assert data.type == "fashion_mnist" and data.subset is None and model.type == "mlp"
+        assert spec.training.epochs >= 20 and len(spec.seeds) >= 16
     else:
         assert data.type == "fashion_mnist" and data.subset is None and model.type == "cnn"
     if spec.kind == "search":  # claim b's AutoNorm-S freezes at confirm.freeze, the searched one beside it
