@@ -274,7 +274,8 @@ def study_lease(
         while not stop.wait(heartbeat_s):
             try:
                 held = backend.read()
-                if held and held.get("token") != token:
+                # (a lease that does not parse has no token: not a takeover; the overwrite mends it)
+                if held and "token" in held and held["token"] != token:
                     logger.error(
                         "lease %s was taken over by host %s pid %s",
                         backend.uri,

@@ -135,3 +135,14 @@ def test_drivers_racing_for_one_lease_never_both_hold_it(tmp_path: Path) -> None
     storage = _storage(tmp_path)
     for round_ in range(20):
         assert _race(storage, f"r{round_}", 4) == (1, 3), round_
+
+
+def test_a_garbled_lease_is_mended_by_the_holders_next_heartbeat(tmp_path: Path) -> None:
+    lease = tmp_path / "s7.lease"
+    with study_lease(_storage(tmp_path), "s7", heartbeat_s=0.05) as held:
+        lease.write_text("{not json")  # no token: not a takeover, so the holder keeps beating
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and lease.read_text() == "{not json":
+            time.sleep(0.05)
+        assert json.loads(lease.read_text())["token"] == held["token"]
+    assert not lease.exists()  # and released as its own
