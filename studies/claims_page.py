@@ -246,6 +246,8 @@ def _reading(claim: PaperClaim, verdicts: Sequence[str], *, checked: bool = True
         said = "not reproduced: refuted at the stored studies' scope"
     elif any(v == "budget-dependent" for v in verdicts):
         said = "holds under one budget and fails under the other"
+    elif any(v == "equivalent" for v in verdicts) and not any(v == "supported" for v in verdicts):
+        said = "not reproduced: the predicted differences are absent (equivalent within the margin) at the stored studies' scope"
     else:
         said = "open: the stored studies do not decide it"
     return said if checked else f"{said} (adequacy {SMALL_SCALE})"

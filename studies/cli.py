@@ -533,7 +533,10 @@ def verdict_lines(path: Path) -> list[str]:
         rows.append(
             {
                 "hypothesis": name,
-                "verdict": h.get("verdict"),
+                # an equivalent contrast (decided inside the margin) as such, as on the results page
+                "verdict": "equivalent"
+                if ((verdict.get("contrasts") or {}).get(name) or {}).get("verdict") == "equivalent"
+                else h.get("verdict"),
                 # every estimate with its name: the batch-size kind's is the interaction, not a slope
                 "estimate": f"{estimate_name(verdict.get('kind'), str(name))} {_short(est)}"
                 if isinstance(est, int | float) and not isinstance(est, bool)

@@ -31,12 +31,21 @@ from workers.plan import StudyPlan, expected_trials
 
 __all__ = ["SHARED_VERDICT_FIELDS", "STUDY_VERDICTS", "Phase", "StudyKind", "StudyOutcome", "StudyVerdict"]
 
-STUDY_VERDICTS: tuple[str, ...] = ("supported", "refuted", "budget-dependent", "inconclusive", "none")
+STUDY_VERDICTS: tuple[str, ...] = (
+    "supported",
+    "refuted",
+    "budget-dependent",
+    "equivalent",
+    "inconclusive",
+    "none",
+)
 """Values of ``study_verdict``: ``none`` for a study that tests no hypothesis (a search alone);
 ``budget-dependent`` (decided) for a claim that holds under one training budget and fails under
-another (the batch-size kind; the verdict's ``study_reasons`` says which)."""
+another (the batch-size kind; the verdict's ``study_reasons`` says which); ``equivalent`` (decided)
+for a kind with an equivalence margin whose every contrast is decided and a predicted difference lies
+inside the margin (the compare kind: the claim is not reproduced, and is not refuted either)."""
 
-StudyVerdict = Literal["supported", "refuted", "budget-dependent", "inconclusive", "none"]
+StudyVerdict = Literal["supported", "refuted", "budget-dependent", "equivalent", "inconclusive", "none"]
 
 SHARED_VERDICT_FIELDS: tuple[str, ...] = ("kind", "study_verdict", "hypotheses")
 """Fields every ``verdict.json`` has, whatever its kind; ``hypotheses`` maps a hypothesis's name to

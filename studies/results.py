@@ -442,7 +442,8 @@ def result_rows(directory: Path) -> list[Row]:
     for hyp, h in sorted((verdict.get("hypotheses") or {}).items()):
         entry = _section_entry(verdict, hyp)
         n = entry.get("n_seeds") if isinstance(entry.get("n_seeds"), int) else used
-        reasons = h.get("reasons") or _equivalence_reason(verdict, entry, str(h.get("verdict")))
+        # an equivalent contrast is decided whatever else its reasons say (lr-tuning-noisy, ...)
+        reasons = [*_equivalence_reason(verdict, entry, str(h.get("verdict"))), *(h.get("reasons") or [])]
         rows.append(row(str(hyp), _claim(verdict, str(hyp)), h, reasons, n, str(hyp)))
     return rows
 

@@ -191,3 +191,48 @@ def test_the_claims_table_asks_each_kind_which_claims_it_tests(monkeypatch: pyte
     for study in study_dirs([RESULTS]):
         stored = json.loads((study / "verdict.json").read_text(encoding="utf-8"))
         assert set(KINDS[stored["kind"]].paper_claims(stored)) <= labels
+
+
+def test_a_study_decided_equivalent_reads_not_reproduced_and_its_rows_need_no_seeds() -> None:
+    """A compare study whose every contrast is decided, with a predicted difference inside the margin,
+    is `equivalent`: the claim's row says the difference is absent (not "open"), and a contrast decided
+    inside the margin asks for no seeds even when it carries another reason (lr-tuning-noisy)."""
+    from studies.claims_page import claim_rows
+    from studies.decide import to_decide
+    from studies.results import _equivalence_reason
+
+    def compare(study_verdict: str, contrast_verdict: str) -> dict[str, Any]:
+        names = ("corrected_vs_batchnorm", "corrected_vs_layernorm")
+        return {
+            "kind": "compare",
+            "study_verdict": study_verdict,
+            "margin": 0.005,
+            "model": {"type": "mlp"},
+            "scope": {"model": {"type": "mlp"}},
+            "hypotheses": {
+                n: {"verdict": "inconclusive", "estimate": -0.001, "ci": [-0.003, 0.001]} for n in names
+            },
+            "contrasts": {
+                n: {"verdict": contrast_verdict, "estimate": -0.001, "ci": [-0.003, 0.001]} for n in names
+            },
+            "adequacy": {"corrected": {"passed": True, "reached": 0.9}},
+        }
+
+    def mlp_row(*verdicts: dict[str, Any]) -> str:
+        rows = claim_rows([(f"s{i}", v) for i, v in enumerate(verdicts)], scope_text=str)
+        return next(r.reading for r in rows if r.claim.startswith("main table, MLP"))
+
+    assert mlp_row(compare("equivalent", "equivalent")).startswith(
+        "not reproduced: the predicted differences are absent"
+    )
+    # beside a study that could not decide it, the decided one still says it
+    assert mlp_row(compare("inconclusive", "inconclusive"), compare("equivalent", "equivalent")).startswith(
+        "not reproduced: the predicted differences are absent"
+    )
+    assert mlp_row(compare("inconclusive", "inconclusive")).startswith("open")
+
+    verdict = compare("equivalent", "equivalent")
+    entry = verdict["contrasts"]["corrected_vs_batchnorm"]
+    reasons = [*_equivalence_reason(verdict, entry, "inconclusive"), "lr-tuning-noisy (corrected)"]
+    text = to_decide("inconclusive", reasons, 53, seeds_used=16, cost=(1.2, 0.0))
+    assert text.startswith("equivalent:") and "seeds for" not in text and "lr-tuning-noisy" in text

@@ -115,9 +115,26 @@ def test_interval_inside_the_margin_is_equivalent_even_when_significant() -> Non
     c = res["contrasts"]["corrected_vs_batchnorm"]
     assert c["p_value_holm"] <= 0.05 and c["ci"][0] > -0.01 and c["ci"][1] < 0.01
     assert c["verdict"] == "equivalent" and c["hypothesis"] == "inconclusive"
-    assert res["study_verdict"] == "inconclusive"
+    # Every contrast is decided (the other one supported) and a predicted difference is absent: the
+    # study is decided too, as `equivalent` (not reproduced, not refuted), not left `inconclusive`.
+    assert res["contrasts"]["batchnorm_vs_plain"]["hypothesis"] == "supported"
+    assert res["study_verdict"] == "equivalent"
     # Without a margin the same data is a (small) improvement.
     assert _run(table, margin=0.0)["contrasts"]["corrected_vs_batchnorm"]["verdict"] == "better"
+
+
+def test_an_equivalent_contrast_beside_an_undecided_one_leaves_the_study_inconclusive() -> None:
+    base = [0.80 + 0.01 * j for j in range(8)]
+    d = [0.03, -0.02, 0.01, -0.03, 0.02, -0.01, 0.04, -0.02]  # BN vs plain: wide, not significant
+    per_seed = {
+        "corrected": [b + 0.002 + 0.0001 * (j % 3) for j, b in enumerate(base)],  # equivalent to BN
+        "linear_batchnorm": base,
+        "linear": [b - x for b, x in zip(base, d, strict=True)],
+    }
+    res = _run(_table({a: 0.0 for a in per_seed}, per_seed=per_seed), margin=0.01)
+    assert res["contrasts"]["corrected_vs_batchnorm"]["verdict"] == "equivalent"
+    assert res["contrasts"]["batchnorm_vs_plain"]["verdict"] == "inconclusive"
+    assert res["study_verdict"] == "inconclusive"
 
 
 def test_a_wide_interval_that_is_not_significant_is_inconclusive_with_a_reason() -> None:

@@ -29,7 +29,9 @@ The rule (docs/science.md, "The Affine Divergence main table"):
 * Each contrast's hypothesis (its predicted direction) is ``supported`` when its verdict is the
   predicted one, ``refuted`` when it is the opposite (``better`` for a predicted ``worse`` and vice
   versa), else ``inconclusive``. The study verdict is ``refuted`` when any contrast is refuted,
-  ``supported`` when every one is supported, else ``inconclusive``.
+  ``supported`` when every one is supported, ``equivalent`` when every contrast is decided and a
+  predicted difference is ``equivalent`` (inside the margin: the claim is not reproduced, and more
+  seeds would not change that), else ``inconclusive``.
 
 Everything is a function of the set of rows, not their order: seeds are sorted, the Monte-Carlo
 stream (only beyond 20 seeds) is seeded from ``seed`` and the contrast's name.
@@ -265,10 +267,17 @@ def compare_arms(
         del res["gate_reasons"]  # spelt out in the reasons
         res["hypothesis"] = hypothesis_verdict(res["verdict"], res["predicted"])
     labels = [res["hypothesis"] for res in results.values()]
+    absent = [
+        name
+        for name, res in results.items()
+        if res["verdict"] == "equivalent" and res["hypothesis"] != "supported"
+    ]
     if "refuted" in labels:
         study = "refuted"
     elif labels and all(v == "supported" for v in labels):
         study = "supported"
+    elif labels and all(v == "supported" or name in absent for name, v in zip(results, labels)):
+        study = "equivalent"  # every contrast decided; a predicted difference is absent (inside the margin)
     else:
         study = "inconclusive"
     study_reasons = [
