@@ -533,8 +533,7 @@ def verdict_lines(path: Path) -> list[str]:
         rows.append(
             {
                 "hypothesis": name,
-                # an equivalent contrast (decided inside the margin) as such, as on the results page
-                "verdict": "equivalent"
+                "verdict": "equivalent"  # a contrast decided inside its margin, as on the results page
                 if ((verdict.get("contrasts") or {}).get(name) or {}).get("verdict") == "equivalent"
                 else h.get("verdict"),
                 # every estimate with its name: the batch-size kind's is the interaction, not a slope

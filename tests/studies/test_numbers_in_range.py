@@ -322,6 +322,12 @@ def test_the_console_names_every_estimate_and_prints_p_unsigned(tmp_path: Path) 
     compare = verdict | {"kind": "compare"}
     path.write_text(json.dumps(compare), encoding="utf-8")
     assert "difference -0.04909" in "\n".join(verdict_lines(path))
+    # a contrast decided inside its margin is listed as equivalent (its hypothesis is inconclusive)
+    path.write_text(
+        json.dumps(compare | {"contrasts": {"corrected": {"verdict": "equivalent"}}}), encoding="utf-8"
+    )
+    row = next(line for line in verdict_lines(path) if "corrected" in line)
+    assert "equivalent" in row and "inconclusive" not in row
 
 
 def test_the_batchsize_verdict_lines_print_p_holm_as_a_probability() -> None:
