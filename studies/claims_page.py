@@ -193,6 +193,15 @@ def _shown_verdict(h: Mapping[str, Any], entry: Mapping[str, Any]) -> str:
     return str(h.get("verdict") or NONE)
 
 
+def shown_verdict(verdict: Mapping[str, Any], name: str) -> Any:
+    """Hypothesis ``name``'s verdict as every listing shows it (this page, the results tables,
+    ``report``): ``equivalent`` for a contrast decided inside its margin, whose hypothesis reads
+    ``inconclusive``; else the hypothesis's own verdict."""
+    if _entry(verdict, name).get("verdict") == "equivalent":
+        return "equivalent"
+    return ((verdict.get("hypotheses") or {}).get(name) or {}).get("verdict")
+
+
 def _entry(verdict: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     for section in ("contrasts", "claims"):
         block = verdict.get(section)

@@ -524,6 +524,7 @@ def verdict_lines(path: Path) -> list[str]:
         from studies.scope import scope_line
 
         lines.append(f"scope: {scope_line(verdict['scope'])}")
+    from studies.claims_page import shown_verdict
     from studies.reporting import estimate_name
 
     rows = []
@@ -533,9 +534,7 @@ def verdict_lines(path: Path) -> list[str]:
         rows.append(
             {
                 "hypothesis": name,
-                "verdict": "equivalent"  # a contrast decided inside its margin, as on the results page
-                if ((verdict.get("contrasts") or {}).get(name) or {}).get("verdict") == "equivalent"
-                else h.get("verdict"),
+                "verdict": shown_verdict(verdict, str(name)),
                 # every estimate with its name: the batch-size kind's is the interaction, not a slope
                 "estimate": f"{estimate_name(verdict.get('kind'), str(name))} {_short(est)}"
                 if isinstance(est, int | float) and not isinstance(est, bool)

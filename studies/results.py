@@ -370,6 +370,7 @@ def display_path(path: Path) -> str:
 
 def result_rows(directory: Path) -> list[Row]:
     """The rows of one stored study: its own verdict first, then each hypothesis by name."""
+    from studies.claims_page import shown_verdict
     from studies.reporting import estimate_name
     from studies.reproduce import ReproduceError, stored_study
 
@@ -416,9 +417,7 @@ def result_rows(directory: Path) -> list[Row]:
             hypothesis=hypothesis,
             claim=claim,
             # an equivalent contrast (decided inside the margin) is shown as such, not as inconclusive
-            verdict="equivalent"
-            if test is not None and _section_entry(verdict, test).get("verdict") == "equivalent"
-            else label,
+            verdict=str(shown_verdict(verdict, test)) if test is not None else label,
             estimate=_estimate(h, estimate_name(verdict.get("kind"), hypothesis))
             if test is not None
             else NONE,

@@ -267,16 +267,13 @@ def compare_arms(
         del res["gate_reasons"]  # spelt out in the reasons
         res["hypothesis"] = hypothesis_verdict(res["verdict"], res["predicted"])
     labels = [res["hypothesis"] for res in results.values()]
-    absent = [
-        name
-        for name, res in results.items()
-        if res["verdict"] == "equivalent" and res["hypothesis"] != "supported"
-    ]
     if "refuted" in labels:
         study = "refuted"
     elif labels and all(v == "supported" for v in labels):
         study = "supported"
-    elif labels and all(v == "supported" or name in absent for name, v in zip(results, labels)):
+    elif labels and all(
+        r["hypothesis"] == "supported" or r["verdict"] == "equivalent" for r in results.values()
+    ):
         study = "equivalent"  # every contrast decided; a predicted difference is absent (inside the margin)
     else:
         study = "inconclusive"
